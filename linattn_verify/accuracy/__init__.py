@@ -1,0 +1,15 @@
+"""The accuracy model: errors in units of roundoff, an a-priori bound, a budget, a verdict."""
+
+from .bound import C_LIB, gamma, scale_and_bound
+from .verdict import BUDGET_FLOOR, K_BUDGET, AccuracyVerdict, error_units, judge
+
+__all__ = [
+    "BUDGET_FLOOR",
+    "C_LIB",
+    "K_BUDGET",
+    "AccuracyVerdict",
+    "error_units",
+    "gamma",
+    "judge",
+    "scale_and_bound",
+]

@@ -1,0 +1,140 @@
+"""Judging one output against the exact reference: error units, bound, budget, verdict.
+
+Error of element (i, c) in roundoff units (DESIGN "Accuracy"):
+    e_ic = |out_ic - ref_ic| / (u s_ic),
+u the unit roundoff of the implementation's dtype, s_ic the scale of bound.scale_and_bound.
+Two thresholds:
+- bound: the a-priori bound of bound.scale_and_bound, element by element; exceeding it is
+  a bug whatever the cause;
+- budget: K_BUDGET times the largest error of the golden implementation on the same inputs
+  (at least BUDGET_FLOOR units); exceeding it means "less accurate than attainable".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..inputs import UNIT_ROUNDOFF, AttentionInputs, dtype_name
+from ..specs import Spec, SpecError
+from .bound import scale_and_bound
+
+# Two correct summation orders in the same precision differ in their rounding errors by a
+# small factor (the worst-case bounds differ by the ratio of their gamma_n, a few for the
+# orders in use: sequential, pairwise, blocked); 4 admits any of them and still rejects a
+# kernel that keeps its state one precision lower (16x or more in these units).
+K_BUDGET = 4.0
+# An output rounded to its dtype is already 0.5 units off; a budget below 1 unit would judge
+# the final rounding, not the algorithm.
+BUDGET_FLOOR = 1.0
+
+
+def error_units(out: np.ndarray, ref: np.ndarray, scale: np.ndarray, u: float) -> np.ndarray:
+    """e = |out - ref| / (u s); 0 where both are equal (s = 0 included), inf where out is NaN."""
+    diff = np.abs(out - ref)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(diff == 0, 0.0, diff / (u * scale))
+    return np.where(np.isnan(out) & ~np.isnan(ref), np.inf, e)
+
+
+@dataclass(frozen=True)
+class AccuracyVerdict:
+    """The figures of one accuracy judgement and their reading."""
+
+    spec: str
+    dtype: str
+    unit_roundoff: float
+    max_error: float  # units of u s
+    p99_error: float
+    worst_index: tuple[int, ...]
+    bound_at_worst: float
+    bound_violations: int  # elements above their bound
+    undefined: int  # elements whose exact value is 0/0 (not judged)
+    golden_max_error: float | None
+    budget: float | None
+    within_bound: bool
+    within_budget: bool | None
+
+    @property
+    def passed(self) -> bool:
+        return self.within_bound and self.within_budget is not False
+
+    @property
+    def message(self) -> str:
+        parts = [
+            f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u (p99 "
+            f"{self.p99_error:.3g}) at {self.worst_index}, bound there {self.bound_at_worst:.3g}"
+        ]
+        if self.bound_violations:
+            parts.append(f"{self.bound_violations} element(s) above the a-priori bound")
+        if self.budget is not None:
+            parts.append(
+                f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
+                + ("" if self.within_budget else " EXCEEDED")
+            )
+        if self.undefined:
+            parts.append(f"{self.undefined} undefined (0/0) element(s) not judged")
+        return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed, "message": self.message}
+
+
+def judge(
+    out: Any,
+    x: AttentionInputs,
+    spec: Spec,
+    ref: np.ndarray,
+    golden: Any = None,
+) -> AccuracyVerdict:
+    """Judge `out` (same shape as ref, any float dtype) against the exact `ref`.
+
+    The unit roundoff is that of out's dtype; golden, if given, is the golden
+    implementation's output in the same dtype and sets the budget.
+    """
+    dtype = dtype_name(out)
+    u = UNIT_ROUNDOFF.get(dtype)
+    if u is None:
+        raise SpecError(f"output dtype {dtype} has no unit roundoff; expected a float dtype")
+    out64 = _output(out, ref.shape, "output")
+    scale, bound = scale_and_bound(x, spec, ref, u)
+    defined = ~np.isnan(ref)
+    e = np.where(defined, error_units(out64, ref, scale, u), 0.0)
+    worst = np.unravel_index(int(np.argmax(e)), e.shape)
+    golden_max = budget = within_budget = None
+    if golden is not None:
+        g = np.where(defined, error_units(_output(golden, ref.shape, "golden"), ref, scale, u), 0)
+        golden_max = float(g.max())
+        budget = K_BUDGET * max(golden_max, BUDGET_FLOOR)
+        within_budget = bool(e.max() <= budget)
+    violations = int(np.sum(defined & (e > bound)))
+    return AccuracyVerdict(
+        spec=str(spec),
+        dtype=dtype,
+        unit_roundoff=u,
+        max_error=float(e.max()),
+        p99_error=float(np.quantile(e[defined], 0.99)) if defined.any() else 0.0,
+        worst_index=tuple(int(t) for t in worst),
+        bound_at_worst=float(bound[worst]),
+        bound_violations=violations,
+        undefined=int(np.sum(~defined)),
+        golden_max_error=golden_max,
+        budget=budget,
+        within_bound=violations == 0,
+        within_budget=within_budget,
+    )
+
+
+def _output(out: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """out as float64, NaN/Inf kept (they are errors to judge, not input errors)."""
+    if type(out).__module__.startswith("torch"):
+        import torch
+
+        arr = out.detach().to(device="cpu", dtype=torch.float64).numpy()
+    else:
+        arr = np.asarray(out, dtype=np.float64)
+    if arr.shape != tuple(shape):
+        raise SpecError(f"{what} has shape {arr.shape}, expected {tuple(shape)}")
+    return arr

@@ -1,0 +1,209 @@
+"""Command line: `python -m linattn_verify COMMAND`; each command has --help with examples."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .specs import FEATURE_MAPS, Spec, SpecError
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class UsageError(Exception):
+    """A bad argument: printed as one line, exit code 2."""
+
+
+def _progress(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B,H,N,d,dv integers, got {text!r}") from None
+    if len(dims) != 5 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"expected five positive integers B,H,N,d,dv: {text!r}")
+    return dims
+
+
+def _write_json(path: str | None, payload: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(payload, indent=2, default=float) + "\n")
+
+
+def _random_inputs(shape: Sequence[int], seed: int, m: int | None) -> dict[str, np.ndarray]:
+    b, h, n, d, dv = shape
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "q": rng.standard_normal((b, h, n, d)),
+        "k": rng.standard_normal((b, h, n, d)),
+        "v": rng.standard_normal((b, h, n, dv)),
+    }
+    if m:
+        from .sampling import sample_projection
+
+        arrays["projection"] = sample_projection(m, d, "orthogonal", seed)
+    return arrays
+
+
+def cmd_reference(args: argparse.Namespace) -> int:
+    from .inputs import validate
+    from .reference import exact
+
+    spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
+    if args.input:
+        try:
+            with np.load(args.input) as f:
+                arrays = {name: f[name] for name in f.files}
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cannot read {args.input}: {err}") from None
+        missing = {"q", "k", "v"} - set(arrays)
+        if missing:
+            raise UsageError(f"{args.input} lacks arrays {sorted(missing)} (need q, k, v)")
+    else:
+        d = args.random[3]
+        arrays = _random_inputs(args.random, args.seed, d if spec.info.needs_projection else None)
+    x = validate(arrays["q"], arrays["k"], arrays["v"], spec, arrays.get("projection"))
+    _progress(args.quiet, f"computing the exact {spec} reference for shape {x.shape} ...")
+    start = time.perf_counter()
+    out = exact(x, spec, args.engine)
+    seconds = time.perf_counter() - start
+    if args.out:
+        np.savez(args.out, out=out)
+    summary = {
+        "spec": str(spec),
+        "shape_B_H_Nq_Nk_d_dv": list(x.shape),
+        "engine": args.engine,
+        "seconds": seconds,
+        "output": args.out,
+        "undefined_0_over_0": int(np.isnan(out).sum()),
+    }
+    print(
+        f"{spec}: exact output {out.shape} in {seconds:.2f} s"
+        + (f" -> {args.out}" if args.out else "")
+    )
+    _write_json(args.json, summary)
+    return 0
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    import torch
+
+    from .accuracy import judge
+    from .implementations import GOLDEN_FORMS, golden_attention
+    from .inputs import validate
+    from .reference import exact
+
+    for name in args.specs:
+        if name not in FEATURE_MAPS:
+            raise UsageError(f"unknown feature map {name!r}; known: {', '.join(FEATURE_MAPS)}")
+    b, h, n, d, dv = args.shape
+    rows, start = [], time.perf_counter()
+    cases = [(s, c, t) for s in args.specs for c in (False, True) for t in args.dtypes]
+    for index, (name, causal, dtype) in enumerate(cases, 1):
+        spec = Spec(name, causal=causal)
+        arrays = _random_inputs(args.shape, args.seed, d if spec.info.needs_projection else None)
+        tensors = {k: torch.tensor(a).to(getattr(torch, dtype)) for k, a in arrays.items()}
+        x = validate(tensors["q"], tensors["k"], tensors["v"], spec, tensors.get("projection"))
+        ref = exact(x, spec)
+        forms = ("quadratic",) if not spec.info.kernelised else GOLDEN_FORMS
+        for form in forms:
+            out = golden_attention(**tensors, spec=spec, form=form)
+            verdict = judge(out, x, spec, ref)
+            rows.append({"form": form, **verdict.to_dict()})
+        _progress(args.quiet, f"[{index}/{len(cases)}] {spec} {dtype}")
+    failed = [r for r in rows if not r["passed"]]
+    print(
+        f"golden implementation vs exact reference, shape B,H,N,d,dv = {b},{h},{n},{d},{dv}, "
+        f"seed {args.seed}; errors in units of u * s (DESIGN 'Accuracy')\n"
+    )
+    print("| spec | form | dtype | max error | p99 | bound at worst | verdict |")
+    print("|---|---|---|---:|---:|---:|---|")
+    for r in rows:
+        print(
+            f"| {r['spec']} | {r['form']} | {r['dtype']} | {r['max_error']:.3g} | "
+            f"{r['p99_error']:.3g} | {r['bound_at_worst']:.3g} | "
+            f"{'pass' if r['passed'] else 'FAIL'} |"
+        )
+    print(
+        f"\n{len(rows) - len(failed)} passed, {len(failed)} failed "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+    _write_json(args.json, {"shape": list(args.shape), "seed": args.seed, "cases": rows})
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m linattn_verify",
+        description="Numerical verification of linear attention against exact references.",
+        epilog="Examples:\n"
+        "  python -m linattn_verify accuracy\n"
+        "  python -m linattn_verify reference --random 1,1,4096,64,64 --feature-map elu --causal\n"
+        "Run `python -m linattn_verify COMMAND --help` for each command.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ref = sub.add_parser(
+        "reference",
+        help="exact attention output for given or random inputs (.npz)",
+        description="Compute the exact reference output (float64, within one ulp).",
+        epilog="Examples:\n"
+        "  python -m linattn_verify reference inputs.npz --feature-map softmax --out ref.npz\n"
+        "  python -m linattn_verify reference --random 1,1,4096,64,64 --feature-map elu --causal\n"
+        "inputs.npz holds arrays q, k (B,H,N,d), v (B,H,N,dv) and, for Performer maps,\n"
+        "projection (m,d); any float dtype, taken exactly.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = ref.add_mutually_exclusive_group(required=True)
+    source.add_argument("input", nargs="?", help=".npz file with q, k, v [, projection]")
+    source.add_argument("--random", type=_shape, metavar="B,H,N,d,dv", help="random N(0,1) inputs")
+    ref.add_argument("--feature-map", required=True, choices=list(FEATURE_MAPS))
+    ref.add_argument("--causal", action="store_true")
+    ref.add_argument("--eps", type=float, default=0.0, help="denominator eps (default 0)")
+    ref.add_argument("--engine", choices=["auto", "mp", "arb"], default="auto")
+    ref.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    ref.add_argument("--out", help="write the output to this .npz (array 'out')")
+    ref.add_argument("--json", help="write a JSON summary here")
+    ref.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ref.set_defaults(func=cmd_reference)
+
+    acc = sub.add_parser(
+        "accuracy",
+        help="judge the golden implementation against the exact reference",
+        description="Run the golden torch implementation of each spec, causal and not, in each "
+        "dtype on seeded random inputs, and judge it with the accuracy model: error in units "
+        "of roundoff, the a-priori bound, pass/fail. Exit 1 if any case fails.",
+        epilog="Examples:\n"
+        "  python -m linattn_verify accuracy\n"
+        "  python -m linattn_verify accuracy --specs elu softmax --dtypes float16 \\\n"
+        "      --shape 1,2,256,32,32\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    acc.add_argument("--specs", nargs="+", default=list(FEATURE_MAPS), metavar="NAME")
+    acc.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES, metavar="DTYPE")
+    acc.add_argument("--shape", type=_shape, default=(1, 2, 64, 16, 16), metavar="B,H,N,d,dv")
+    acc.add_argument("--seed", type=int, default=0)
+    acc.add_argument("--json", help="write the results as JSON here")
+    acc.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    acc.set_defaults(func=cmd_accuracy)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, SpecError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

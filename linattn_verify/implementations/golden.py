@@ -1,0 +1,297 @@
+"""The golden implementation: a plain, careful torch evaluation of every spec.
+
+It sets the accuracy budget (DESIGN.md, "Accuracy"): an implementation's error is judged
+against k times the error of this one in the same dtype on the same inputs. So it is written
+for accuracy, not speed:
+
+- wide accumulation: float16/bfloat16/float32 inputs are computed in float32, float64
+  inputs in float64; the output is rounded once, to the input dtype, at the end;
+- exponentials are evaluated in shifted form so that nothing overflows the compute dtype
+  (the shifts cancel between numerator and denominator, and scale `eps` accordingly);
+- no cancellation where the formula allows none (elu(x) + 1 as where(x > 0, x + 1, exp(x))).
+
+Output row i = sum_j sim(q_i, k_j) v_j / (eps + sum_j sim(q_i, k_j)), key j used by query i
+iff j <= i when causal (DESIGN.md, "The specs").
+
+Forms (DESIGN.md, "Vocabulary"):
+
+- quadratic: materialise the (Nq, Nk) similarities, mask, multiply by V;
+- linear: phi(Q) (phi(K)^T V) and phi(Q) (phi(K)^T 1); causal via torch.cumsum of the
+  per-key states phi(k_j) v_j^T, which holds an (N, F, dv) tensor per (batch, head): a
+  reference-grade form for small sizes, not a fast kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..inputs import validate
+from ..specs import Spec, SpecError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+GOLDEN_FORMS: tuple[str, ...] = ("quadratic", "linear")
+
+# Maps whose features are exp(a(x) + c(x)): evaluated as log-features, shifted before exp.
+_EXP_FEATURES = ("performer-positive", "performer-hyperbolic")
+
+
+def golden_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: Spec,
+    projection: torch.Tensor | np.ndarray | None = None,
+    form: str = "quadratic",
+) -> torch.Tensor:
+    """Attention for `spec`, evaluated carefully in `form` ("quadratic" or "linear").
+
+    q: (B, H, Nq, d), k: (B, H, Nk, d), v: (B, H, Nk, dv), all of one floating dtype
+    (float16, bfloat16, float32, float64) and one device; any strides. projection: W of
+    shape (m, d) for the Performer maps (a tensor or array; cast to the compute dtype and
+    moved to the inputs' device). Returns (B, H, Nq, dv) in the inputs' dtype and device.
+
+    A zero denominator is not hidden: relu with eps = 0 gives NaN rows where no key has a
+    positive similarity. Raises SpecError for bad inputs, an unknown form, or the linear
+    form of softmax (which has no finite feature map).
+    """
+    _check_call(q, k, v, spec, projection, form)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qc, kc, vc = (t.to(compute) for t in (q, k, v))
+    w = None
+    if projection is not None:
+        w = torch.as_tensor(projection).to(device=q.device, dtype=compute)
+
+    if form == "quadratic":
+        weights, shift = _quadratic_weights(qc, kc, spec, w)
+        num = weights @ vc
+        den = weights.sum(dim=-1, keepdim=True)
+    else:
+        n_pos = max(qc.shape[-2], kc.shape[-2])
+        phi_q, shift_q = _query_features(qc, spec, w, n_pos)
+        phi_k, shift_k = _key_features(kc, spec, w, n_pos)
+        num, den = _linear_contract(phi_q, phi_k, vc, spec.causal)
+        shift = _add_shifts(shift_q, shift_k)
+    return (num / (den + _scaled_eps(spec.eps, shift))).to(q.dtype)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_call(
+    q: object, k: object, v: object, spec: object, projection: object, form: object
+) -> None:
+    """Raise SpecError for anything golden_attention cannot evaluate as the spec says."""
+    if not isinstance(spec, Spec):
+        raise SpecError(f"spec must be a linattn_verify.Spec, got {type(spec).__name__}")
+    if form not in GOLDEN_FORMS:
+        raise SpecError(f"unknown form {form!r}; golden forms: {', '.join(GOLDEN_FORMS)}")
+    if form == "linear" and not spec.info.kernelised:
+        raise SpecError(
+            f"{spec.feature_map!r} has no finite feature map, so no linear form: "
+            "use form='quadratic'"
+        )
+    validate(q, k, v, spec, projection)  # shapes, dtypes, finiteness, projection
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise SpecError(f"{name} must be a torch tensor, got {type(t).__name__}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise SpecError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise SpecError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+# --------------------------------------------------------------------- quadratic form
+
+
+def _quadratic_weights(
+    q: torch.Tensor, k: torch.Tensor, spec: Spec, w: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weights, shift): sim_ij = exp(shift_i) * weights_ij, masked (zero) where j > i.
+
+    shift is None when the weights are the similarities themselves.
+    """
+    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    mask = None
+    if spec.causal:
+        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
+    name = spec.feature_map
+
+    if name == "softmax":
+        # Vaswani et al. 2017, eq. 1: sim = exp(q.k / sqrt(d)); the row max is subtracted
+        # from the (masked) logits, so every weight is in [0, 1] and the largest is 1.
+        logits = (q @ k.transpose(-2, -1)) * d**-0.5
+        if mask is not None:
+            logits = logits.masked_fill(~mask, -math.inf)
+        row_max = logits.amax(dim=-1, keepdim=True)  # finite: key j = i is never masked
+        return torch.exp(logits - row_max), row_max
+
+    if name == "taylor":
+        # Arora et al. 2024 (Based), sec. 3: sim = 1 + s + s^2/2, s = q.k / sqrt(d).
+        s = (q @ k.transpose(-2, -1)) * d**-0.5
+        weights, shift = 1.0 + s + 0.5 * (s * s), None
+    elif name == "cosformer":
+        # Qin et al. 2022, eq. 9-11: relu(q_i).relu(k_j) cos(pi (i - j) / (2M)),
+        # M = max(Nq, Nk); the position difference is formed exactly, in integers.
+        diff = torch.arange(nq, device=q.device)[:, None] - torch.arange(nk, device=q.device)
+        reweight = torch.cos(diff.to(q.dtype) * (math.pi / (2 * max(nq, nk))))
+        weights = (torch.relu(q) @ torch.relu(k).transpose(-2, -1)) * reweight
+        shift = None
+    else:
+        phi_q, shift_q = _query_features(q, spec, w, max(nq, nk))
+        phi_k, shift_k = _key_features(k, spec, w, max(nq, nk))
+        weights = phi_q @ phi_k.transpose(-2, -1)
+        shift = _add_shifts(shift_q, shift_k)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    return weights, shift
+
+
+# ------------------------------------------------------------------------ linear form
+
+
+def _linear_contract(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(numerator, denominator) = (phi(Q) (phi(K)^T V), phi(Q) (phi(K)^T 1)), per (b, h).
+
+    Causal (Katharopoulos et al. 2020, eq. 10-12): S_i = sum_{j<=i} phi(k_j) v_j^T and
+    z_i = sum_{j<=i} phi(k_j), as prefix sums; out_i = phi(q_i) S_i / phi(q_i) z_i.
+    """
+    if not causal:
+        state = phi_k.transpose(-2, -1) @ v  # (B, H, F, dv)
+        normaliser = phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, F, 1)
+        return phi_q @ state, phi_q @ normaliser
+    states = torch.cumsum(phi_k.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)  # (B, H, N, F, dv)
+    normalisers = torch.cumsum(phi_k, dim=-2)  # (B, H, N, F)
+    num = torch.einsum("bhnf,bhnfe->bhne", phi_q, states)
+    den = (phi_q * normalisers).sum(dim=-1, keepdim=True)
+    return num, den
+
+
+# ---------------------------------------------------------------------- feature maps
+
+
+def _query_features(
+    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(phi_scaled, shift) with phi(x_i) = exp(shift_i) phi_scaled_i, shift per row.
+
+    A per-query factor cancels between numerator and denominator, so each row is scaled
+    to max feature 1 (exp maps) or stripped of its exp(|x'|^2/2) factor (trig).
+    """
+    name = spec.feature_map
+    if name in _EXP_FEATURES:
+        a, c = _performer_exponent(x, name, w)
+        a_max = a.amax(dim=-1, keepdim=True)
+        # exp(a - max a): the large per-row term c = -|x'|^2/2 never enters the difference.
+        return torch.exp(a - a_max), a_max + c
+    if name == "performer-trig":
+        body, c = _trig_parts(x, w)
+        return body, c
+    return _plain_features(x, name, n_pos), None
+
+
+def _key_features(
+    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(phi_scaled, shift) with phi(x_j) = exp(shift) phi_scaled_j, shift per (b, h).
+
+    Keys are summed over, so only a factor common to all keys (and features) of a (b, h)
+    cancels: the max over those of the log-features.
+    """
+    name = spec.feature_map
+    if name in _EXP_FEATURES:
+        a, c = _performer_exponent(x, name, w)
+        log_phi = a + c
+        shift = log_phi.amax(dim=(-2, -1), keepdim=True)
+        return torch.exp(log_phi - shift), shift
+    if name == "performer-trig":
+        body, c = _trig_parts(x, w)
+        shift = c.amax(dim=-2, keepdim=True)
+        return body * torch.exp(c - shift), shift
+    return _plain_features(x, name, n_pos), None
+
+
+def _performer_exponent(
+    x: torch.Tensor, name: str, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, c) with phi(x) = exp(a + c): a (..., F) depends on the feature, c (..., 1) not.
+
+    Choromanski et al. 2021 (FAVOR+), Lemma 1, x' = x d^(-1/4), W (m, d):
+      positive:   phi(x) = exp(W x' - |x'|^2/2) / sqrt(m)
+                  -> a = W x',           c = -|x'|^2/2 - log(m)/2
+      hyperbolic: phi(x) = exp(-|x'|^2/2) / sqrt(2m) [exp(W x'), exp(-W x')]
+                  -> a = [W x', -W x'],  c = -|x'|^2/2 - log(2m)/2
+    """
+    xs = x * x.shape[-1] ** -0.25
+    proj = xs @ w.transpose(-2, -1)
+    half_sq_norm = 0.5 * (xs * xs).sum(dim=-1, keepdim=True)
+    m = w.shape[0]
+    if name == "performer-positive":
+        return proj, -half_sq_norm - 0.5 * math.log(m)
+    return torch.cat([proj, -proj], dim=-1), -half_sq_norm - 0.5 * math.log(2 * m)
+
+
+def _trig_parts(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(body, c) with phi(x) = exp(c) body, not positive.
+
+    Choromanski et al. 2021, sec. 2.3: phi(x) = exp(|x'|^2/2) / sqrt(m) [sin(W x'), cos(W x')]
+    -> body = [sin(W x'), cos(W x')], c = |x'|^2/2 - log(m)/2.
+    """
+    xs = x * x.shape[-1] ** -0.25
+    proj = xs @ w.transpose(-2, -1)
+    c = 0.5 * (xs * xs).sum(dim=-1, keepdim=True) - 0.5 * math.log(w.shape[0])
+    return torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1), c
+
+
+def _plain_features(x: torch.Tensor, name: str, n_pos: int) -> torch.Tensor:
+    """phi(x) for the maps that need no shift: elu, relu, cosformer, taylor."""
+    if name == "elu":
+        # Katharopoulos et al. 2020, eq. 7: elu(x) + 1, as x + 1 or exp(x): no cancellation.
+        return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
+    if name == "relu":
+        return torch.relu(x)
+    if name == "cosformer":
+        # Qin et al. 2022, eq. 10: cos(pi (i-j)/(2M)) = cos(a_i) cos(a_j) + sin(a_i) sin(a_j)
+        # with a_i = pi i / (2M), so phi(x_i) = [relu(x_i) cos(a_i), relu(x_i) sin(a_i)].
+        n = x.shape[-2]
+        angle = torch.arange(n, device=x.device, dtype=x.dtype) * (math.pi / (2 * n_pos))
+        r = torch.relu(x)
+        return torch.cat([r * torch.cos(angle)[:, None], r * torch.sin(angle)[:, None]], dim=-1)
+    if name == "taylor":
+        # Arora et al. 2024 (Based): phi(x) = [1, x', vec(x' x'^T) / sqrt(2)], x' = x d^(-1/4),
+        # so phi(q).phi(k) = 1 + s + s^2/2 with s = q'.k' = q.k / sqrt(d).
+        xs = x * x.shape[-1] ** -0.25
+        outer = (xs.unsqueeze(-1) * xs.unsqueeze(-2)).flatten(-2) * 0.5**0.5
+        return torch.cat([torch.ones_like(xs[..., :1]), xs, outer], dim=-1)
+    raise SpecError(f"feature map {name!r} has no plain feature expansion")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------ the shifts
+
+
+def _add_shifts(shift_q: torch.Tensor | None, shift_k: torch.Tensor | None) -> torch.Tensor | None:
+    """Total log-scale of sim_ij: query shift (per row) plus key shift (per (b, h))."""
+    if shift_q is None:
+        return shift_k
+    if shift_k is None:
+        return shift_q
+    return shift_q + shift_k
+
+
+def _scaled_eps(eps: float, shift: torch.Tensor | None) -> torch.Tensor | float:
+    """eps in the units of the shifted sums: eps exp(-shift), formed as one exp.
+
+    If eps exp(-shift) overflows, the similarities are negligible next to eps (their sum
+    is below eps times the smallest positive number) and the output is num / inf = 0.
+    """
+    if eps == 0.0:
+        return 0.0
+    if shift is None:
+        return eps
+    return torch.exp(math.log(eps) - shift)

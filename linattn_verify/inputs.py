@@ -1,0 +1,106 @@
+"""Validation of attention inputs, shared by the references and the implementations.
+
+Every problem with an input becomes a SpecError that names the argument and the problem,
+so that no caller sees a traceback from deep inside numpy, torch or mpmath.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .specs import Spec, SpecError
+
+# Unit roundoff u = 2^-p of each floating dtype we judge (p = significand bits incl. hidden).
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "float32": 2.0**-24,
+    "float64": 2.0**-53,
+}
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """q, k, v (and W) as exact float64 arrays, with the dtype they came in."""
+
+    q: np.ndarray  # (B, H, Nq, d)
+    k: np.ndarray  # (B, H, Nk, d)
+    v: np.ndarray  # (B, H, Nk, dv)
+    projection: np.ndarray | None  # (m, d)
+    dtype: str  # the dtype of q (all inputs share it when they come from torch)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, int]:
+        """(B, H, Nq, Nk, d, dv)."""
+        b, h, nq, d = self.q.shape
+        return b, h, nq, self.k.shape[2], d, self.v.shape[3]
+
+
+def dtype_name(x: Any) -> str:
+    """'float16', 'bfloat16', 'float32' or 'float64' for a torch tensor or numpy array."""
+    name = str(x.dtype).removeprefix("torch.")
+    return "float64" if name == "double" else name
+
+
+def as_float64(x: Any, what: str) -> tuple[np.ndarray, str]:
+    """Exact float64 copy of a torch tensor or numpy array of a floating dtype we judge."""
+    if x is None:
+        raise SpecError(f"{what} is missing")
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise SpecError(f"{what} must be a torch tensor or numpy array, got {type(x).__name__}")
+    name = dtype_name(x)
+    if name not in UNIT_ROUNDOFF:
+        raise SpecError(
+            f"{what} has dtype {name}; expected one of {', '.join(UNIT_ROUNDOFF)} "
+            "(integer inputs are not attention inputs: convert them explicitly)"
+        )
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        arr = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    else:
+        arr = np.asarray(x, dtype=np.float64)  # float16/32/64 widen exactly
+    if not np.all(np.isfinite(arr)):
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise SpecError(f"{what} has a non-finite value {arr[tuple(bad)]} at index {tuple(bad)}")
+    return np.array(arr, dtype=np.float64, copy=True), name
+
+
+def validate(q: Any, k: Any, v: Any, spec: Spec, projection: Any = None) -> AttentionInputs:
+    """Check shapes, dtypes and values against the spec; return exact float64 copies."""
+    qa, qdtype = as_float64(q, "q")
+    ka, _ = as_float64(k, "k")
+    va, _ = as_float64(v, "v")
+    for name, arr in (("q", qa), ("k", ka), ("v", va)):
+        if arr.ndim != 4:
+            raise SpecError(f"{name} must be 4-d (B, H, N, d), got shape {arr.shape}")
+        if 0 in arr.shape:
+            raise SpecError(f"{name} has an empty dimension: shape {arr.shape} (B, H, N, d)")
+    if qa.shape[:2] != ka.shape[:2] or ka.shape[:2] != va.shape[:2]:
+        raise SpecError(
+            f"batch and head dimensions differ: q {qa.shape}, k {ka.shape}, v {va.shape}"
+        )
+    if qa.shape[3] != ka.shape[3]:
+        raise SpecError(f"q and k head dimensions differ: q {qa.shape}, k {ka.shape}")
+    if ka.shape[2] != va.shape[2]:
+        raise SpecError(f"k and v have different N: k {ka.shape}, v {va.shape}")
+    if spec.causal and qa.shape[2] != ka.shape[2]:
+        raise SpecError(
+            f"causal attention needs as many queries as keys: q {qa.shape}, k {ka.shape}"
+        )
+    proj = None
+    if spec.info.needs_projection:
+        if projection is None:
+            raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
+        proj, _ = as_float64(projection, "projection")
+        if proj.ndim != 2 or proj.shape[1] != qa.shape[3] or proj.shape[0] == 0:
+            raise SpecError(
+                f"projection must have shape (m, d) with d = {qa.shape[3]} and m >= 1, "
+                f"got {proj.shape}"
+            )
+    elif projection is not None:
+        raise SpecError(f"feature map {spec.feature_map!r} takes no projection")
+    return AttentionInputs(qa, ka, va, proj, qdtype)

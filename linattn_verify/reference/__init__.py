@@ -1,0 +1,56 @@
+"""Exact references: attention from its definition, faithfully rounded to float64.
+
+Two independent engines compute the same thing: `mp` (the literal quadratic definition in
+mpmath, the ground truth for small cases) and `arb` (ball arithmetic in linear form, fast for
+large N). `reference` picks mpmath below MP_MAX_WORK and arb above it; tests cross-check
+them. Neither imports an implementation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..inputs import AttentionInputs, validate
+from ..specs import Spec, SpecError
+from .arb import arb_attention
+from .common import MAX_PREC, ReferenceAccuracyError
+from .mp import mp_attention
+
+ENGINES = ("auto", "mp", "arb")
+# Largest B*H*Nq*Nk*(d + dv) for which "auto" uses mpmath: about 0.5 s of mpf work.
+MP_MAX_WORK = 2**17
+
+
+def exact(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.ndarray:
+    """Exact attention for validated inputs; see `reference`."""
+    if engine not in ENGINES:
+        raise SpecError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine == "auto":
+        b, h, nq, nk, d, dv = x.shape
+        engine = "mp" if b * h * nq * nk * (d + dv) <= MP_MAX_WORK else "arb"
+    return mp_attention(x, spec) if engine == "mp" else arb_attention(x, spec)
+
+
+def reference(
+    q: Any,
+    k: Any,
+    v: Any,
+    feature_map: str = "elu",
+    causal: bool = False,
+    projection: Any = None,
+    eps: float = 0.0,
+    engine: str = "auto",
+) -> np.ndarray:
+    """Exact attention output (B, H, Nq, dv) as float64, within one ulp of the true value.
+
+    q, k: (B, H, N, d); v: (B, H, N, dv); torch tensors or numpy arrays of float16, bfloat16,
+    float32 or float64, taken exactly as they are. Rows whose denominator is exactly zero
+    (relu with eps = 0) are NaN: the definition is 0/0 there.
+    """
+    spec = Spec(feature_map, causal=causal, eps=eps)
+    return exact(validate(q, k, v, spec, projection), spec, engine)
+
+
+__all__ = ["ENGINES", "MAX_PREC", "ReferenceAccuracyError", "exact", "reference"]

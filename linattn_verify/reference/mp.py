@@ -1,0 +1,165 @@
+"""The mpmath engine: the literal quadratic definition, the ground truth for small cases.
+
+For every query i and allowed key j, sim(q_i, k_j) is evaluated from the DESIGN formula in
+binary precision p (see `_sim` for the sources); out_i = sum_j sim v_j / (eps + sum_j sim).
+Precision control: each element is computed at p and 2p bits; where the two round to
+different float64 values, or where a first-order error estimate at 2p (which grows with
+the cancellation in the sums) is not below 2^-64 of the value, the row is recomputed at
+4p, 8p, ... until both hold, or `max_prec` is passed (ReferenceAccuracyError). Agreement
+alone is not enough: 1e300 + 1 - 1e300 gives 0 at 113 and at 226 bits alike. O(N^2 (d + dv)) mpf
+operations: use it for N up to about a hundred.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+from mpmath.libmp import to_float
+
+from ..inputs import AttentionInputs
+from ..specs import Spec
+from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
+
+DEFAULT_PREC = 113  # IEEE binary128's significand: the DESIGN's minimum
+
+
+def _nearest(x: mpmath.mpf) -> float:
+    """x rounded to the nearest float64 (mpmath's own float() truncates)."""
+    return to_float(x._mpf_, rnd="n")
+
+
+def _features(x: list, w: list | None, kind: str) -> list:
+    """phi(x) for the kernelised maps; the Performer formulas of Choromanski et al. 2021."""
+    mp = mpmath.mp
+    if kind == "elu":  # elu(x) + 1
+        return [t + 1 if t > 0 else mp.exp(t) for t in x]
+    if kind == "relu":
+        return [t if t > 0 else mp.zero for t in x]
+    d = len(x)
+    xs = [t / mp.root(d, 4) for t in x]  # x' = x d^(-1/4)
+    half_sq = mp.fdot(xs, xs) / 2
+    proj = [mp.fdot(row, xs) for row in w]
+    m = len(w)
+    if kind == "performer-positive":
+        return [mp.exp(p - half_sq) / mp.sqrt(m) for p in proj]
+    if kind == "performer-hyperbolic":
+        scale = mp.exp(-half_sq) / mp.sqrt(2 * m)
+        return [scale * mp.exp(p) for p in proj] + [scale * mp.exp(-p) for p in proj]
+    if kind == "performer-trig":
+        scale = mp.exp(half_sq) / mp.sqrt(m)
+        return [scale * mp.sin(p) for p in proj] + [scale * mp.cos(p) for p in proj]
+    raise AssertionError(kind)
+
+
+def _sims(
+    qi: list, i: int, keys: list, key_feats: list | None, w: list | None, spec: Spec, big_m: int
+):
+    """sim(q_i, k_j) for every key j (see specs.FEATURE_MAPS for each formula's source).
+
+    key_feats holds phi(k_j) for the maps defined by features; big_m is cosFormer's M.
+    """
+    mp = mpmath.mp
+    name = spec.feature_map
+    d = len(qi)
+    if name in ("softmax", "taylor"):
+        s = [mp.fdot(qi, kj) / mp.sqrt(d) for kj in keys]
+        if name == "softmax":
+            return [mp.exp(t) for t in s]
+        return [1 + t + t * t / 2 for t in s]
+    if name == "cosformer":
+        rq = [t if t > 0 else mp.zero for t in qi]
+        return [
+            mp.fdot(rq, [t if t > 0 else mp.zero for t in kj])
+            * mp.cospi(mp.mpf(i - j) / (2 * big_m))
+            for j, kj in enumerate(keys)
+        ]
+    fq = _features(qi, w, name)
+    return [mp.fdot(fq, fk) for fk in key_feats]
+
+
+def _magnitudes(qi: list, keys: list, key_feats: list | None, w, sims: list, spec: Spec) -> list:
+    """A bound on |sim_j| and on what its evaluation cancels, for the error estimate."""
+    mp = mpmath.mp
+    name = spec.feature_map
+    if key_feats is not None:  # signed features (trig) cancel inside the dot product
+        aq = [abs(t) for t in _features(qi, w, name)]
+        return [mp.fdot(aq, [abs(t) for t in fk]) for fk in key_feats]
+    absdot = [mp.fdot([abs(t) for t in qi], [abs(t) for t in kj]) / mp.sqrt(len(qi)) for kj in keys]
+    if name == "softmax":  # an error in the logit s is a relative error of exp(s)
+        return [a * (1 + t) for a, t in zip(sims, absdot, strict=True)]
+    if name == "taylor":
+        return [1 + t + t * t / 2 for t in absdot]
+    return [abs(a) for a in sims]  # cosformer: a non-negative product
+
+
+def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
+    """Rows `rows` of head (b, h) at `prec` bits: (output, error estimate), both float64.
+
+    The estimate is (n + 2) 2^-prec (sum_j |a_j| |v_j| + |out| sum_j |a_j|) / |den| with
+    n the number of roundings on any path (Higham's gamma_n, first order), |a_j| the
+    magnitudes of `_magnitudes`: it grows with the cancellation in the sums.
+    """
+    out = np.empty((len(rows), x.v.shape[3]))
+    err = np.empty_like(out)
+    with mpmath.workprec(prec):
+        mp = mpmath.mp
+        keys = [[mp.mpf(t) for t in row] for row in x.k[b, h].tolist()]
+        vals = [[mp.mpf(t) for t in row] for row in x.v[b, h].tolist()]
+        w = None if x.projection is None else [[mp.mpf(t) for t in r] for r in x.projection]
+        key_feats = None
+        if spec.feature_map in ("elu", "relu") or spec.info.needs_projection:
+            key_feats = [_features(kj, w, spec.feature_map) for kj in keys]
+        rounding = mp.mpf(2) ** -prec * (len(keys) + 2 * x.q.shape[3] + 2 * len(w or ()) + 8)
+        for r, i in enumerate(rows):
+            qi = [mp.mpf(t) for t in x.q[b, h, i].tolist()]
+            sims = _sims(qi, i, keys, key_feats, w, spec, max(x.q.shape[2], len(keys)))
+            mags = _magnitudes(qi, keys, key_feats, w, sims, spec)
+            js = allowed_keys(i, len(keys), spec.causal)
+            den = mp.fsum(sims[j] for j in js) + spec.eps
+            den_err = rounding * mp.fsum(mags[j] for j in js)
+            for c in range(out.shape[1]):
+                if den == 0:
+                    out[r, c], err[r, c] = math.nan, 0.0
+                    continue
+                num = mp.fsum(sims[j] * vals[j][c] for j in js)
+                num_err = rounding * mp.fsum(mags[j] * abs(vals[j][c]) for j in js)
+                out[r, c] = _nearest(num / den)
+                err[r, c] = _nearest((num_err + abs(num / den) * den_err) / abs(den))
+    return out, err
+
+
+def _settled(low: np.ndarray, high: np.ndarray, high_err: np.ndarray) -> np.ndarray:
+    """Rows whose elements agree at two precisions and whose error estimate is below
+    2^-64 of the value (faithful rounding) or below half the smallest subnormal."""
+    same = (low == high) | (np.isnan(low) & np.isnan(high))
+    small = np.isnan(high) | (high_err <= np.fmax(np.abs(high) * 2.0**-64, 2.0**-1076))
+    return np.all(same & small, axis=1)
+
+
+def mp_attention(
+    x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
+) -> np.ndarray:
+    """Exact attention (B, H, Nq, dv) in float64 by the literal definition in mpmath."""
+    b_, h_, nq = x.q.shape[:3]
+    out = np.empty((b_, h_, nq, x.v.shape[3]))
+    for b in range(b_):
+        for h in range(h_):
+            rows = list(range(nq))
+            p = prec
+            low, _ = _head_rows(x, spec, b, h, rows, p)
+            while rows:
+                if 2 * p > max_prec:
+                    raise ReferenceAccuracyError(
+                        f"mpmath engine: rows {rows[:5]} of head ({b}, {h}) are not settled "
+                        f"at {p} bits"
+                    )
+                high, high_err = _head_rows(x, spec, b, h, rows, 2 * p)
+                done = _settled(low, high, high_err)
+                for r, i in enumerate(rows):
+                    if done[r]:
+                        out[b, h, i] = high[r]
+                rows = [i for r, i in enumerate(rows) if not done[r]]
+                low, p = high[~done], 2 * p
+    return out

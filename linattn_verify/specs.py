@@ -1,0 +1,143 @@
+"""The specs: what each feature map computes, once, for every other layer to agree on.
+
+Output row i of attention is sum_j sim(q_i, k_j) v_j / (eps + sum_j sim(q_i, k_j)), with
+key j used by query i iff j <= i when the spec is causal (DESIGN.md, "The specs").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SpecError(ValueError):
+    """A spec or an input that does not make sense; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """Static facts about one feature map.
+
+    kernelised: sim(q, k) = phi(q) . phi(k) with a finite feature vector phi.
+    positive: sim(q, k) >= 0 for every input (so outputs are convex combinations of v).
+    needs_projection: a Performer map, whose phi uses a projection W of shape (m, d).
+    source: where the formula comes from.
+    """
+
+    name: str
+    kernelised: bool
+    positive: bool
+    needs_projection: bool
+    source: str
+
+    def feature_dim(self, d: int, m: int | None = None) -> int:
+        """Length of phi(x) for head dimension d (and m projection rows)."""
+        if not self.kernelised:
+            raise SpecError(f"feature map {self.name!r} has no finite feature expansion")
+        return {
+            "elu": d,
+            "relu": d,
+            "performer-positive": m,
+            "performer-hyperbolic": 2 * (m or 0),
+            "performer-trig": 2 * (m or 0),
+            "cosformer": 2 * d,
+            "taylor": 1 + d + d * d,
+        }[self.name]
+
+
+FEATURE_MAPS: dict[str, FeatureMap] = {
+    fm.name: fm
+    for fm in (
+        FeatureMap(
+            "softmax",
+            kernelised=False,
+            positive=True,
+            needs_projection=False,
+            source="Vaswani et al. 2017, eq. 1: sim = exp(q.k / sqrt(d))",
+        ),
+        FeatureMap(
+            "elu",
+            kernelised=True,
+            positive=True,
+            needs_projection=False,
+            source="Katharopoulos et al. 2020, eq. 7: phi(x) = elu(x) + 1",
+        ),
+        FeatureMap(
+            "relu",
+            kernelised=True,
+            positive=True,
+            needs_projection=False,
+            source="phi(x) = max(x, 0); the denominator can be exactly 0",
+        ),
+        FeatureMap(
+            "performer-positive",
+            kernelised=True,
+            positive=True,
+            needs_projection=True,
+            source="Choromanski et al. 2021 (FAVOR+), Lemma 1: "
+            "phi(x) = exp(W x' - |x'|^2/2) / sqrt(m), x' = x d^(-1/4)",
+        ),
+        FeatureMap(
+            "performer-hyperbolic",
+            kernelised=True,
+            positive=True,
+            needs_projection=True,
+            source="Choromanski et al. 2021, Lemma 1 (hyperbolic): "
+            "phi(x) = exp(-|x'|^2/2) / sqrt(2m) [exp(W x'), exp(-W x')]",
+        ),
+        FeatureMap(
+            "performer-trig",
+            kernelised=True,
+            positive=False,
+            needs_projection=True,
+            source="Choromanski et al. 2021, sec. 2.3 (trigonometric): "
+            "phi(x) = exp(|x'|^2/2) / sqrt(m) [sin(W x'), cos(W x')]",
+        ),
+        FeatureMap(
+            "cosformer",
+            kernelised=True,
+            positive=True,
+            needs_projection=False,
+            source="Qin et al. 2022, eq. 9-11: relu(q_i).relu(k_j) cos(pi (i-j) / (2M)), "
+            "M = max(N_q, N_k)",
+        ),
+        FeatureMap(
+            "taylor",
+            kernelised=True,
+            positive=True,
+            needs_projection=False,
+            source="Arora et al. 2024 (Based), sec. 3: 1 + s + s^2/2, s = q.k / sqrt(d)",
+        ),
+    )
+}
+
+
+def feature_map(name: str) -> FeatureMap:
+    """The feature map called `name`, or a SpecError listing the known ones."""
+    try:
+        return FEATURE_MAPS[name]
+    except (KeyError, TypeError):
+        known = ", ".join(FEATURE_MAPS)
+        raise SpecError(f"unknown feature map {name!r}; known: {known}") from None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What an implementation claims: a feature map, causality and a denominator eps."""
+
+    feature_map: str
+    causal: bool = False
+    eps: float = 0.0
+
+    def __post_init__(self) -> None:
+        feature_map(self.feature_map)
+        if not (self.eps >= 0.0 and self.eps < float("inf")):
+            raise SpecError(f"eps must be finite and >= 0, got {self.eps!r}")
+
+    @property
+    def info(self) -> FeatureMap:
+        return FEATURE_MAPS[self.feature_map]
+
+    def __str__(self) -> str:
+        causal = "causal" if self.causal else "non-causal"
+        eps = f", eps={self.eps:g}" if self.eps else ""
+        return f"{self.feature_map} ({causal}{eps})"
