@@ -1,0 +1,118 @@
+"""The accuracy model: units, the a-priori bound, the budget and the verdict."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import linattn_verify as lv
+from linattn_verify.accuracy import (
+    BUDGET_FLOOR,
+    K_BUDGET,
+    error_units,
+    gamma,
+    judge,
+    scale_and_bound,
+)
+from linattn_verify.implementations import golden_attention
+from linattn_verify.inputs import UNIT_ROUNDOFF, validate
+from linattn_verify.reference import exact
+
+ALL = list(lv.FEATURE_MAPS)
+
+
+def _case(name: str, causal: bool, dtype: torch.dtype, n: int = 24, d: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, n, d, generator=g, dtype=torch.float64) for _ in range(3))
+    w = None
+    if lv.FEATURE_MAPS[name].needs_projection:
+        w = torch.tensor(lv.sample_projection(d, d, "orthogonal", seed)).to(dtype)
+    spec = lv.Spec(name, causal=causal)
+    tensors = {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "projection": w}
+    x = validate(tensors["q"], tensors["k"], tensors["v"], spec, w)
+    return spec, tensors, x, exact(x, spec)
+
+
+def test_gamma_is_higham_and_infinite_past_one():
+    assert gamma(10, 2.0**-24) == pytest.approx(10 * 2.0**-24 / (1 - 10 * 2.0**-24), rel=1e-15)
+    assert gamma(2048, 2.0**-11) == math.inf
+
+
+def test_error_units_of_nan_output_are_infinite_and_of_equal_output_zero():
+    ref = np.array([1.0, 2.0, np.nan])
+    e = error_units(np.array([np.nan, 2.0, np.nan]), ref, np.ones(3), 2.0**-24)
+    assert e[0] == math.inf and e[1] == 0.0
+
+
+def test_scale_of_a_positive_kernel_is_the_weighted_mean_of_abs_v():
+    spec, _, x, ref = _case("elu", False, torch.float64)
+    scale, _ = scale_and_bound(x, spec, ref, UNIT_ROUNDOFF["float64"])
+    phi = lambda t: np.where(t > 0, t + 1, np.exp(t))  # noqa: E731
+    a = phi(x.q) @ np.swapaxes(phi(x.k), -1, -2)
+    expected = (a @ np.abs(x.v)) / a.sum(-1, keepdims=True)
+    np.testing.assert_allclose(scale, expected, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ALL)
+def test_golden_is_within_the_bound_in_every_dtype(name, causal, dtype):
+    spec, tensors, x, ref = _case(name, causal, dtype)
+    forms = ("quadratic", "linear") if spec.info.kernelised else ("quadratic",)
+    for form in forms:
+        verdict = judge(golden_attention(**tensors, spec=spec, form=form), x, spec, ref)
+        assert verdict.within_bound, f"{form}: {verdict.message}"
+
+
+def test_perturbed_weights_exceed_the_bound():
+    """A relative error of 2^-12 in every weight is far more than fp32 arithmetic allows."""
+    spec, tensors, x, ref = _case("elu", False, torch.float32)
+    g = torch.Generator().manual_seed(1)
+    phi = lambda t: torch.where(t > 0, t + 1, torch.exp(t))  # noqa: E731
+    a = phi(tensors["q"]) @ phi(tensors["k"]).transpose(-1, -2)
+    a = a * (1 + 2.0**-12 * torch.randn(a.shape, generator=g))
+    out = (a @ tensors["v"]) / a.sum(-1, keepdim=True)
+    verdict = judge(out, x, spec, ref)
+    assert not verdict.within_bound and verdict.bound_violations > 0
+    assert "above the a-priori bound" in verdict.message and "FAIL" in verdict.message
+
+
+def test_state_kept_in_float16_is_within_the_bound_but_over_the_budget():
+    """Linear attention with everything in fp16 (state, sums) is 'sane' but not attainable
+    accuracy: the golden form accumulates in fp32 and rounds once. Values of one sign make
+    the state grow with N, so its rounding errors do too (about u sqrt(N) relative)."""
+    spec, tensors, x, _ = _case("elu", False, torch.float16, n=512, d=16)
+    tensors["v"] = tensors["v"].abs()
+    x = validate(tensors["q"], tensors["k"], tensors["v"], spec)
+    ref = exact(x, spec)
+    phi = lambda t: torch.where(t > 0, t + 1, torch.exp(t))  # noqa: E731
+    fq, fk, v = phi(tensors["q"]), phi(tensors["k"]), tensors["v"]
+    state, z = torch.zeros(2, 2, 16, 16, dtype=torch.float16), torch.zeros(2, 2, 16, 1).half()
+    for j in range(512):  # a running fp16 state, token by token
+        state = state + fk[:, :, j, :, None] * v[:, :, j, None, :]
+        z = z + fk[:, :, j, :, None]
+    out = (fq @ state) / (fq @ z)
+    golden = golden_attention(**tensors, spec=spec, form="linear")
+    verdict = judge(out, x, spec, ref, golden=golden)
+    assert verdict.within_bound, verdict.message
+    assert verdict.within_budget is False, verdict.message
+    assert verdict.budget == K_BUDGET * max(verdict.golden_max_error, BUDGET_FLOOR)
+    assert judge(golden, x, spec, ref, golden=golden).passed
+
+
+def test_verdict_reports_its_figures():
+    spec, tensors, x, ref = _case("softmax", True, torch.bfloat16)
+    verdict = judge(golden_attention(**tensors, spec=spec), x, spec, ref)
+    d = verdict.to_dict()
+    assert d["dtype"] == "bfloat16" and d["unit_roundoff"] == 2.0**-8
+    assert d["passed"] and "softmax (causal) bfloat16: max error" in d["message"]
+    assert 0 < d["max_error"] <= d["bound_at_worst"]
+
+
+def test_judge_rejects_a_wrong_shape():
+    spec, _, x, ref = _case("elu", False, torch.float32)
+    with pytest.raises(lv.SpecError, match="output has shape"):
+        judge(torch.zeros(1, 2, 3, 4), x, spec, ref)
