@@ -407,15 +407,21 @@ def test_float16_long_sequence_needs_wide_accumulation() -> None:
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("name", PERFORMERS)
 def test_performer_large_norms_do_not_overflow_float32(name: str, causal: bool) -> None:
-    """|q| = |k| = 30, d = 16: |x'|^2/2 = 112.5, beyond float32's exp range (~88.7)."""
+    """|x| = 30, d = 16: |x'|^2/2 = 112.5, beyond float32's exp range (~88.7).
+
+    The norms differ between (b, h) slices, down to 1, so a shift shared across slices
+    (instead of one per (b, h)) would underflow the features of the small ones.
+    """
     d, m, n = 16, 32, 12
     gen = torch.Generator().manual_seed(37)
 
-    def on_sphere(radius: float) -> torch.Tensor:
+    def on_sphere(radii: list[list[float]]) -> torch.Tensor:
         x = torch.randn(2, 2, n, d, generator=gen, dtype=torch.float64)
+        radius = torch.tensor(radii, dtype=torch.float64)[:, :, None, None]
         return (radius * x / x.norm(dim=-1, keepdim=True)).to(torch.float32)
 
-    q, k = on_sphere(30.0), on_sphere(30.0)
+    q = on_sphere([[30.0, 2.0], [30.0, 8.0]])
+    k = on_sphere([[30.0, 1.0], [4.0, 30.0]])
     v = torch.randn(2, 2, n, 3, generator=gen, dtype=torch.float64).to(torch.float32)
     w = torch.from_numpy(sample_projection(m, d, "iid", 37)).to(torch.float32)
     spec = spec_for(name, causal)
@@ -444,6 +450,24 @@ def test_performer_large_norms_do_not_overflow_float32(name: str, causal: bool) 
         out = golden_attention(q, k, v, spec, projection=w, form=form)
         assert out.dtype == torch.float32
         assert_within(out, want, tol, f"{spec} {form} |x| = 30 float32")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_elu_of_very_negative_inputs_does_not_cancel(causal: bool, dtype: torch.dtype) -> None:
+    """elu(x) + 1 = exp(x) for x <= 0: formed as (exp(x) - 1) + 1 it cancels (to 0 in
+    float32 below x ~ -17, leaving 0/0), formed as exp(x) it is accurate."""
+    q, k, v, _ = make_inputs("elu", 2, 2, 6, 6, d=4, dv=3, m=1, seed=53, dtype=torch.float64)
+    q = (-15.0 - 15.0 * q.abs()).to(dtype)  # every component in (-inf, -15]
+    k = (-15.0 - 5.0 * k.abs()).to(dtype)
+    v = v.to(dtype)
+    want, sim, absim = naive_attention("elu", f64(q), f64(k), f64(v), causal, 0.0, None)
+    units = total_units("elu", f64(q), f64(k), None)
+    u = UNIT_ROUNDOFF[str(dtype).removeprefix("torch.")]
+    tol = (u + U64) * error_bound(units, sim, absim, f64(v), want, 0.0)
+    for form in GOLDEN_FORMS:
+        out = golden_attention(q, k, v, spec_for("elu", causal), form=form)
+        assert_within(out, want, tol, f"elu causal={causal} {dtype} {form} x <= -15")
 
 
 # -------------------------------------------------------------- layout and batching

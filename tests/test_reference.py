@@ -260,3 +260,14 @@ def test_bad_input_is_a_clear_error(kwargs, message):
 def test_projection_shape_is_checked():
     with pytest.raises(lv.SpecError, match=r"projection must have shape \(m, d\)"):
         lv.reference(GOOD, GOOD, GOOD, "performer-trig", projection=np.ones((4, 2)))
+
+
+@pytest.mark.parametrize("engine", ["mp", "arb"])
+def test_an_exact_value_on_a_rounding_boundary_is_faithfully_rounded(engine):
+    """Equal irrational weights (elu: exp(-1) features) and v = 1, 1 + 2^-52: the mean
+    1 + 2^-53 lies halfway between two doubles, so either neighbour is within one ulp and
+    no precision decides between them."""
+    q = np.full((1, 1, 2, 1), -1.0)
+    v = np.array([1.0, 1 + 2**-52]).reshape(1, 1, 2, 1)
+    out = lv.reference(q, q, v, "elu", engine=engine)
+    assert set(out.ravel()) <= {1.0, 1 + 2**-52}

@@ -66,6 +66,7 @@ def golden_attention(
     if projection is not None:
         w = torch.as_tensor(projection).to(device=q.device, dtype=compute)
 
+    # sim_ij = exp(shift_i) * (computed weight_ij): the shift cancels in num / den, not in eps
     if form == "quadratic":
         weights, shift = _quadratic_weights(qc, kc, spec, w)
         num = weights @ vc

@@ -13,6 +13,7 @@ twice the precision, up to MAX_PREC.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from flint import arb, arb_mat, ctx, fmpq
 
 from ..inputs import AttentionInputs
 from ..specs import Spec
-from .common import MAX_PREC, ReferenceAccuracyError
+from .common import MAX_PREC, refine
 
 DEFAULT_PREC = 128
 CAUSAL_BLOCK = 64  # rows per block of the causal linear form: 64x64 arb products are cheap
@@ -208,27 +209,16 @@ def arb_attention(
     x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
 ) -> np.ndarray:
     """Exact attention (B, H, Nq, dv), each element within one ulp of float64 (see module)."""
-    b_, h_, nq = x.q.shape[:3]
-    out = np.empty((b_, h_, nq, x.v.shape[3]))
-    for b in range(b_):
-        for h in range(h_):
-            head = Head.of(x, b, h)
-            rows, p, linear = list(range(nq)), prec, prefers_linear(spec, head)
-            while rows:
-                if p > max_prec:
-                    raise ReferenceAccuracyError(
-                        f"arb engine: rows {rows[:5]} of head ({b}, {h}) are not resolved "
-                        f"to float64 at {max_prec} bits"
-                    )
-                with working_precision(p):
-                    vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
-                    sums = weighted_sums(head, spec, rows, vals, linear)
-                    quot = _quotients(sums if not linear else [sums[i] for i in rows], spec.eps)
-                unresolved = []
-                for i, row in zip(rows, quot, strict=True):
-                    if any(t is None for t in row):
-                        unresolved.append(i)
-                    else:
-                        out[b, h, i] = row
-                rows, p, linear = unresolved, 2 * p, False
-    return out
+    nq = x.q.shape[2]
+
+    def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
+        head = Head.of(x, b, h)
+        linear = len(rows) == nq and p == prec and prefers_linear(spec, head)
+        with working_precision(p):
+            vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
+            quot = _quotients(weighted_sums(head, spec, rows, vals, linear), spec.eps)
+        done = np.array([all(t is not None for t in row) for row in quot])
+        values = np.array([[math.nan if t is None else t for t in row] for row in quot])
+        return values, done
+
+    return refine(x, settle, prec, max_prec, "arb")

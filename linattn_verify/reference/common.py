@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
+from ..inputs import AttentionInputs
+
 # Highest working precision either engine goes to. Inputs are float64 (exponents 2^-1074 ..
 # 2^1024), so two distinct logits or products differ by more than 2^-2200 relative, and
 # resolving any cancellation among them, or telling a result below 2^-1075 from zero,
@@ -16,3 +22,27 @@ class ReferenceAccuracyError(ArithmeticError):
 def allowed_keys(i: int, n_keys: int, causal: bool) -> range:
     """Keys j that query i attends to: j <= i when causal (DESIGN: inclusive)."""
     return range(min(i + 1, n_keys) if causal else n_keys)
+
+
+# settle(b, h, rows, prec) -> (values (len(rows), dv), done (len(rows),) bool)
+Settle = Callable[[int, int, list[int], int], tuple[np.ndarray, np.ndarray]]
+
+
+def refine(x: AttentionInputs, settle: Settle, prec: int, max_prec: int, engine: str):
+    """Run `settle` on every head at prec, 2 prec, ... on the rows not yet done; the
+    precision control both engines share. Returns the (B, H, Nq, dv) float64 output."""
+    b_, h_, nq = x.q.shape[:3]
+    out = np.empty((b_, h_, nq, x.v.shape[3]))
+    for b in range(b_):
+        for h in range(h_):
+            rows, p = list(range(nq)), prec
+            while rows:
+                if p > max_prec:
+                    raise ReferenceAccuracyError(
+                        f"{engine} engine: rows {rows[:5]} of head ({b}, {h}) are not "
+                        f"resolved to float64 at {max_prec} bits"
+                    )
+                values, done = settle(b, h, rows, p)
+                out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
+                rows, p = [i for i, ok in zip(rows, done) if not ok], 2 * p
+    return out

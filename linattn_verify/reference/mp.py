@@ -2,8 +2,8 @@
 
 For every query i and allowed key j, sim(q_i, k_j) is evaluated from the DESIGN formula in
 binary precision p (see `_sim` for the sources); out_i = sum_j sim v_j / (eps + sum_j sim).
-Precision control: each element is computed at p and 2p bits; where the two round to
-different float64 values, or where a first-order error estimate at 2p (which grows with
+Precision control: each element is computed at p and 2p bits; where the two are more
+than one ulp apart, or where a first-order error estimate at 2p (which grows with
 the cancellation in the sums) is not below 2^-64 of the value, the row is recomputed at
 4p, 8p, ... until both hold, or `max_prec` is passed (ReferenceAccuracyError). Agreement
 alone is not enough: 1e300 + 1 - 1e300 gives 0 at 113 and at 226 bits alike. O(N^2 (d + dv)) mpf
@@ -20,7 +20,7 @@ from mpmath.libmp import to_float
 
 from ..inputs import AttentionInputs
 from ..specs import Spec
-from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
+from .common import MAX_PREC, allowed_keys, refine
 
 DEFAULT_PREC = 113  # IEEE binary128's significand: the DESIGN's minimum
 
@@ -131,9 +131,12 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
 
 
 def _settled(low: np.ndarray, high: np.ndarray, high_err: np.ndarray) -> np.ndarray:
-    """Rows whose elements agree at two precisions and whose error estimate is below
-    2^-64 of the value (faithful rounding) or below half the smallest subnormal."""
-    same = (low == high) | (np.isnan(low) & np.isnan(high))
+    """Rows whose elements at p and 2p are within one ulp of each other (an exact value on
+    a rounding boundary may round either way at any precision) and whose error estimate
+    at 2p is below 2^-64 of the value (faithful rounding) or half the smallest subnormal."""
+    with np.errstate(invalid="ignore"):
+        close = np.abs(low - high) <= np.spacing(np.abs(high))
+    same = (low == high) | close | (np.isnan(low) & np.isnan(high))
     small = np.isnan(high) | (high_err <= np.fmax(np.abs(high) * 2.0**-64, 2.0**-1076))
     return np.all(same & small, axis=1)
 
@@ -142,24 +145,15 @@ def mp_attention(
     x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
 ) -> np.ndarray:
     """Exact attention (B, H, Nq, dv) in float64 by the literal definition in mpmath."""
-    b_, h_, nq = x.q.shape[:3]
-    out = np.empty((b_, h_, nq, x.v.shape[3]))
-    for b in range(b_):
-        for h in range(h_):
-            rows = list(range(nq))
-            p = prec
+    previous: dict[tuple[int, int, int], np.ndarray] = {}  # (b, h, row) -> value at p
+
+    def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
+        if p == prec:
             low, _ = _head_rows(x, spec, b, h, rows, p)
-            while rows:
-                if 2 * p > max_prec:
-                    raise ReferenceAccuracyError(
-                        f"mpmath engine: rows {rows[:5]} of head ({b}, {h}) are not settled "
-                        f"at {p} bits"
-                    )
-                high, high_err = _head_rows(x, spec, b, h, rows, 2 * p)
-                done = _settled(low, high, high_err)
-                for r, i in enumerate(rows):
-                    if done[r]:
-                        out[b, h, i] = high[r]
-                rows = [i for r, i in enumerate(rows) if not done[r]]
-                low, p = high[~done], 2 * p
-    return out
+        else:
+            low = np.array([previous[b, h, i] for i in rows])
+        high, high_err = _head_rows(x, spec, b, h, rows, 2 * p)
+        previous.update(((b, h, i), row) for i, row in zip(rows, high))
+        return high, _settled(low, high, high_err)
+
+    return refine(x, settle, prec, max_prec // 2, "mpmath")
