@@ -1,5 +1,6 @@
 """linattn-verify: exact references, an accuracy model and property tests for linear attention."""
 
+from . import accuracy, implementations
 from .inputs import UNIT_ROUNDOFF
 from .reference import ReferenceAccuracyError, reference
 from .sampling import SAMPLERS, sample_projection
@@ -12,6 +13,8 @@ __all__ = [
     "ReferenceAccuracyError",
     "Spec",
     "SpecError",
+    "accuracy",
+    "implementations",
     "reference",
     "sample_projection",
 ]
