@@ -77,14 +77,19 @@ def feature_errors(
         return phi, psi
     if name == "relu":
         return phi, [[arb(0)] * len(r) for r in phi]
-    if name == "cosformer":  # angle pi i / 2M with 3 roundings, cos/sin, product with relu
+    if name == "cosformer":
+        # theta = pi i / 2M after 3 roundings: |d theta| <= 3 u theta; cos and sin add C_LIB u
+        # (absolute, not relative: cos is small near pi/2); the product with relu(x) one more
         psi = []
-        for i, fr in zip(positions, phi, strict=True):
+        for i, r, fr in zip(positions, x.tolist(), phi, strict=True):
             theta = arb.pi() * i / (2 * head.big_m)
-            rel = (3 * theta + C_LIB + 1) * ua * (1 + ua)
-            psi.append([abs(f) * rel for f in fr])
+            trig_err = (3 * theta + C_LIB) * ua
+            rel = [max(t, 0.0) * trig_err * (1 + ua) for t in r]
+            psi.append([e + abs(f) * ua for e, f in zip(rel + rel, fr, strict=True)])
         return phi, psi
-    if name == "taylor":  # 1 exact; x' = x / d^(1/4); x'_a x'_b / sqrt(2)
+    if name == "taylor":
+        # 1 exact; x' = x / d^(1/4): the root (C_LIB) and the division (1); x'_a x'_b / sqrt(2):
+        # two such factors, their product, sqrt(2) (C_LIB) and the division: 3 C_LIB + 4
         d = x.shape[1]
         lin, quad = gamma(C_LIB + 1, u), gamma(3 * C_LIB + 4, u)
         rel = [arb(0)] + [arb(lin)] * d + [arb(quad)] * (d * d)
@@ -93,6 +98,8 @@ def feature_errors(
     d = x.shape[1]
     norms = (arb_mat(balls(np.abs(x))) * arb_mat(balls(np.abs(head.w))).transpose()).tolist()
     scale = arb(d).rsqrt().sqrt()
+    # exponent: the dot product over d, x' = x d^(-1/4) (C_LIB + 1), subtracting |x'|^2/2 and
+    # a stabiliser (2); then exp (C_LIB) and 1/sqrt(m) (1)
     g_arg, g_lib = gamma(d + C_LIB + 3, u), gamma(C_LIB + 1, u)
     psi = []
     for fr, nr, hs in zip(phi, norms, half_sq, strict=True):

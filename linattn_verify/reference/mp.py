@@ -23,6 +23,9 @@ from ..specs import Spec
 from .common import MAX_PREC, allowed_keys, refine
 
 DEFAULT_PREC = 113  # IEEE binary128's significand: the DESIGN's minimum
+# Scalar operations on the longest path besides the sums: the d^(1/4) and sqrt(d) scalings,
+# exp/sin/cos, 1/sqrt(m), the product with v, adding eps, the division: at most 8.
+SCALAR_OPS = 8
 
 
 def _nearest(x: mpmath.mpf) -> float:
@@ -53,12 +56,11 @@ def _features(x: list, w: list | None, kind: str) -> list:
     raise AssertionError(kind)
 
 
-def _sims(
-    qi: list, i: int, keys: list, key_feats: list | None, w: list | None, spec: Spec, big_m: int
-):
+def _sims(qi: list, fq: list | None, i: int, keys: list, key_feats: list | None, spec, big_m):
     """sim(q_i, k_j) for every key j (see specs.FEATURE_MAPS for each formula's source).
 
-    key_feats holds phi(k_j) for the maps defined by features; big_m is cosFormer's M.
+    fq, key_feats: phi(q_i) and phi(k_j) for the maps defined by features (else None);
+    big_m is cosFormer's M.
     """
     mp = mpmath.mp
     name = spec.feature_map
@@ -75,16 +77,15 @@ def _sims(
             * mp.cospi(mp.mpf(i - j) / (2 * big_m))
             for j, kj in enumerate(keys)
         ]
-    fq = _features(qi, w, name)
     return [mp.fdot(fq, fk) for fk in key_feats]
 
 
-def _magnitudes(qi: list, keys: list, key_feats: list | None, w, sims: list, spec: Spec) -> list:
+def _magnitudes(qi: list, fq: list | None, keys: list, key_feats: list | None, sims, spec):
     """A bound on |sim_j| and on what its evaluation cancels, for the error estimate."""
     mp = mpmath.mp
     name = spec.feature_map
     if key_feats is not None:  # signed features (trig) cancel inside the dot product
-        aq = [abs(t) for t in _features(qi, w, name)]
+        aq = [abs(t) for t in fq]
         return [mp.fdot(aq, [abs(t) for t in fk]) for fk in key_feats]
     absdot = [mp.fdot([abs(t) for t in qi], [abs(t) for t in kj]) / mp.sqrt(len(qi)) for kj in keys]
     if name == "softmax":  # an error in the logit s is a relative error of exp(s)
@@ -97,9 +98,11 @@ def _magnitudes(qi: list, keys: list, key_feats: list | None, w, sims: list, spe
 def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
     """Rows `rows` of head (b, h) at `prec` bits: (output, error estimate), both float64.
 
-    The estimate is (n + 2) 2^-prec (sum_j |a_j| |v_j| + |out| sum_j |a_j|) / |den| with
-    n the number of roundings on any path (Higham's gamma_n, first order), |a_j| the
-    magnitudes of `_magnitudes`: it grows with the cancellation in the sums.
+    The estimate is n 2^-prec (sum_j |a_j| |v_j| + |out| sum_j |a_j|) / |den| with n the
+    number of roundings on any path to an output (Higham's gamma_n to first order: the sum
+    over Nk keys, a dot product over d for an exponent and another for |x'|^2, one over the
+    features, and SCALAR_OPS scalar operations) and |a_j| the magnitudes of `_magnitudes`;
+    it grows with the cancellation in the sums.
     """
     out = np.empty((len(rows), x.v.shape[3]))
     err = np.empty_like(out)
@@ -111,11 +114,14 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
         key_feats = None
         if spec.feature_map in ("elu", "relu") or spec.info.needs_projection:
             key_feats = [_features(kj, w, spec.feature_map) for kj in keys]
-        rounding = mp.mpf(2) ** -prec * (len(keys) + 2 * x.q.shape[3] + 2 * len(w or ()) + 8)
+        n_features = 2 * len(w) if w else 2 * x.q.shape[3] + 1
+        n_roundings = len(keys) + 2 * x.q.shape[3] + n_features + SCALAR_OPS
+        rounding = mp.mpf(2) ** -prec * n_roundings
         for r, i in enumerate(rows):
             qi = [mp.mpf(t) for t in x.q[b, h, i].tolist()]
-            sims = _sims(qi, i, keys, key_feats, w, spec, max(x.q.shape[2], len(keys)))
-            mags = _magnitudes(qi, keys, key_feats, w, sims, spec)
+            fq = None if key_feats is None else _features(qi, w, spec.feature_map)
+            sims = _sims(qi, fq, i, keys, key_feats, spec, max(x.q.shape[2], len(keys)))
+            mags = _magnitudes(qi, fq, keys, key_feats, sims, spec)
             js = allowed_keys(i, len(keys), spec.causal)
             den = mp.fsum(sims[j] for j in js) + spec.eps
             den_err = rounding * mp.fsum(mags[j] for j in js)
