@@ -1,6 +1,7 @@
 """linattn-verify: exact references, an accuracy model and property tests for linear attention."""
 
 from . import accuracy, implementations
+from .implementations import CausalStream, attention, sample_projection_torch
 from .inputs import UNIT_ROUNDOFF
 from .reference import ReferenceAccuracyError, reference
 from .sampling import SAMPLERS, sample_projection
@@ -10,11 +11,14 @@ __all__ = [
     "FEATURE_MAPS",
     "SAMPLERS",
     "UNIT_ROUNDOFF",
+    "CausalStream",
     "ReferenceAccuracyError",
     "Spec",
     "SpecError",
     "accuracy",
+    "attention",
     "implementations",
     "reference",
     "sample_projection",
+    "sample_projection_torch",
 ]

@@ -69,38 +69,39 @@ def as_float64(x: Any, what: str) -> tuple[np.ndarray, str]:
     return np.array(arr, dtype=np.float64, copy=True), name
 
 
+def check_shapes(
+    q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], spec: Spec, w: tuple | None
+) -> None:
+    """Raise SpecError unless the shapes of q, k, v (and W) fit each other and the spec."""
+    for name, shape in (("q", q), ("k", k), ("v", v)):
+        if len(shape) != 4:
+            raise SpecError(f"{name} must be 4-d (B, H, N, d), got shape {shape}")
+        if 0 in shape:
+            raise SpecError(f"{name} has an empty dimension: shape {shape} (B, H, N, d)")
+    if q[:2] != k[:2] or k[:2] != v[:2]:
+        raise SpecError(f"batch and head dimensions differ: q {q}, k {k}, v {v}")
+    if q[3] != k[3]:
+        raise SpecError(f"q and k head dimensions differ: q {q}, k {k}")
+    if k[2] != v[2]:
+        raise SpecError(f"k and v have different N: k {k}, v {v}")
+    if spec.causal and q[2] != k[2]:
+        raise SpecError(f"causal attention needs as many queries as keys: q {q}, k {k}")
+    if spec.info.needs_projection:
+        if w is None:
+            raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
+        if len(w) != 2 or w[1] != q[3] or w[0] == 0:
+            raise SpecError(
+                f"projection must have shape (m, d) with d = {q[3]} and m >= 1, got {w}"
+            )
+    elif w is not None:
+        raise SpecError(f"feature map {spec.feature_map!r} takes no projection")
+
+
 def validate(q: Any, k: Any, v: Any, spec: Spec, projection: Any = None) -> AttentionInputs:
     """Check shapes, dtypes and values against the spec; return exact float64 copies."""
     qa, qdtype = as_float64(q, "q")
     ka, _ = as_float64(k, "k")
     va, _ = as_float64(v, "v")
-    for name, arr in (("q", qa), ("k", ka), ("v", va)):
-        if arr.ndim != 4:
-            raise SpecError(f"{name} must be 4-d (B, H, N, d), got shape {arr.shape}")
-        if 0 in arr.shape:
-            raise SpecError(f"{name} has an empty dimension: shape {arr.shape} (B, H, N, d)")
-    if qa.shape[:2] != ka.shape[:2] or ka.shape[:2] != va.shape[:2]:
-        raise SpecError(
-            f"batch and head dimensions differ: q {qa.shape}, k {ka.shape}, v {va.shape}"
-        )
-    if qa.shape[3] != ka.shape[3]:
-        raise SpecError(f"q and k head dimensions differ: q {qa.shape}, k {ka.shape}")
-    if ka.shape[2] != va.shape[2]:
-        raise SpecError(f"k and v have different N: k {ka.shape}, v {va.shape}")
-    if spec.causal and qa.shape[2] != ka.shape[2]:
-        raise SpecError(
-            f"causal attention needs as many queries as keys: q {qa.shape}, k {ka.shape}"
-        )
-    proj = None
-    if spec.info.needs_projection:
-        if projection is None:
-            raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
-        proj, _ = as_float64(projection, "projection")
-        if proj.ndim != 2 or proj.shape[1] != qa.shape[3] or proj.shape[0] == 0:
-            raise SpecError(
-                f"projection must have shape (m, d) with d = {qa.shape[3]} and m >= 1, "
-                f"got {proj.shape}"
-            )
-    elif projection is not None:
-        raise SpecError(f"feature map {spec.feature_map!r} takes no projection")
+    proj = None if projection is None else as_float64(projection, "projection")[0]
+    check_shapes(qa.shape, ka.shape, va.shape, spec, None if proj is None else proj.shape)
     return AttentionInputs(qa, ka, va, proj, qdtype)

@@ -1,5 +1,15 @@
-"""Built-in torch implementations of the specs."""
+"""Built-in torch implementations: the golden one, and every form of every spec."""
 
+from .forms import FORMS, CausalStream, State, attention
 from .golden import GOLDEN_FORMS, golden_attention
+from .projection import sample_projection_torch
 
-__all__ = ["GOLDEN_FORMS", "golden_attention"]
+__all__ = [
+    "FORMS",
+    "GOLDEN_FORMS",
+    "CausalStream",
+    "State",
+    "attention",
+    "golden_attention",
+    "sample_projection_torch",
+]

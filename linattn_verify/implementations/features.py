@@ -1,0 +1,138 @@
+"""Feature maps in torch, shared by every built-in implementation.
+
+phi(x) is returned scaled, with the log of the factor taken out, so that no exponential
+overflows the compute dtype: a per-query factor cancels between numerator and denominator,
+a factor common to all keys of a (b, h) too (eps is rescaled to match, `scaled_eps`).
+Positions (cosFormer) are absolute: row r of x is token start + r of a sequence whose
+cosFormer length is n_pos = M = max(Nq, Nk).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..specs import Spec, SpecError
+
+# Maps whose features are exp(a(x) + c(x)): evaluated as log-features, shifted before exp.
+EXP_FEATURES = ("performer-positive", "performer-hyperbolic")
+
+
+def query_features(
+    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(phi_scaled, shift) with phi(x_i) = exp(shift_i) phi_scaled_i, shift per row.
+
+    A per-query factor cancels between numerator and denominator, so each row is scaled
+    to max feature 1 (exp maps) or stripped of its exp(|x'|^2/2) factor (trig).
+    """
+    name = spec.feature_map
+    if name in EXP_FEATURES:
+        a, c = performer_exponent(x, name, w)
+        a_max = a.amax(dim=-1, keepdim=True)
+        # exp(a - max a): the large per-row term c = -|x'|^2/2 never enters the difference.
+        return torch.exp(a - a_max), a_max + c
+    if name == "performer-trig":
+        body, c = trig_parts(x, w)
+        return body, c
+    return plain_features(x, name, n_pos, start), None
+
+
+def key_features(
+    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(phi_scaled, shift) with phi(x_j) = exp(shift) phi_scaled_j, shift per (b, h).
+
+    Keys are summed over, so only a factor common to all keys (and features) of a (b, h)
+    cancels: the max over those of the log-features.
+    """
+    name = spec.feature_map
+    if name in EXP_FEATURES:
+        a, c = performer_exponent(x, name, w)
+        log_phi = a + c
+        shift = log_phi.amax(dim=(-2, -1), keepdim=True)
+        return torch.exp(log_phi - shift), shift
+    if name == "performer-trig":
+        body, c = trig_parts(x, w)
+        shift = c.amax(dim=-2, keepdim=True)
+        return body * torch.exp(c - shift), shift
+    return plain_features(x, name, n_pos, start), None
+
+
+def performer_exponent(
+    x: torch.Tensor, name: str, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, c) with phi(x) = exp(a + c): a (..., F) depends on the feature, c (..., 1) not.
+
+    Choromanski et al. 2021 (FAVOR+), Lemma 1, x' = x d^(-1/4), W (m, d):
+      positive:   phi(x) = exp(W x' - |x'|^2/2) / sqrt(m)
+                  -> a = W x',           c = -|x'|^2/2 - log(m)/2
+      hyperbolic: phi(x) = exp(-|x'|^2/2) / sqrt(2m) [exp(W x'), exp(-W x')]
+                  -> a = [W x', -W x'],  c = -|x'|^2/2 - log(2m)/2
+    """
+    xs = x * x.shape[-1] ** -0.25
+    proj = xs @ w.transpose(-2, -1)
+    half_sq_norm = 0.5 * (xs * xs).sum(dim=-1, keepdim=True)
+    m = w.shape[0]
+    if name == "performer-positive":
+        return proj, -half_sq_norm - 0.5 * math.log(m)
+    return torch.cat([proj, -proj], dim=-1), -half_sq_norm - 0.5 * math.log(2 * m)
+
+
+def trig_parts(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(body, c) with phi(x) = exp(c) body, not positive.
+
+    Choromanski et al. 2021, sec. 2.3: phi(x) = exp(|x'|^2/2) / sqrt(m) [sin(W x'), cos(W x')]
+    -> body = [sin(W x'), cos(W x')], c = |x'|^2/2 - log(m)/2.
+    """
+    xs = x * x.shape[-1] ** -0.25
+    proj = xs @ w.transpose(-2, -1)
+    c = 0.5 * (xs * xs).sum(dim=-1, keepdim=True) - 0.5 * math.log(w.shape[0])
+    return torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1), c
+
+
+def plain_features(x: torch.Tensor, name: str, n_pos: int, start: int = 0) -> torch.Tensor:
+    """phi(x) for the maps that need no shift: elu, relu, cosformer, taylor."""
+    if name == "elu":
+        # Katharopoulos et al. 2020, eq. 7: elu(x) + 1, as x + 1 or exp(x): no cancellation.
+        return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
+    if name == "relu":
+        return torch.relu(x)
+    if name == "cosformer":
+        # Qin et al. 2022, eq. 10: cos(pi (i-j)/(2M)) = cos(a_i) cos(a_j) + sin(a_i) sin(a_j)
+        # with a_i = pi i / (2M), so phi(x_i) = [relu(x_i) cos(a_i), relu(x_i) sin(a_i)].
+        n = x.shape[-2]
+        positions = torch.arange(start, start + n, device=x.device, dtype=x.dtype)
+        angle = positions * (math.pi / (2 * n_pos))
+        r = torch.relu(x)
+        return torch.cat([r * torch.cos(angle)[:, None], r * torch.sin(angle)[:, None]], dim=-1)
+    if name == "taylor":
+        # Arora et al. 2024 (Based): phi(x) = [1, x', vec(x' x'^T) / sqrt(2)], x' = x d^(-1/4),
+        # so phi(q).phi(k) = 1 + s + s^2/2 with s = q'.k' = q.k / sqrt(d).
+        xs = x * x.shape[-1] ** -0.25
+        outer = (xs.unsqueeze(-1) * xs.unsqueeze(-2)).flatten(-2) * 0.5**0.5
+        return torch.cat([torch.ones_like(xs[..., :1]), xs, outer], dim=-1)
+    raise SpecError(f"feature map {name!r} has no plain feature expansion")  # pragma: no cover
+
+
+def add_shifts(shift_q: torch.Tensor | None, shift_k: torch.Tensor | None) -> torch.Tensor | None:
+    """Total log-scale of sim_ij: query shift (per row) plus key shift (per (b, h))."""
+    if shift_q is None:
+        return shift_k
+    if shift_k is None:
+        return shift_q
+    return shift_q + shift_k
+
+
+def scaled_eps(eps: float, shift: torch.Tensor | None) -> torch.Tensor | float:
+    """eps in the units of the shifted sums: eps exp(-shift), formed as one exp.
+
+    If eps exp(-shift) overflows, the similarities are negligible next to eps (their sum
+    is below eps times the smallest positive number) and the output is num / inf = 0.
+    """
+    if eps == 0.0:
+        return 0.0
+    if shift is None:
+        return eps
+    return torch.exp(math.log(eps) - shift)

@@ -1,0 +1,263 @@
+"""The built-in implementations: every spec in four forms, any dtype, CPU or CUDA.
+
+Forms (DESIGN "Vocabulary"):
+- quadratic: the (Nq, Nk) weights materialised (golden.py's quadratic form);
+- linear (non-causal): phi(Q) (phi(K)^T [V, 1]), keys and queries taken in blocks of
+  BLOCK_ROWS rows so that each block's features stay in cache;
+- recurrent (causal): S_i = S_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i), one token
+  at a time (Katharopoulos et al. 2020, eq. 18-20);
+- chunked (causal): chunks of C tokens; the state entering each chunk is an exclusive
+  prefix sum of the per-chunk states phi(K_c)^T V_c, and inside a chunk the masked
+  quadratic product; all chunks at once, memory O(N F dv / C + N C) (Yang et al. 2024,
+  "Gated linear attention", sec. 3.2, without the gates).
+float16/bfloat16/float32 inputs are computed in float32 and float64 in float64; the output
+has the inputs' dtype and device. Performer features are kept in shifted form
+(features.py); the key shift is carried with the state and rescaled when it grows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..inputs import UNIT_ROUNDOFF, check_shapes, dtype_name
+from ..specs import Spec, SpecError
+from .features import add_shifts, key_features, query_features, scaled_eps
+from .golden import golden_attention
+
+FORMS = ("quadratic", "linear", "recurrent", "chunked")
+# Rows per block of the linear form: 2048 x 64 fp32 features are 512 KiB, an L2's worth.
+BLOCK_ROWS = 2048
+DEFAULT_CHUNK = 64
+
+
+def check_tensors(q, k, v, spec: Spec, projection) -> None:
+    """Raise SpecError unless q, k, v (and W) are finite floating tensors that fit the spec."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise SpecError(f"{name} must be a torch tensor, got {type(t).__name__}")
+        if dtype_name(t) not in UNIT_ROUNDOFF:
+            raise SpecError(f"{name} has dtype {t.dtype}; expected a floating dtype")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise SpecError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise SpecError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    w_shape = None if projection is None else tuple(projection.shape)
+    check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), spec, w_shape)
+    for name, t in (("q", q), ("k", k), ("v", v), ("projection", projection)):
+        if t is not None and not bool(torch.isfinite(torch.as_tensor(t)).all()):
+            raise SpecError(f"{name} has a non-finite value")
+
+
+def default_form(spec: Spec, nq: int, nk: int, d: int, dv: int, m: int | None) -> str:
+    """The form with fewer multiply-adds: quadratic Nq Nk (F + dv) against linear
+    (Nq + Nk) F (dv + 1); softmax has only the quadratic form."""
+    if not spec.info.kernelised:
+        return "quadratic"
+    f = spec.info.feature_dim(d, m)
+    if nq * nk * (f + dv) <= (nq + nk) * f * (dv + 1):
+        return "quadratic"
+    return "chunked" if spec.causal else "linear"
+
+
+@dataclass(frozen=True)
+class State:
+    """What a causal stream carries from one piece to the next.
+
+    s: sum_j phi(k_j) v_j^T (B, H, F, dv) and z: sum_j phi(k_j) (B, H, F), both in units of
+    exp(shift) (shift (B, H, 1, 1) for the Performer maps, else None); position: tokens
+    seen so far (cosFormer's positions continue from it).
+    """
+
+    s: torch.Tensor
+    z: torch.Tensor
+    shift: torch.Tensor | None
+    position: int
+
+    @classmethod
+    def empty(cls, b: int, h: int, f: int, dv: int, like: torch.Tensor, shifted: bool) -> State:
+        zeros = like.new_zeros
+        shift = like.new_full((b, h, 1, 1), -math.inf) if shifted else None
+        return cls(zeros(b, h, f, dv), zeros(b, h, f), shift, 0)
+
+
+def _merge_shift(state: State, phi_k: torch.Tensor, shift_k: torch.Tensor | None):
+    """Bring the state and new key features to a common shift (the larger one)."""
+    if shift_k is None:
+        return state, phi_k
+    new = torch.maximum(state.shift, shift_k)
+    old_scale = torch.exp(state.shift - new)  # 0 for an empty state (shift -inf)
+    state = replace(state, s=state.s * old_scale, z=state.z * old_scale[..., 0], shift=new)
+    return state, phi_k * torch.exp(shift_k - new)
+
+
+def _absorb(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
+    """The state after keys phi_k (in the state's units) with values v."""
+    s = state.s + phi_k.transpose(-2, -1) @ v
+    return replace(state, s=s, z=state.z + phi_k.sum(dim=-2), position=state.position + v.shape[-2])
+
+
+def _quotient(num, den, spec: Spec, shift_q, state: State) -> torch.Tensor:
+    return num / (den + scaled_eps(spec.eps, add_shifts(shift_q, state.shift)))
+
+
+def _linear(q, k, v, spec: Spec, w, n_pos: int) -> torch.Tensor:
+    """Non-causal phi(Q)(phi(K)^T V) in row blocks."""
+    b, h, _, _ = k.shape
+    state = None
+    for start in range(0, k.shape[-2], BLOCK_ROWS):
+        phi_k, shift_k = key_features(k[..., start : start + BLOCK_ROWS, :], spec, w, n_pos, start)
+        if state is None:
+            state = State.empty(b, h, phi_k.shape[-1], v.shape[-1], v, shift_k is not None)
+        state, phi_k = _merge_shift(state, phi_k, shift_k)
+        state = _absorb(state, phi_k, v[..., start : start + BLOCK_ROWS, :])
+    out = v.new_empty(b, h, q.shape[-2], v.shape[-1])
+    for start in range(0, q.shape[-2], BLOCK_ROWS):
+        phi_q, shift_q = query_features(
+            q[..., start : start + BLOCK_ROWS, :], spec, w, n_pos, start
+        )
+        num, den = phi_q @ state.s, (phi_q @ state.z.unsqueeze(-1))
+        out[..., start : start + BLOCK_ROWS, :] = _quotient(num, den, spec, shift_q, state)
+    return out
+
+
+def _recurrent(q, k, v, spec: Spec, w, n_pos: int, state: State) -> tuple[torch.Tensor, State]:
+    """Causal, one token at a time from `state`."""
+    phi_q, shift_q = query_features(q, spec, w, n_pos, state.position)
+    phi_k, shift_k = key_features(k, spec, w, n_pos, state.position)
+    state, phi_k = _merge_shift(state, phi_k, shift_k)
+    rows = []
+    for i in range(q.shape[-2]):
+        state = _absorb(state, phi_k[..., i : i + 1, :], v[..., i : i + 1, :])
+        pq = phi_q[..., i : i + 1, :]
+        num, den = pq @ state.s, pq @ state.z.unsqueeze(-1)
+        sq = None if shift_q is None else shift_q[..., i : i + 1, :]
+        rows.append(_quotient(num, den, spec, sq, state))
+    return torch.cat(rows, dim=-2), state
+
+
+def _chunked(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State):
+    """Causal, all chunks of `chunk` tokens at once, from `state` (see module docstring)."""
+    b, h, n, _ = q.shape
+    phi_q, shift_q = query_features(q, spec, w, n_pos, state.position)
+    phi_k, shift_k = key_features(k, spec, w, n_pos, state.position)
+    state, phi_k = _merge_shift(state, phi_k, shift_k)
+    pad = -n % chunk  # zero keys add nothing; padded query rows are dropped
+    nc = (n + pad) // chunk
+    fq, fk, vc = (
+        torch.nn.functional.pad(t, (0, 0, 0, pad)).reshape(b, h, nc, chunk, t.shape[-1])
+        for t in (phi_q, phi_k, v)
+    )
+    chunk_s = fk.transpose(-2, -1) @ vc  # (B, H, nc, F, dv)
+    chunk_z = fk.sum(dim=-2)  # (B, H, nc, F)
+    prefix_s = torch.cumsum(chunk_s, dim=2) - chunk_s + state.s.unsqueeze(2)
+    prefix_z = torch.cumsum(chunk_z, dim=2) - chunk_z + state.z.unsqueeze(2)
+    inner = torch.tril(fq @ fk.transpose(-2, -1))  # (B, H, nc, C, C)
+    num = fq @ prefix_s + inner @ vc
+    den = fq @ prefix_z.unsqueeze(-1) + inner.sum(dim=-1, keepdim=True)
+    num, den = (t.reshape(b, h, nc * chunk, -1)[..., :n, :] for t in (num, den))
+    out = _quotient(num, den, spec, shift_q, state)
+    s = state.s + chunk_s.sum(dim=2)
+    z = state.z + chunk_z.sum(dim=2)
+    return out, replace(state, s=s, z=z, position=state.position + n)
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    causal: bool = False,
+    form: str | None = None,
+    projection: torch.Tensor | None = None,
+    eps: float = 0.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """Attention of `feature_map` in `form` (None: the cheaper of quadratic and linear).
+
+    q, k: (B, H, N, d), v: (B, H, N, dv); any floating dtype, any strides, CPU or CUDA;
+    projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype.
+    """
+    spec = Spec(feature_map, causal=causal, eps=eps)
+    check_tensors(q, k, v, spec, projection)
+    nq, d = q.shape[-2:]
+    nk, dv = k.shape[-2], v.shape[-1]
+    m = None if projection is None else projection.shape[0]
+    form = form or default_form(spec, nq, nk, d, dv, m)
+    if form not in FORMS:
+        raise SpecError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
+    if form == "quadratic":
+        return golden_attention(q, k, v, spec, projection, "quadratic")
+    if not spec.info.kernelised:
+        raise SpecError(f"{feature_map!r} has no finite feature map: only form='quadratic'")
+    if (form == "linear") == causal:
+        need = "'chunked' or 'recurrent'" if causal else "'linear'"
+        raise SpecError(f"form {form!r} does not fit causal={causal}: use {need}")
+    if not (isinstance(chunk_size, int) and chunk_size >= 1):
+        raise SpecError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    dtype = _compute_dtype(q)
+    qc, kc, vc = (t.to(dtype) for t in (q, k, v))
+    w = None if projection is None else torch.as_tensor(projection).to(qc.device, dtype)
+    n_pos = max(nq, nk)
+    if form == "linear":
+        return _linear(qc, kc, vc, spec, w, n_pos).to(q.dtype)
+    stream = CausalStream(feature_map, projection, eps, chunk_size, max_len=n_pos)
+    stream.recurrent = form == "recurrent"
+    return stream(q, k, v)
+
+
+class CausalStream:
+    """Causal attention over a sequence given in pieces: pieces == one pass.
+
+    stream = CausalStream("elu"); out1 = stream(q1, k1, v1); out2 = stream(q2, k2, v2)
+    carries S, z (and the Performer key shift, and the position for cosFormer, which
+    needs max_len: its M is the length of the whole sequence).
+    """
+
+    def __init__(
+        self,
+        feature_map: str,
+        projection: torch.Tensor | None = None,
+        eps: float = 0.0,
+        chunk_size: int = DEFAULT_CHUNK,
+        max_len: int | None = None,
+    ) -> None:
+        self.spec = Spec(feature_map, causal=True, eps=eps)
+        if not self.spec.info.kernelised:
+            raise SpecError(f"{feature_map!r} has no finite feature map: it cannot stream")
+        if feature_map == "cosformer" and max_len is None:
+            raise SpecError("cosformer streams need max_len (its M is the sequence length)")
+        self.projection, self.chunk_size, self.max_len = projection, chunk_size, max_len
+        self.recurrent = False
+        self.state: State | None = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        check_tensors(q, k, v, self.spec, self.projection)
+        dtype = _compute_dtype(q)
+        qc, kc, vc = (t.to(dtype) for t in (q, k, v))
+        w = (
+            None
+            if self.projection is None
+            else torch.as_tensor(self.projection).to(qc.device, dtype)
+        )
+        if self.state is None:
+            b, h, _, d = q.shape
+            m = None if w is None else w.shape[0]
+            f = self.spec.info.feature_dim(d, m)
+            self.state = State.empty(
+                b, h, f, v.shape[-1], vc, self.spec.feature_map.startswith("performer")
+            )
+        n_pos = self.max_len or self.state.position + q.shape[-2]
+        if self.max_len is not None and self.state.position + q.shape[-2] > self.max_len:
+            raise SpecError(f"the stream is longer than max_len = {self.max_len}")
+        if self.recurrent:
+            out, self.state = _recurrent(qc, kc, vc, self.spec, w, n_pos, self.state)
+        else:
+            out, self.state = _chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, self.state)
+        return out.to(q.dtype)

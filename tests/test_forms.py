@@ -1,0 +1,182 @@
+"""The built-in forms: agreement with the exact reference under the accuracy model,
+streaming, gradients, the torch sampler, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import linattn_verify as lv
+from linattn_verify.accuracy import judge
+from linattn_verify.implementations import golden_attention
+from linattn_verify.inputs import validate
+from linattn_verify.reference import exact
+
+KERNELISED = [n for n, fm in lv.FEATURE_MAPS.items() if fm.kernelised]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+CHUNK = 16
+N = 37  # two full chunks of 16 and a ragged tail
+
+
+def _inputs(name: str, dtype: torch.dtype, n: int = N, seed: int = 0, noncontiguous=False):
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, n, 3, 6) if noncontiguous else (2, 3, n, 6)
+    q, k = (torch.randn(*shape, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64)
+    if noncontiguous:  # (B, N, H, d) storage seen as (B, H, N, d)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    w = None
+    if lv.FEATURE_MAPS[name].needs_projection:
+        w = lv.sample_projection_torch(6, 6, "orthogonal", g, dtype)
+    return q.to(dtype), k.to(dtype), v.to(dtype), w
+
+
+def _forms(causal: bool) -> list[str]:
+    return ["quadratic", "chunked", "recurrent"] if causal else ["quadratic", "linear"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", KERNELISED)
+def test_every_form_is_within_bound_and_budget(name, causal, dtype):
+    q, k, v, w = _inputs(name, dtype, noncontiguous=True)
+    spec = lv.Spec(name, causal=causal)
+    x = validate(q, k, v, spec, w)
+    ref = exact(x, spec)
+    golden = [golden_attention(q, k, v, spec, w, form) for form in ("quadratic", "linear")]
+    for form in _forms(causal):
+        out = lv.attention(q, k, v, name, causal, form, w, chunk_size=CHUNK)
+        assert out.dtype == dtype and out.shape == (2, 3, N, 5)
+        verdict = judge(out, x, spec, ref, golden=golden)
+        assert verdict.passed, f"{form}: {verdict.message}"
+
+
+@pytest.mark.parametrize("name", KERNELISED)
+def test_streaming_pieces_equal_one_pass(name):
+    q, k, v, w = _inputs(name, torch.float32)
+    spec = lv.Spec(name, causal=True)
+    x = validate(q, k, v, spec, w)
+    ref = exact(x, spec)
+    golden = [golden_attention(q, k, v, spec, w, form) for form in ("quadratic", "linear")]
+    stream = lv.CausalStream(name, w, chunk_size=CHUNK, max_len=N)
+    cuts = [0, 1, 5, 21, N]  # a single token, a piece inside a chunk, a ragged remainder
+    pieces = [
+        stream(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :]) for a, b in itertools.pairwise(cuts)
+    ]
+    out = torch.cat(pieces, dim=-2)
+    assert stream.state.position == N
+    assert judge(out, x, spec, ref, golden=golden).passed
+    one_pass = lv.attention(q, k, v, name, True, "chunked", w, chunk_size=CHUNK)
+    assert judge(one_pass, x, spec, ref, golden=golden).passed
+
+
+def test_performer_stream_rescales_its_state_when_the_key_shift_grows():
+    """Later keys with much larger norms raise the shift: the old state must be rescaled,
+    not dropped or overflowed."""
+    name = "performer-positive"
+    q, k, v, w = _inputs(name, torch.float32)
+    k = k.clone()
+    k[..., 20:, :] *= 6.0
+    spec = lv.Spec(name, causal=True)
+    x = validate(q, k, v, spec, w)
+    ref = exact(x, spec)
+    stream = lv.CausalStream(name, w, chunk_size=CHUNK)
+    out = torch.cat(
+        [
+            stream(q[..., :20, :], k[..., :20, :], v[..., :20, :]),
+            stream(q[..., 20:, :], k[..., 20:, :], v[..., 20:, :]),
+        ],
+        dim=-2,
+    )
+    golden = golden_attention(q, k, v, spec, w)
+    verdict = judge(out, x, spec, ref, golden=golden)
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", KERNELISED)
+def test_gradients_match_finite_differences(name, causal):
+    q, k, v, w = _inputs(name, torch.float64, n=6, seed=1)
+    if name in ("relu", "cosformer"):  # away from relu's kink and from 0/0 rows
+        q, k = q.abs() + 0.1, k.abs() + 0.1
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    for form in _forms(causal)[1:]:
+
+        def fn(q, k, v, form=form):
+            return lv.attention(q, k, v, name, causal, form, w, chunk_size=4)
+
+        assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True), form
+
+
+def test_softmax_has_only_the_quadratic_form():
+    q, k, v, _ = _inputs("elu", torch.float32)
+    out = lv.attention(q, k, v, "softmax", True)
+    ref = lv.reference(q, k, v, "softmax", True)
+    assert np.nanmax(np.abs(out.double().numpy() - ref)) < 1e-5
+    with pytest.raises(lv.SpecError, match="only form='quadratic'"):
+        lv.attention(q, k, v, "softmax", True, "chunked")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"form": "linear", "causal": True}, "use 'chunked' or 'recurrent'"),
+        ({"form": "chunked"}, "use 'linear'"),
+        ({"form": "flash"}, "unknown form"),
+        ({"form": "chunked", "causal": True, "chunk_size": 0}, "chunk_size must be"),
+        ({"feature_map": "performer-trig"}, "needs projection"),
+    ],
+)
+def test_bad_calls_are_clear_errors(kwargs, message):
+    q, k, v, _ = _inputs("elu", torch.float32, n=4)
+    args = {"feature_map": "elu", **kwargs}
+    with pytest.raises(lv.SpecError, match=message):
+        lv.attention(q, k, v, **args)
+
+
+def test_bad_tensors_are_clear_errors():
+    q, k, v, _ = _inputs("elu", torch.float32, n=4)
+    with pytest.raises(lv.SpecError, match="share one dtype"):
+        lv.attention(q, k.double(), v)
+    with pytest.raises(lv.SpecError, match="non-finite"):
+        lv.attention(q, k, v * float("nan"))
+    with pytest.raises(lv.SpecError, match="must be a torch tensor"):
+        lv.attention(q.numpy(), k, v)
+
+
+def test_cosformer_stream_needs_its_length_and_keeps_to_it():
+    with pytest.raises(lv.SpecError, match="max_len"):
+        lv.CausalStream("cosformer")
+    q, k, v, _ = _inputs("cosformer", torch.float32, n=4)
+    stream = lv.CausalStream("cosformer", max_len=6)
+    stream(q, k, v)
+    with pytest.raises(lv.SpecError, match="longer than max_len"):
+        stream(q, k, v)
+
+
+# Under the null (same distribution) a KS p-value below this has this probability.
+FALSE_FAILURE = 1e-6
+
+
+@pytest.mark.parametrize("kind", ["iid", "orthogonal", "orthogonal-fixed-norm"])
+def test_torch_sampler_has_the_spec_samplers_distribution(kind):
+    g = torch.Generator().manual_seed(0)
+    ours = lv.sample_projection_torch(3000, 8, kind, g, torch.float64).numpy()
+    spec = lv.sample_projection(3000, 8, kind, seed=1)
+    for stat in (lambda w: np.linalg.norm(w, axis=1), lambda w: w[:, 0]):
+        p = scipy.stats.ks_2samp(stat(ours), stat(spec)).pvalue
+        assert p > FALSE_FAILURE, kind
+    block = ours[:8] / np.linalg.norm(ours[:8], axis=1, keepdims=True)
+    if kind != "iid":
+        np.testing.assert_allclose(block @ block.T, np.eye(8), atol=1e-12)
+
+
+def test_torch_sampler_follows_its_generator():
+    draw = lambda seed: lv.sample_projection_torch(  # noqa: E731
+        5, 3, "orthogonal", torch.Generator().manual_seed(seed)
+    )
+    assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
