@@ -69,7 +69,10 @@ def feature_errors(
     """
     phi = features(x, positions, head, name)
     ua = arb(u)
-    if name == "elu":  # x + 1 (one rounding) or expm1(x) + 1 (C_LIB on |expm1| <= 1, +1)
+    # x + 1 (one rounding), or exp(x) for x <= 0, directly (C_LIB relative), as expm1(x) + 1
+    # (C_LIB u on |expm1| <= 1, then u) or as exp2(x log2 e) (absolute |x| e^x u <= u / e):
+    # all within u (C_LIB + phi) absolute
+    if name == "elu":
         psi = [
             [f * ua * (1 + ua) if t > 0 else (C_LIB + f) * ua * (1 + ua) for t, f in zip(r, fr)]
             for r, fr in zip(x.tolist(), phi, strict=True)
@@ -99,8 +102,8 @@ def feature_errors(
     norms = (arb_mat(balls(np.abs(x))) * arb_mat(balls(np.abs(head.w))).transpose()).tolist()
     scale = arb(d).rsqrt().sqrt()
     # exponent: the dot product over d, x' = x d^(-1/4) (C_LIB + 1), subtracting |x'|^2/2 and
-    # a stabiliser (2); then exp (C_LIB) and 1/sqrt(m) (1)
-    g_arg, g_lib = gamma(d + C_LIB + 3, u), gamma(C_LIB + 1, u)
+    # a stabiliser (2), exp as exp2(x log2 e) (1); then exp (C_LIB) and 1/sqrt(m) (1)
+    g_arg, g_lib = gamma(d + C_LIB + 4, u), gamma(C_LIB + 1, u)
     psi = []
     for fr, nr, hs in zip(phi, norms, half_sq, strict=True):
         if name == "performer-trig":  # exp(|x'|^2/2)/sqrt(m) times sin/cos of W x'
