@@ -1,0 +1,165 @@
+"""Speed and memory of the built-in forms, side by side with SDPA and third-party peers.
+
+    python benchmarks/bench_implementations.py [--max-n 65536] [--json PATH]
+
+fp32 on one CPU thread (with two, any other busy process makes each op wait a scheduler
+tick and flattens the curves), B=1, H=4, d=dv=64, elu feature map. Per N: the median of
+`--repeats` runs, GFLOP/s of the matmul FLOPs counted by torch.utils.flop_counter, the
+ratio to this machine's fp32 matmul peak measured in the same run (best of square
+products), the ratio of SDPA's time (same causality) and each peer's time to ours, and the
+peak bytes of tensors alive at once during our call (a dispatch mode that tracks every
+tensor an op creates until it is freed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+import linattn_verify as lv
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import available_peers
+
+B, H, D = 1, 4, 64
+SDPA_MAX_N = 16384  # O(N^2) time: 16k already takes seconds a call on one core
+
+
+class PeakLiveBytes(TorchDispatchMode):
+    """Peak total size of the storages that ops allocate, while they are alive (views and
+    in-place results share their input's storage and are not counted again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.tracked: set[int] = set()
+
+    def _freed(self, ptr: int, size: int) -> None:
+        self.live -= size
+        self.tracked.discard(ptr)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr in self.tracked or any(
+                isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args
+            ):
+                continue
+            self.tracked.add(ptr)
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._freed, ptr, storage.nbytes())
+        return out
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(repeats: int) -> float:
+    """Best GFLOP/s of square fp32 products (1024, 2048), one thread."""
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        best = max(best, 2 * n**3 / median_seconds(lambda a=a, b=b: a @ b, repeats) / 1e9)
+    return best
+
+
+def counted_flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def peak_bytes(fn) -> int:
+    with PeakLiveBytes() as mode:
+        fn()
+    return mode.peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-n", type=int, default=65536)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    peak = matmul_peak(args.repeats)
+    print(f"fp32 matmul peak, one thread: {peak:.1f} GFLOP/s", file=sys.stderr)
+    rows = []
+    n = 1024
+    while n <= args.max_n:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, D, generator=g) for _ in range(3))
+        for causal, form in ((False, "linear"), (True, "chunked")):
+
+            def ours(q=q, k=k, v=v, causal=causal, form=form):
+                return lv.attention(q, k, v, "elu", causal, form)
+
+            seconds = median_seconds(ours, args.repeats)
+            flops = counted_flops(ours)
+            row = {
+                "N": n,
+                "form": form,
+                "ms": seconds * 1e3,
+                "gflops": flops / seconds / 1e9,
+                "peak_ratio": flops / seconds / 1e9 / peak,
+                "peak_bytes": peak_bytes(ours),
+                "vs": {},
+            }
+            if n <= SDPA_MAX_N:
+
+                def sdpa(q=q, k=k, v=v, causal=causal):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, is_causal=causal
+                    )
+
+                row["vs"]["sdpa"] = median_seconds(sdpa, max(1, args.repeats // 2)) / seconds
+            for name, peer in available_peers(causal).items():
+                if name.endswith("noncuda") or "recurrent" in name:
+                    continue  # a Python loop over tokens: minutes at large N
+                row["vs"][name] = (
+                    median_seconds(lambda p=peer, q=q, k=k, v=v: p(q, k, v), args.repeats) / seconds
+                )
+            rows.append(row)
+            print(f"N={n} {form}: {row['ms']:.1f} ms", file=sys.stderr)
+        n *= 2
+    print(f"fp32, one thread, B={B}, H={H}, d=dv={D}, elu; matmul peak {peak:.1f} GFLOP/s\n")
+    names = sorted({name for r in rows for name in r["vs"]})
+    print(
+        "| N | form | ms | GFLOP/s | / peak | peak MiB | "
+        + " | ".join(f"{x} / ours" for x in names)
+        + " |"
+    )
+    print("|---:|---|---:|---:|---:|---:|" + "---:|" * len(names))
+    for r in rows:
+        ratios = " | ".join(f"{r['vs'][x]:.2f}" if x in r["vs"] else "" for x in names)
+        print(
+            f"| {r['N']} | {r['form']} | {r['ms']:.1f} | {r['gflops']:.1f} | "
+            f"{r['peak_ratio']:.2f} | {r['peak_bytes'] / 2**20:.1f} | {ratios} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"peak_gflops": peak, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
