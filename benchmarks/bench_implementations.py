@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 import weakref
 from pathlib import Path
 
 import torch
+from peers import available_peers
+from timing import median_seconds
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import linattn_verify as lv
-
-sys.path.insert(0, str(Path(__file__).parent))
-from peers import available_peers
 
 B, H, D = 1, 4, 64
 SDPA_MAX_N = 16384  # O(N^2) time: 16k already takes seconds a call on one core
@@ -63,16 +60,6 @@ class PeakLiveBytes(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
             weakref.finalize(storage, self._freed, ptr, storage.nbytes())
         return out
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def matmul_peak(repeats: int) -> float:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
+from timing import median_seconds
 
 from linattn_verify.inputs import validate
 from linattn_verify.reference.arb import arb_attention
@@ -31,15 +30,6 @@ def _inputs(n: int, spec: Spec):
     return validate(q, k, v, spec)
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the figures here")
@@ -48,12 +38,17 @@ def main() -> None:
     for causal in (False, True):
         spec = Spec("elu", causal=causal)
         x = _inputs(TARGET_N, spec)
-        arb_s = _median_seconds(lambda x=x, spec=spec: arb_attention(x, spec), 3)
+        arb_s = median_seconds(lambda x=x, spec=spec: arb_attention(x, spec), 3, warmup=False)
         mp_points = []
         for n in MP_NS:
             xs = _inputs(n, spec)
             mp_points.append(
-                (n, _median_seconds(lambda xs=xs, spec=spec: mp_attention(xs, spec), 1))
+                (
+                    n,
+                    median_seconds(
+                        lambda xs=xs, spec=spec: mp_attention(xs, spec), 1, warmup=False
+                    ),
+                )
             )
         # cost ~ c N^2: least squares for c on the measured points
         ns, ts = np.array(mp_points).T
