@@ -229,8 +229,7 @@ def attention(
     n_pos = max(nq, nk)
     if form == "linear":
         return _linear(qc, kc, vc, spec, w, n_pos).to(q.dtype)
-    stream = CausalStream(feature_map, projection, eps, chunk_size, max_len=n_pos)
-    stream.recurrent = form == "recurrent"
+    stream = CausalStream(feature_map, projection, eps, chunk_size, max_len=n_pos, form=form)
     return stream(q, k, v)
 
 
@@ -239,7 +238,8 @@ class CausalStream:
 
     stream = CausalStream("elu"); out1 = stream(q1, k1, v1); out2 = stream(q2, k2, v2)
     carries S, z (and the Performer key shift, and the position for cosFormer, which
-    needs max_len: its M is the length of the whole sequence).
+    needs max_len: its M is the length of the whole sequence). form: "chunked" (each piece
+    in chunks of chunk_size) or "recurrent" (token by token).
     """
 
     def __init__(
@@ -249,6 +249,7 @@ class CausalStream:
         eps: float = 0.0,
         chunk_size: int = DEFAULT_CHUNK,
         max_len: int | None = None,
+        form: str = "chunked",
     ) -> None:
         self.spec = Spec(feature_map, causal=True, eps=eps)
         if not self.spec.info.kernelised:
@@ -256,7 +257,9 @@ class CausalStream:
         if feature_map == "cosformer" and max_len is None:
             raise SpecError("cosformer streams need max_len (its M is the sequence length)")
         self.projection, self.chunk_size, self.max_len = projection, chunk_size, max_len
-        self.recurrent = False
+        if form not in ("chunked", "recurrent"):
+            raise SpecError(f"a stream's form is 'chunked' or 'recurrent', got {form!r}")
+        self.recurrent = form == "recurrent"
         self.state: State | None = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
