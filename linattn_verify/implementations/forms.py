@@ -8,8 +8,9 @@ Forms (DESIGN "Vocabulary"):
   at a time (Katharopoulos et al. 2020, eq. 18-20);
 - chunked (causal): chunks of C tokens; the state entering each chunk is an exclusive
   prefix sum of the per-chunk states phi(K_c)^T V_c, and inside a chunk the masked
-  quadratic product; all chunks at once, memory O(N F dv / C + N C) (Yang et al. 2024,
-  "Gated linear attention", sec. 3.2, without the gates).
+  quadratic product (Yang et al. 2024, "Gated linear attention", sec. 3.2, without the
+  gates); the chunks of a block of about BLOCK_ROWS tokens at once, the state carried from
+  block to block, so the working set is O(BLOCK_ROWS (F dv / C + C)) beside the output.
 float16/bfloat16/float32 inputs are computed in float32 and float64 in float64; the output
 has the inputs' dtype and device. Performer features are kept in shifted form
 (features.py); the key shift is carried with the state and rescaled when it grows.
@@ -28,9 +29,9 @@ from .features import add_shifts, key_features, query_features, scaled_eps
 from .golden import golden_attention
 
 FORMS = ("quadratic", "linear", "recurrent", "chunked")
-# Rows per block of the linear and chunked forms: 1024 x 64 fp32 features are 256 KiB, so
-# a block's features, values and products stay in a 1-2 MiB L2 (measured fastest of
-# 512 ... 4096 for (64 x R) @ (R x 64) products on this machine's one core).
+# Rows per block of the linear and chunked forms. (64 x R) @ (R x 64) products ran at
+# 70-75 GFLOP/s for R = 512 ... 1024 and slower above on this machine's one core, and
+# smaller blocks lose to per-op dispatch overhead (benchmarks/bench_implementations.py).
 BLOCK_ROWS = 1024
 DEFAULT_CHUNK = 64
 
