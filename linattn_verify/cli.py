@@ -143,6 +143,69 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_scaling(args: argparse.Namespace) -> int:
+    import torch
+
+    from .implementations import attention, sample_projection_torch
+    from .scaling import plot_scaling, scaling_result
+    from .target import load_target
+
+    spec = Spec(args.feature_map, causal=args.causal)
+    if args.target:
+        fn, label = load_target(args.target), args.target
+    else:
+        label = f"built-in {spec}"
+
+        def fn(q, k, v, projection=None):
+            return attention(q, k, v, spec.feature_map, spec.causal, projection=projection)
+
+    w = None
+    if spec.info.needs_projection:
+        w = sample_projection_torch(
+            args.d, args.d, "orthogonal", torch.Generator().manual_seed(args.seed)
+        )
+    impl = fn if w is None else (lambda q, k, v: fn(q, k, v, projection=w))
+    top = args.max_n.bit_length() - 1
+    if top < 10:
+        raise UsageError(f"--max-n must be at least 1024 to fit a slope, got {args.max_n}")
+    cost_ns = [2**i for i in range(8, top + 1)]
+    time_ns = [2**i for i in range(max(8, top - 6), top + 1)] if args.time else None
+    _progress(args.quiet, f"counting FLOPs and bytes of {label} over N = 256 ... {2**top}")
+    try:
+        result = scaling_result(
+            label,
+            impl,
+            args.expect,
+            cost_ns,
+            time_ns,
+            spec.causal,
+            args.repeats,
+            d=args.d,
+            dv=args.d,
+        )
+    except Exception as err:  # the implementation's own failure, reported as a failed check
+        print(f"error: {label} raised {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    summary = result.summary()
+    print(f"{label}: {result.growth.message} -> {'pass' if result.growth.passed else 'FAIL'}")
+    if result.timing is not None:
+        t = result.timing
+        print(
+            f"time ~ N^{t.fit.slope:.2f} over N={t.ns[len(t.ns) // 2]}..{t.ns[-1]} ({t.status}"
+            f"{': ' + t.reason if t.reason else ''}); crossover vs SDPA: "
+            f"{result.crossover_vs_sdpa or 'none measured'}"
+        )
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        png = plot_scaling(
+            {label: t, "sdpa": result.sdpa_timing},
+            {label: result.costs},
+            Path(args.out) / "scaling.png",
+        )
+        print(f"plot: {png}")
+    _write_json(args.json, summary)
+    return 0 if result.growth.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m linattn_verify",
@@ -150,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n"
         "  python -m linattn_verify accuracy\n"
         "  python -m linattn_verify reference --random 1,1,4096,64,64 --feature-map elu --causal\n"
+        "  python -m linattn_verify scaling --feature-map elu --causal --time\n"
         "Run `python -m linattn_verify COMMAND --help` for each command.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -197,6 +261,37 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--json", help="write the results as JSON here")
     acc.add_argument("--quiet", action="store_true", help="no progress on stderr")
     acc.set_defaults(func=cmd_accuracy)
+
+    sca = sub.add_parser(
+        "scaling",
+        help="does an implementation's cost grow linearly in N?",
+        description="Count FLOPs and peak live bytes over N = 256 ... --max-n (exact), fit "
+        "log-log slopes over the larger half and check them against --expect; with --time, "
+        "also time it (one thread, noise gate) against torch's SDPA and plot. Exit 1 when "
+        "the counted growth is not what is expected.",
+        epilog="Examples:\n"
+        "  python -m linattn_verify scaling --feature-map elu --causal --time\n"
+        "  python -m linattn_verify scaling mykernels.py:linear_attn --feature-map elu\n"
+        "TARGET follows the contract fn(q, k, v[, projection=W]) -> out, (B, H, N, d).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sca.add_argument(
+        "target",
+        nargs="?",
+        help="module:function or path.py:function (default: the built-in implementation)",
+    )
+    sca.add_argument("--feature-map", default="elu", choices=list(FEATURE_MAPS))
+    sca.add_argument("--causal", action="store_true")
+    sca.add_argument("--expect", choices=["linear", "quadratic"], default="linear")
+    sca.add_argument("--max-n", type=int, default=2**16, help="largest N (default 65536)")
+    sca.add_argument("--d", type=int, default=64, help="head dimension d = dv (default 64)")
+    sca.add_argument("--time", action="store_true", help="also time it and plot")
+    sca.add_argument("--repeats", type=int, default=5)
+    sca.add_argument("--seed", type=int, default=0)
+    sca.add_argument("--out", default="reports/scaling", help="folder of the plot")
+    sca.add_argument("--json", help="write the figures as JSON here")
+    sca.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sca.set_defaults(func=cmd_scaling)
     return parser
 
 

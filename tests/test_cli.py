@@ -88,3 +88,91 @@ def test_accuracy_runs_and_writes_json(tmp_path, capsys):
 def test_accuracy_with_an_unknown_spec_is_a_usage_error(capsys):
     assert main(["accuracy", "--specs", "gelu"]) == 2
     assert "unknown feature map 'gelu'" in capsys.readouterr().err
+
+
+IMPLS = """
+import torch
+
+
+def linear(q, k, v):
+    phi_q, phi_k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    z = phi_k.sum(-2, keepdim=True).transpose(-2, -1)
+    return (phi_q @ (phi_k.transpose(-2, -1) @ v)) / (phi_q @ z)
+
+
+def materialising(q, k, v):
+    phi_q, phi_k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    a = phi_q @ phi_k.transpose(-2, -1)
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+def raising(q, k, v):
+    raise RuntimeError("kernel exploded")
+"""
+
+
+def _scaling(tmp_path, target, *extra):
+    (tmp_path / "impls.py").write_text(IMPLS)
+    return main(
+        [
+            "scaling",
+            f"{tmp_path / 'impls.py'}:{target}",
+            "--max-n",
+            "1024",
+            "--d",
+            "8",
+            "--json",
+            str(tmp_path / "s.json"),
+            "--quiet",
+            *extra,
+        ]
+    )
+
+
+def test_scaling_passes_a_linear_implementation_from_a_file(tmp_path, capsys):
+    assert _scaling(tmp_path, "linear") == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert abs(summary["flops_slope"] - 1) < 0.05 and summary["cost_passed"]
+    assert "-> pass" in capsys.readouterr().out
+
+
+def test_scaling_fails_a_quadratic_impostor(tmp_path, capsys):
+    assert _scaling(tmp_path, "materialising") == 1
+    out = capsys.readouterr().out
+    assert "FLOPs grow as N^2.00" in out and "-> FAIL" in out
+
+
+def test_scaling_reports_a_raising_implementation(tmp_path, capsys):
+    assert _scaling(tmp_path, "raising") == 1
+    assert "raised RuntimeError: kernel exploded" in capsys.readouterr().err
+
+
+def test_scaling_with_a_bad_target_is_a_usage_error(tmp_path, capsys):
+    assert main(["scaling", "no_such_module_xyz:fn"]) == 2
+    assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+    assert main(["scaling", "nocolon"]) == 2
+
+
+def test_scaling_times_and_plots_the_built_in(tmp_path, capsys):
+    code = main(
+        [
+            "scaling",
+            "--feature-map",
+            "elu",
+            "--causal",
+            "--time",
+            "--max-n",
+            "1024",
+            "--d",
+            "8",
+            "--repeats",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "time ~ N^" in out and "crossover vs SDPA" in out
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"

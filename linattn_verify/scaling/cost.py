@@ -1,0 +1,85 @@
+"""Deterministic cost of an implementation: FLOPs and peak bytes of live intermediates.
+
+FLOPs are counted by torch.utils.flop_counter.FlopCounterMode (matrix products, the work
+that dominates attention; elementwise ops are not counted). Bytes: a dispatch mode adds the
+size of every storage an op allocates and subtracts it when the storage is freed; the peak
+of that running total is the largest working set of the call, output included, inputs
+excluded. Both are exact and repeatable, on any device.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+Implementation = Callable[..., torch.Tensor]
+
+
+class PeakLiveBytes(TorchDispatchMode):
+    """Peak total size of the storages that ops allocate, while they are alive (views and
+    in-place results share their input's storage and are not counted again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.tracked: set[int] = set()
+
+    def _freed(self, ptr: int, size: int) -> None:
+        self.live -= size
+        self.tracked.discard(ptr)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr in self.tracked or any(
+                isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args
+            ):
+                continue
+            self.tracked.add(ptr)
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._freed, ptr, storage.nbytes())
+        return out
+
+
+@dataclass(frozen=True)
+class Cost:
+    n: int
+    flops: int
+    peak_bytes: int
+
+
+def measure_cost(fn: Callable[[], object], n: int) -> Cost:
+    """FLOPs and peak live bytes of one call of fn (two calls: one per counter)."""
+    with FlopCounterMode(display=False) as flops:
+        fn()
+    with PeakLiveBytes() as memory:
+        fn()
+    return Cost(n, int(flops.get_total_flops()), memory.peak)
+
+
+def attention_inputs(
+    n: int, b: int = 1, h: int = 1, d: int = 64, dv: int = 64, seed: int = 0, device="cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Standard normal float32 q, k (B, H, n, d) and v (B, H, n, dv) from a seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, h, n, d, generator=g) for _ in range(2))
+    return q.to(device), k.to(device), torch.randn(b, h, n, dv, generator=g).to(device)
+
+
+def cost_curve(impl: Implementation, ns: Sequence[int], **inputs) -> list[Cost]:
+    """measure_cost of impl(q, k, v) for each sequence length in ns."""
+    curve = []
+    for n in ns:
+        q, k, v = attention_inputs(n, **inputs)
+        curve.append(measure_cost(lambda q=q, k=k, v=v: impl(q, k, v), n))
+    return curve
