@@ -1,7 +1,7 @@
 """Linear scaling of the built-in forms: counted FLOPs and bytes (exact, always run), and
 pytest-benchmark timings (a small grid by default; --full-grid --benchmark-enable for all).
 
-    pytest properties/test_scaling.py --full-grid --benchmark-enable \
+    pytest properties/test_scaling.py -m scaling --full-grid --benchmark-enable \
         --benchmark-json=reports/benchmark.json
 """
 
@@ -60,6 +60,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(("name", "causal", "form", "d", "n"), params)
 
 
+@pytest.mark.scaling
 def test_time(benchmark, name, causal, form, d, n):
     impl = _impl(name, causal, form, d)
     q, k, v = attention_inputs(n, h=4, d=d, dv=d)

@@ -18,8 +18,16 @@ class Fit:
     worst_factor: float
 
 
+def larger_half(items: Sequence) -> Sequence:
+    """The larger-N half of a curve (at least two points): where the asymptotic order shows
+    and lower-order terms have faded."""
+    return items[min(len(items) // 2, len(items) - 2) :]
+
+
 def loglog_fit(ns: Sequence[float], ys: Sequence[float]) -> Fit:
     """Fit log y = slope log N + intercept by least squares (natural logs)."""
+    if len(set(ns)) < 2:
+        raise ValueError(f"a slope needs at least two distinct N, got {list(ns)}")
     x, y = np.log(np.asarray(ns, float)), np.log(np.asarray(ys, float))
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (slope * x + intercept)

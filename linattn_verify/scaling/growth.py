@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .cost import Cost
-from .fit import Fit, loglog_fit
+from .fit import Fit, larger_half, loglog_fit
 
 # Counted costs are exact, so a linear algorithm's FLOP slope is 1 up to lower-order terms
 # (a constant-size state, the projection W); over N = 2^8 ... 2^16 those move it by far less
@@ -31,7 +31,7 @@ def check_growth(curve: Sequence[Cost], expected: str) -> GrowthCheck:
     form the peak bytes must grow no faster than N (slope <= 1 + SLOPE_TOLERANCE): a form
     that works in blocks holds a constant working set beside its O(N) output, so its slope
     is below 1, and that is the point of it."""
-    top = curve[len(curve) // 2 :]  # the asymptotic order: lower-order terms fade with N
+    top = larger_half(curve)
     ns = [c.n for c in top]
     flops = loglog_fit(ns, [c.flops for c in top])
     memory = loglog_fit(ns, [c.peak_bytes for c in top])

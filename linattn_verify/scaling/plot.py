@@ -6,14 +6,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .cost import Cost
-from .fit import loglog_fit
+from .fit import larger_half, loglog_fit
 from .timing import TimingCurve
 
 
 def plot_scaling(
     timings: Mapping[str, TimingCurve], costs: Mapping[str, Sequence[Cost]], path: str | Path
 ) -> Path:
-    """Write a PNG: time (left) and peak live bytes (right) against N, one line each."""
+    """Write a PNG: time (left) and peak live bytes (right) against N, one line each, with
+    the slope fitted over the larger half of N in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,7 +26,7 @@ def plot_scaling(
         ax_t.loglog(curve.ns, curve.seconds, "o-", label=label)
     for name, curve in costs.items():
         ns = [c.n for c in curve]
-        fit = loglog_fit(ns, [c.peak_bytes for c in curve])
+        fit = loglog_fit(larger_half(ns), larger_half([c.peak_bytes for c in curve]))
         ax_m.loglog(ns, [c.peak_bytes for c in curve], "o-", label=f"{name} (N^{fit.slope:.2f})")
     for ax, what in ((ax_t, "seconds"), (ax_m, "peak live bytes")):
         ax.set_xlabel("N (tokens)")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .cost import Implementation, attention_inputs
-from .fit import Fit, loglog_fit
+from .fit import Fit, larger_half, loglog_fit
 
 # Noise gate. SPREAD_LIMIT: the 75th over the 25th percentile of the repeats at one N; a
 # quiet core repeats within a few percent, a core shared with another busy process (one
@@ -42,8 +42,7 @@ def judge_timings(ns: Sequence[int], samples: Sequence[Sequence[float]]) -> Timi
     """Medians, spreads, the large-N-half fit and the noise gate for measured samples."""
     medians = [float(np.median(s)) for s in samples]
     spreads = [float(np.percentile(s, 75) / np.percentile(s, 25)) for s in samples]
-    half = len(ns) // 2
-    fit = loglog_fit(ns[half:], medians[half:])
+    fit = loglog_fit(larger_half(ns), larger_half(medians))
     noisy = [n for n, s in zip(ns, spreads, strict=True) if s > SPREAD_LIMIT]
     if noisy:
         status, reason = "too noisy", f"repeats spread more than {SPREAD_LIMIT}x at N={noisy}"
