@@ -16,50 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import weakref
 from pathlib import Path
 
 import torch
 from peers import available_peers
 from timing import median_seconds
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 import linattn_verify as lv
+from linattn_verify.scaling import measure_cost
 
 B, H, D = 1, 4, 64
 SDPA_MAX_N = 16384  # O(N^2) time: 16k already takes seconds a call on one core
-
-
-class PeakLiveBytes(TorchDispatchMode):
-    """Peak total size of the storages that ops allocate, while they are alive (views and
-    in-place results share their input's storage and are not counted again)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.tracked: set[int] = set()
-
-    def _freed(self, ptr: int, size: int) -> None:
-        self.live -= size
-        self.tracked.discard(ptr)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr in self.tracked or any(
-                isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args
-            ):
-                continue
-            self.tracked.add(ptr)
-            self.live += storage.nbytes()
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(storage, self._freed, ptr, storage.nbytes())
-        return out
 
 
 def matmul_peak(repeats: int) -> float:
@@ -69,18 +36,6 @@ def matmul_peak(repeats: int) -> float:
         a, b = torch.randn(n, n), torch.randn(n, n)
         best = max(best, 2 * n**3 / median_seconds(lambda a=a, b=b: a @ b, repeats) / 1e9)
     return best
-
-
-def counted_flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
-
-
-def peak_bytes(fn) -> int:
-    with PeakLiveBytes() as mode:
-        fn()
-    return mode.peak
 
 
 def main() -> None:
@@ -103,14 +58,15 @@ def main() -> None:
                 return lv.attention(q, k, v, "elu", causal, form)
 
             seconds = median_seconds(ours, args.repeats)
-            flops = counted_flops(ours)
+            cost = measure_cost(ours, n)
+            flops = cost.flops
             row = {
                 "N": n,
                 "form": form,
                 "ms": seconds * 1e3,
                 "gflops": flops / seconds / 1e9,
                 "peak_ratio": flops / seconds / 1e9 / peak,
-                "peak_bytes": peak_bytes(ours),
+                "peak_bytes": cost.peak_bytes,
                 "vs": {},
             }
             if n <= SDPA_MAX_N:
