@@ -43,9 +43,6 @@ def test_cost_grows_as_the_form_promises(name, causal, form, d):
     assert check.passed, f"{name} {form} causal={causal}: {check.message}"
 
 
-TIMED = [c for c in CASES if c[0] in ("softmax", "elu")]
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """test_time's grid: N = 256 and 2048 by default, every N with --full-grid."""
     if metafunc.function.__name__ != "test_time":
@@ -53,7 +50,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     full = metafunc.config.getoption("--full-grid")
     params = [
         pytest.param(*case, n, id=f"{case[0]}-{case[2]}-{'causal' if case[1] else 'full'}-N{n}")
-        for case in TIMED
+        for case in CASES
         for n in (QUADRATIC_NS if case[2] == "quadratic" else LINEAR_NS)
         if full or n in (256, 2048)
     ]
