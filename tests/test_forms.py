@@ -75,26 +75,67 @@ def test_streaming_pieces_equal_one_pass(name):
 
 
 def test_performer_stream_rescales_its_state_when_the_key_shift_grows():
-    """Later keys with much larger norms raise the shift: the old state must be rescaled,
-    not dropped or overflowed."""
+    """Early keys of large norm have tiny positive-map features (exp(-|x'|^2/2)); later
+    ones raise the key shift: the old state must be rescaled, not dropped or overflowed."""
     name = "performer-positive"
     q, k, v, w = _inputs(name, torch.float32)
     k = k.clone()
-    k[..., 20:, :] *= 6.0
+    k[..., :20, :] *= 6.0
     spec = lv.Spec(name, causal=True)
     x = validate(q, k, v, spec, w)
     ref = exact(x, spec)
     stream = lv.CausalStream(name, w, chunk_size=CHUNK)
-    out = torch.cat(
-        [
-            stream(q[..., :20, :], k[..., :20, :], v[..., :20, :]),
-            stream(q[..., 20:, :], k[..., 20:, :], v[..., 20:, :]),
-        ],
-        dim=-2,
-    )
-    golden = golden_attention(q, k, v, spec, w)
+    first = stream(q[..., :20, :], k[..., :20, :], v[..., :20, :])
+    shift_after_first = stream.state.shift.clone()
+    second = stream(q[..., 20:, :], k[..., 20:, :], v[..., 20:, :])
+    assert torch.all(stream.state.shift > shift_after_first)  # the rescaling ran
+    golden = [golden_attention(q, k, v, spec, w, form) for form in ("quadratic", "linear")]
+    verdict = judge(torch.cat([first, second], dim=-2), x, spec, ref, golden=golden)
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("form", ["quadratic", "chunked", "recurrent"])
+def test_causal_performer_keys_scale_by_the_past_not_the_future(form):
+    """Small early keys and large later ones (in log-feature terms) in one chunk: a key
+    scale taken over all keys would underflow the early rows to 0/0."""
+    name = "performer-positive"
+    q, k, v, w = _inputs(name, torch.float32, n=40)
+    k = k.clone()
+    k[..., :20, :] *= 8.0
+    spec = lv.Spec(name, causal=True)
+    x = validate(q, k, v, spec, w)
+    ref = exact(x, spec)
+    out = lv.attention(q, k, v, name, True, form, w, chunk_size=64)
+    golden = [golden_attention(q, k, v, spec, w, f) for f in ("quadratic", "linear")]
+    assert not torch.isnan(out).any()
     verdict = judge(out, x, spec, ref, golden=golden)
     assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("name", ["elu", "relu", "taylor"])
+def test_chunk_prefix_survives_a_huge_later_key_in_the_same_chunk(name):
+    """Keys 1e3 times larger after the query, inside its chunk: an exclusive prefix formed
+    as (sum up to the chunk) - (the chunk) would cancel the small prefix away."""
+    q, k, v, _ = _inputs(name, torch.float32, n=32)
+    q, k = q.abs(), k.abs().clone()
+    k[..., 20:, :] *= 30.0 if name == "taylor" else 1e3
+    spec = lv.Spec(name, causal=True)
+    x = validate(q, k, v, spec)
+    ref = exact(x, spec)
+    golden = [golden_attention(q, k, v, spec, None, f) for f in ("quadratic", "linear")]
+    out = lv.attention(q, k, v, name, True, "chunked", chunk_size=16)
+    verdict = judge(out, x, spec, ref, golden=golden)
+    assert verdict.passed, verdict.message
+
+
+def test_a_stream_refuses_a_piece_of_another_layout():
+    q, k, v, _ = _inputs("elu", torch.float32, n=4)
+    stream = lv.CausalStream("elu")
+    stream(q, k, v)
+    with pytest.raises(lv.SpecError, match="does not continue a stream"):
+        stream(q[:1], k[:1], v[:1])
+    with pytest.raises(lv.SpecError, match="chunk_size must be"):
+        lv.CausalStream("elu", chunk_size=0)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -29,14 +29,13 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     return (x * LOG2_E).exp2_()
 
 
-def query_features(
+def scaled_features(
     x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int, start: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(phi_scaled, shift) with phi(x_i) = exp(shift_i) phi_scaled_i, shift per row.
-
-    A per-query factor cancels between numerator and denominator, so each row is scaled
-    to max feature 1 (exp maps) or stripped of its exp(|x'|^2/2) factor (trig).
-    """
+    """(body, log_scale) with phi(x_i) = exp(log_scale_i) body_i, one log-scale per row
+    (None for the maps that need none). body is bounded: the exp maps' largest feature is 1,
+    the trig map's body is [sin, cos]. A per-query factor cancels between numerator and
+    denominator; for keys the forms bring the rows to a common or running scale."""
     name = spec.feature_map
     if name in EXP_FEATURES:
         a, c = performer_exponent(x, name, w)
@@ -44,30 +43,20 @@ def query_features(
         # exp(a - max a): the large per-row term c = -|x'|^2/2 never enters the difference.
         return exp(a - a_max), a_max + c
     if name == "performer-trig":
-        body, c = trig_parts(x, w)
-        return body, c
+        return trig_parts(x, w)
     return plain_features(x, name, n_pos, start), None
 
 
-def key_features(
-    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int, start: int = 0
+def common_scale(
+    body: torch.Tensor, log_scale: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(phi_scaled, shift) with phi(x_j) = exp(shift) phi_scaled_j, shift per (b, h).
-
-    Keys are summed over, so only a factor common to all keys (and features) of a (b, h)
-    cancels: the max over those of the log-features.
-    """
-    name = spec.feature_map
-    if name in EXP_FEATURES:
-        a, c = performer_exponent(x, name, w)
-        log_phi = a + c
-        shift = log_phi.amax(dim=(-2, -1), keepdim=True)
-        return exp(log_phi - shift), shift
-    if name == "performer-trig":
-        body, c = trig_parts(x, w)
-        shift = c.amax(dim=-2, keepdim=True)
-        return body * exp(c - shift), shift
-    return plain_features(x, name, n_pos, start), None
+    """(phi_scaled, shift): all rows of a (b, h) brought to one scale, the largest, so that
+    phi(x_j) = exp(shift) phi_scaled_j. Right for keys that every query sees (non-causal);
+    causal forms use a running maximum instead, or early queries lose their keys."""
+    if log_scale is None:
+        return body, None
+    shift = log_scale.amax(dim=-2, keepdim=True)
+    return body * exp(log_scale - shift), shift
 
 
 def performer_exponent(

@@ -25,7 +25,7 @@ import torch
 
 from ..inputs import UNIT_ROUNDOFF, check_shapes, dtype_name
 from ..specs import Spec, SpecError
-from .features import add_shifts, key_features, query_features, scaled_eps
+from .features import add_shifts, exp, scaled_eps, scaled_features
 from .golden import golden_attention
 
 FORMS = ("quadratic", "linear", "recurrent", "chunked")
@@ -91,14 +91,12 @@ class State:
         return cls(zeros(b, h, f, dv), zeros(b, h, f), shift, 0)
 
 
-def _merge_shift(state: State, phi_k: torch.Tensor, shift_k: torch.Tensor | None):
-    """Bring the state and new key features to a common shift (the larger one)."""
-    if shift_k is None:
-        return state, phi_k
-    new = torch.maximum(state.shift, shift_k)
-    old_scale = torch.exp(state.shift - new)  # 0 for an empty state (shift -inf)
-    state = replace(state, s=state.s * old_scale, z=state.z * old_scale[..., 0], shift=new)
-    return state, phi_k * torch.exp(shift_k - new)
+def _rescaled(state: State, shift: torch.Tensor | None) -> State:
+    """The state in units of exp(shift), shift >= state.shift (shape (B, H, 1, 1))."""
+    if shift is None:
+        return state
+    decay = exp(state.shift - shift)  # 0 for an empty state (shift -inf)
+    return replace(state, s=state.s * decay, z=state.z * decay[..., 0], shift=shift)
 
 
 def _absorb(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
@@ -107,43 +105,63 @@ def _absorb(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
     return replace(state, s=s, z=state.z + phi_k.sum(dim=-2), position=state.position + v.shape[-2])
 
 
-def _quotient(num, den, spec: Spec, shift_q, state: State) -> torch.Tensor:
-    return num / (den + scaled_eps(spec.eps, add_shifts(shift_q, state.shift)))
+def _quotient(num, den, spec: Spec, shift_q, shift_k) -> torch.Tensor:
+    return num / (den + scaled_eps(spec.eps, add_shifts(shift_q, shift_k)))
+
+
+def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """sum of the entries before each one along dim (formed by adding, never by
+    subtracting: (c_0 + ... + c_t) - c_t loses the small prefix next to a large c_t)."""
+    total = torch.cumsum(x, dim=dim)
+    return torch.cat(
+        [torch.zeros_like(total.narrow(dim, 0, 1)), total.narrow(dim, 0, x.shape[dim] - 1)], dim
+    )
 
 
 def _linear(q, k, v, spec: Spec, w, n_pos: int) -> torch.Tensor:
-    """Non-causal phi(Q)(phi(K)^T [V, 1]) in row blocks."""
+    """Non-causal phi(Q)(phi(K)^T [V, 1]) in row blocks; keys at one running scale."""
     b, h, _, _ = k.shape
     state = None
     for start in range(0, k.shape[-2], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
-        phi_k, shift_k = key_features(k[..., rows, :], spec, w, n_pos, start)
+        body, scale = scaled_features(k[..., rows, :], spec, w, n_pos, start)
         if state is None:
-            state = State.empty(b, h, phi_k.shape[-1], v.shape[-1], v, shift_k is not None)
-        state, phi_k = _merge_shift(state, phi_k, shift_k)
-        state = _absorb(state, phi_k, v[..., rows, :])
+            state = State.empty(b, h, body.shape[-1], v.shape[-1], v, scale is not None)
+        if scale is not None:
+            state = _rescaled(state, torch.maximum(state.shift, scale.amax(dim=-2, keepdim=True)))
+            body = body * exp(scale - state.shift)
+        state = _absorb(state, body, v[..., rows, :])
     s_z = torch.cat([state.s, state.z.unsqueeze(-1)], dim=-1)  # (B, H, F, dv + 1)
     out = v.new_empty(b, h, q.shape[-2], v.shape[-1])
     for start in range(0, q.shape[-2], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
-        phi_q, shift_q = query_features(q[..., rows, :], spec, w, n_pos, start)
+        phi_q, shift_q = scaled_features(q[..., rows, :], spec, w, n_pos, start)
         num_den = phi_q @ s_z
-        out[..., rows, :] = _quotient(num_den[..., :-1], num_den[..., -1:], spec, shift_q, state)
+        out[..., rows, :] = _quotient(
+            num_den[..., :-1], num_den[..., -1:], spec, shift_q, state.shift
+        )
     return out
 
 
 def _recurrent(q, k, v, spec: Spec, w, n_pos: int, state: State) -> tuple[torch.Tensor, State]:
-    """Causal, one token at a time from `state`."""
-    phi_q, shift_q = query_features(q, spec, w, n_pos, state.position)
-    phi_k, shift_k = key_features(k, spec, w, n_pos, state.position)
-    state, phi_k = _merge_shift(state, phi_k, shift_k)
+    """Causal, one token at a time from `state`; the key scale is the running maximum of
+    the keys seen so far (never a later key's: early queries would lose theirs)."""
+    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position)
+    body, scale = scaled_features(k, spec, w, n_pos, state.position)
+    shifts = None
+    if scale is not None:
+        shifts = torch.maximum(torch.cummax(scale, dim=-2).values, state.shift)
     rows = []
     for i in range(q.shape[-2]):
-        state = _absorb(state, phi_k[..., i : i + 1, :], v[..., i : i + 1, :])
+        phi = body[..., i : i + 1, :]
+        if shifts is not None:
+            state = _rescaled(state, shifts[..., i : i + 1, :])
+            phi = phi * exp(scale[..., i : i + 1, :] - state.shift)
+        state = _absorb(state, phi, v[..., i : i + 1, :])
         pq = phi_q[..., i : i + 1, :]
         num, den = pq @ state.s, pq @ state.z.unsqueeze(-1)
         sq = None if shift_q is None else shift_q[..., i : i + 1, :]
-        rows.append(_quotient(num, den, spec, sq, state))
+        rows.append(_quotient(num, den, spec, sq, state.shift))
     return torch.cat(rows, dim=-2), state
 
 
@@ -160,31 +178,64 @@ def _chunked(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State):
     return out, state
 
 
+def _chunks(t: torch.Tensor, chunk: int, pad: int, value: float = 0.0) -> torch.Tensor:
+    """(B, H, N, X) -> (B, H, nc, chunk, X), padded at the end with `value`."""
+    t = torch.nn.functional.pad(t, (0, 0, 0, pad), value=value)
+    return t.reshape(*t.shape[:2], -1, chunk, t.shape[-1])
+
+
 def _chunk_block(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State):
     """Causal attention of one block from `state`: every chunk of `chunk` tokens at once
-    (see the module docstring); returns the output and the state after the block."""
+    (see the module docstring); returns the output and the state after the block.
+
+    With key log-scales (Performer maps), every query works at the running maximum R_i of
+    the scales of the keys it sees, and each chunk's state at the maximum after it, so no
+    later key can push an earlier query's weights below the smallest float."""
     b, h, n, _ = q.shape
-    phi_q, shift_q = query_features(q, spec, w, n_pos, state.position)
-    phi_k, shift_k = key_features(k, spec, w, n_pos, state.position)
-    state, phi_k = _merge_shift(state, phi_k, shift_k)
+    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position)
+    body, scale = scaled_features(k, spec, w, n_pos, state.position)
     pad = -n % chunk  # zero keys add nothing; padded query rows are dropped
-    nc = (n + pad) // chunk
-    fq, fk, vc = (
-        torch.nn.functional.pad(t, (0, 0, 0, pad)).reshape(b, h, nc, chunk, t.shape[-1])
-        for t in (phi_q, phi_k, v)
-    )
-    chunk_s = fk.transpose(-2, -1) @ vc  # (B, H, nc, F, dv)
-    chunk_z = fk.sum(dim=-2)  # (B, H, nc, F)
-    prefix_s = torch.cumsum(chunk_s, dim=2) - chunk_s + state.s.unsqueeze(2)
-    prefix_z = torch.cumsum(chunk_z, dim=2) - chunk_z + state.z.unsqueeze(2)
-    inner = (fq @ fk.transpose(-2, -1)).tril_()  # (B, H, nc, C, C)
-    num = fq @ prefix_s + inner @ vc
-    den = (fq * prefix_z.unsqueeze(-2)).sum(dim=-1, keepdim=True) + inner.sum(-1, keepdim=True)
-    num, den = (t.reshape(b, h, nc * chunk, -1)[..., :n, :] for t in (num, den))
-    out = _quotient(num, den, spec, shift_q, state)
-    s_total = state.s + chunk_s.sum(dim=2)
-    z_total = state.z + chunk_z.sum(dim=2)
-    return out, replace(state, s=s_total, z=z_total, position=state.position + n)
+    fq, fk, vc = (_chunks(t, chunk, pad) for t in (phi_q, body, v))
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    if scale is None:
+        chunk_s = fk.transpose(-2, -1) @ vc  # (B, H, nc, F, dv)
+        chunk_z = fk.sum(dim=-2)  # (B, H, nc, F)
+        prefix_s = _exclusive_cumsum(chunk_s, 2) + state.s.unsqueeze(2)
+        prefix_z = _exclusive_cumsum(chunk_z, 2) + state.z.unsqueeze(2)
+        inner = (fq @ fk.transpose(-2, -1)).tril_()  # (B, H, nc, C, C)
+        num = fq @ prefix_s + inner @ vc
+        den = (fq * prefix_z.unsqueeze(-2)).sum(-1, keepdim=True) + inner.sum(-1, keepdim=True)
+        row_shift, after = (
+            None,
+            replace(state, s=state.s + chunk_s.sum(dim=2), z=state.z + chunk_z.sum(dim=2)),
+        )
+    else:
+        logs = _chunks(scale, chunk, pad, -math.inf)[..., 0]  # (B, H, nc, C)
+        inside = torch.cummax(logs, dim=-1).values  # running max within each chunk
+        ends = torch.maximum(torch.cummax(inside[..., -1], dim=-1).values, state.shift[..., 0])
+        starts = torch.cat([state.shift[..., 0], ends[..., :-1]], dim=-1)  # (B, H, nc)
+        rows = torch.maximum(inside, starts.unsqueeze(-1))  # R_i, (B, H, nc, C)
+        fk_end = fk * exp(logs - ends.unsqueeze(-1)).unsqueeze(-1)
+        chunk_s, chunk_z = fk_end.transpose(-2, -1) @ vc, fk_end.sum(dim=-2)
+        s, z, prefixes_s, prefixes_z = state.s, state.z, [], []
+        for t in range(chunk_s.shape[2]):  # a scan: each step rescales to the new maximum
+            prefixes_s.append(s)
+            prefixes_z.append(z)
+            decay = exp(starts[..., t] - ends[..., t])  # (B, H)
+            s = s * decay[..., None, None] + chunk_s[:, :, t]
+            z = z * decay[..., None] + chunk_z[:, :, t]
+        prefix_s, prefix_z = torch.stack(prefixes_s, 2), torch.stack(prefixes_z, 2)
+        to_row = exp(starts.unsqueeze(-1) - rows).unsqueeze(-1)  # (B, H, nc, C, 1)
+        gap = (logs.unsqueeze(-2) - rows.unsqueeze(-1)).masked_fill(~causal, -math.inf)
+        inner = (fq @ fk.transpose(-2, -1)) * exp(gap)
+        num = (fq @ prefix_s) * to_row + inner @ vc
+        den = (fq * prefix_z.unsqueeze(-2)).sum(-1, keepdim=True) * to_row
+        den = den + inner.sum(-1, keepdim=True)
+        row_shift = rows.reshape(b, h, -1, 1)[..., :n, :]
+        after = replace(state, s=s, z=z, shift=ends[..., -1:].unsqueeze(-1))
+    num, den = (t.reshape(b, h, -1, t.shape[-1])[..., :n, :] for t in (num, den))
+    out = _quotient(num, den, spec, shift_q, row_shift)
+    return out, replace(after, position=state.position + n)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -222,8 +273,7 @@ def attention(
     if (form == "linear") == causal:
         need = "'chunked' or 'recurrent'" if causal else "'linear'"
         raise SpecError(f"form {form!r} does not fit causal={causal}: use {need}")
-    if not (isinstance(chunk_size, int) and chunk_size >= 1):
-        raise SpecError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    _check_chunk_size(chunk_size)
     dtype = _compute_dtype(q)
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     w = None if projection is None else torch.as_tensor(projection).to(qc.device, dtype)
@@ -232,6 +282,11 @@ def attention(
         return _linear(qc, kc, vc, spec, w, n_pos).to(q.dtype)
     stream = CausalStream(feature_map, projection, eps, chunk_size, max_len=n_pos, form=form)
     return stream(q, k, v)
+
+
+def _check_chunk_size(chunk_size: object) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise SpecError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
 
 class CausalStream:
@@ -257,14 +312,23 @@ class CausalStream:
             raise SpecError(f"{feature_map!r} has no finite feature map: it cannot stream")
         if feature_map == "cosformer" and max_len is None:
             raise SpecError("cosformer streams need max_len (its M is the sequence length)")
+        _check_chunk_size(chunk_size)
         self.projection, self.chunk_size, self.max_len = projection, chunk_size, max_len
         if form not in ("chunked", "recurrent"):
             raise SpecError(f"a stream's form is 'chunked' or 'recurrent', got {form!r}")
         self.recurrent = form == "recurrent"
         self.state: State | None = None
+        self.layout: tuple | None = None  # (B, H, d, dv, dtype, device) of the first piece
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         check_tensors(q, k, v, self.spec, self.projection)
+        layout = (*q.shape[:2], q.shape[-1], v.shape[-1], q.dtype, q.device)
+        if self.layout is not None and layout != self.layout:
+            raise SpecError(
+                f"a piece of (B, H, d, dv, dtype, device) = {layout} does not continue a "
+                f"stream of {self.layout}"
+            )
+        self.layout = layout
         dtype = _compute_dtype(q)
         qc, kc, vc = (t.to(dtype) for t in (q, k, v))
         w = (

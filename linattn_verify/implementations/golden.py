@@ -16,9 +16,8 @@ iff j <= i when causal (DESIGN.md, "The specs").
 Forms (DESIGN.md, "Vocabulary"):
 
 - quadratic: materialise the (Nq, Nk) similarities, mask, multiply by V;
-- linear: phi(Q) (phi(K)^T V) and phi(Q) (phi(K)^T 1); causal via torch.cumsum of the
-  per-key states phi(k_j) v_j^T, which holds an (N, F, dv) tensor per (batch, head): a
-  reference-grade form for small sizes, not a fast kernel.
+- linear: phi(Q) (phi(K)^T V) and phi(Q) (phi(K)^T 1); causal as a scan over the tokens
+  (a reference-grade form for small sizes, not a fast kernel).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import torch
 
 from ..inputs import validate
 from ..specs import Spec, SpecError
-from .features import add_shifts, key_features, query_features, scaled_eps
+from .features import add_shifts, common_scale, exp, scaled_eps, scaled_features
 
 if TYPE_CHECKING:
     import numpy as np
@@ -71,9 +70,12 @@ def golden_attention(
         den = weights.sum(dim=-1, keepdim=True)
     else:
         n_pos = max(qc.shape[-2], kc.shape[-2])
-        phi_q, shift_q = query_features(qc, spec, w, n_pos)
-        phi_k, shift_k = key_features(kc, spec, w, n_pos)
-        num, den = _linear_contract(phi_q, phi_k, vc, spec.causal)
+        phi_q, shift_q = scaled_features(qc, spec, w, n_pos)
+        body_k, scale_k = scaled_features(kc, spec, w, n_pos)
+        if spec.causal:
+            num, den, shift_k = _causal_scan(phi_q, body_k, scale_k, vc)
+        else:
+            num, den, shift_k = _linear_contract(phi_q, *common_scale(body_k, scale_k), vc)
         shift = add_shifts(shift_q, shift_k)
     return (num / (den + scaled_eps(spec.eps, shift))).to(q.dtype)
 
@@ -141,9 +143,17 @@ def _quadratic_weights(
         weights = (torch.relu(q) @ torch.relu(k).transpose(-2, -1)) * reweight
         shift = None
     else:
-        phi_q, shift_q = query_features(q, spec, w, max(nq, nk))
-        phi_k, shift_k = key_features(k, spec, w, max(nq, nk))
-        weights = phi_q @ phi_k.transpose(-2, -1)
+        phi_q, shift_q = scaled_features(q, spec, w, max(nq, nk))
+        body_k, scale_k = scaled_features(k, spec, w, max(nq, nk))
+        if scale_k is None:
+            weights, shift_k = phi_q @ body_k.transpose(-2, -1), None
+        elif mask is None:
+            phi_k, shift_k = common_scale(body_k, scale_k)
+            weights = phi_q @ phi_k.transpose(-2, -1)
+        else:  # each query's own scale: the largest over the keys it sees (j <= i)
+            shift_k = torch.cummax(scale_k, dim=-2).values  # (B, H, N, 1)
+            gap = (scale_k.transpose(-2, -1) - shift_k).masked_fill(~mask, -math.inf)
+            weights = (phi_q @ body_k.transpose(-2, -1)) * exp(gap)
         shift = add_shifts(shift_q, shift_k)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
@@ -154,19 +164,36 @@ def _quadratic_weights(
 
 
 def _linear_contract(
-    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(numerator, denominator) = (phi(Q) (phi(K)^T V), phi(Q) (phi(K)^T 1)), per (b, h).
+    phi_q: torch.Tensor, phi_k: torch.Tensor, shift_k: torch.Tensor | None, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Non-causal (numerator, denominator, key shift) = (phi(Q) (phi(K)^T V), phi(Q) (phi(K)^T
+    1), shift_k), per (b, h)."""
+    state = phi_k.transpose(-2, -1) @ v  # (B, H, F, dv)
+    normaliser = phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, F, 1)
+    return phi_q @ state, phi_q @ normaliser, shift_k
 
-    Causal (Katharopoulos et al. 2020, eq. 10-12): S_i = sum_{j<=i} phi(k_j) v_j^T and
-    z_i = sum_{j<=i} phi(k_j), as prefix sums; out_i = phi(q_i) S_i / phi(q_i) z_i.
-    """
-    if not causal:
-        state = phi_k.transpose(-2, -1) @ v  # (B, H, F, dv)
-        normaliser = phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, F, 1)
-        return phi_q @ state, phi_q @ normaliser
-    states = torch.cumsum(phi_k.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)  # (B, H, N, F, dv)
-    normalisers = torch.cumsum(phi_k, dim=-2)  # (B, H, N, F)
-    num = torch.einsum("bhnf,bhnfe->bhne", phi_q, states)
-    den = (phi_q * normalisers).sum(dim=-1, keepdim=True)
-    return num, den
+
+def _causal_scan(
+    phi_q: torch.Tensor, body_k: torch.Tensor, scale_k: torch.Tensor | None, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Causal (numerator, denominator, key shift per row), token by token
+    (Katharopoulos et al. 2020, eq. 10-12): S_i = sum_{j<=i} phi(k_j) v_j^T, z_i =
+    sum_{j<=i} phi(k_j), out_i = phi(q_i) S_i / phi(q_i) z_i. With log-scales, S and z are
+    kept in units of the running maximum of the scales seen so far, rescaled as it grows."""
+    b, h, n, f = body_k.shape
+    s, z = v.new_zeros(b, h, f, v.shape[-1]), v.new_zeros(b, h, f)
+    shifts = None if scale_k is None else torch.cummax(scale_k, dim=-2).values
+    nums, dens = [], []
+    for i in range(n):
+        phi = body_k[..., i, :]
+        if shifts is not None:
+            now = shifts[..., i, :]  # (B, H, 1)
+            if i:
+                decay = exp(shifts[..., i - 1, :] - now)
+                s, z = s * decay.unsqueeze(-1), z * decay
+            phi = phi * exp(scale_k[..., i, :] - now)
+        s = s + phi.unsqueeze(-1) * v[..., i, :].unsqueeze(-2)
+        z = z + phi
+        nums.append((phi_q[..., i, :].unsqueeze(-2) @ s).squeeze(-2))
+        dens.append((phi_q[..., i, :] * z).sum(dim=-1, keepdim=True))
+    return torch.stack(nums, dim=-2), torch.stack(dens, dim=-2), shifts
