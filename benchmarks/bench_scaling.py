@@ -44,6 +44,8 @@ def implementations():
 def _crossover(result) -> str:
     """The crossover N, or 'none' / '<= first N' when it lies outside the timed range."""
     n = result.crossover_vs_sdpa
+    if result.sdpa_timing is None:
+        return "not timed"
     if n is None:
         return f"none up to {result.sdpa_timing.ns[-1]}"
     return f"<= {n}" if n == result.sdpa_timing.ns[0] else str(n)

@@ -147,7 +147,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     import torch
 
     from .implementations import attention, sample_projection_torch
-    from .scaling import plot_scaling, scaling_result
+    from .scaling import attention_inputs, plot_scaling, scaling_result
     from .target import load_target
 
     spec = Spec(args.feature_map, causal=args.causal)
@@ -168,6 +168,13 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     top = args.max_n.bit_length() - 1
     if top < 10:
         raise UsageError(f"--max-n must be at least 1024 to fit a slope, got {args.max_n}")
+    if args.repeats < 1 or args.d < 1:
+        raise UsageError(f"--repeats and --d must be positive, got {args.repeats}, {args.d}")
+    try:  # one small call first: an implementation that fails at all fails here, by name
+        impl(*attention_inputs(256, d=args.d, dv=args.d))
+    except Exception as err:
+        print(f"error: {label} raised {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     cost_ns = [2**i for i in range(8, top + 1)]
     time_ns = [2**i for i in range(max(8, top - 6), top + 1)] if args.time else None
     _progress(args.quiet, f"counting FLOPs and bytes of {label} over N = 256 ... {2**top}")
@@ -183,8 +190,8 @@ def cmd_scaling(args: argparse.Namespace) -> int:
             d=args.d,
             dv=args.d,
         )
-    except Exception as err:  # the implementation's own failure, reported as a failed check
-        print(f"error: {label} raised {type(err).__name__}: {err}", file=sys.stderr)
+    except Exception as err:  # e.g. out of memory at a large N: a failed check, by name
+        print(f"error: {label} failed while measured: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     summary = result.summary()
     print(f"{label}: {result.growth.message} -> {'pass' if result.growth.passed else 'FAIL'}")
@@ -197,7 +204,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
         )
         Path(args.out).mkdir(parents=True, exist_ok=True)
         png = plot_scaling(
-            {label: t, "sdpa": result.sdpa_timing},
+            {label: t} | ({"sdpa": result.sdpa_timing} if result.sdpa_timing else {}),
             {label: result.costs},
             Path(args.out) / "scaling.png",
         )

@@ -20,6 +20,14 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "float32": 2.0**-24,
     "float64": 2.0**-53,
 }
+# Smallest positive subnormal of each dtype: rounding a result that small or smaller to the
+# dtype may err by half of it, whatever u says (Higham, sec. 2.1, gradual underflow).
+SMALLEST_SUBNORMAL: dict[str, float] = {
+    "float16": 2.0**-24,
+    "bfloat16": 2.0**-133,
+    "float32": 2.0**-149,
+    "float64": 2.0**-1074,
+}
 
 
 @dataclass(frozen=True)

@@ -116,3 +116,31 @@ def test_judge_rejects_a_wrong_shape():
     spec, _, x, ref = _case("elu", False, torch.float32)
     with pytest.raises(lv.SpecError, match="output has shape"):
         judge(torch.zeros(1, 2, 3, 4), x, spec, ref)
+
+
+def test_an_output_that_underflows_to_zero_is_within_the_bound():
+    """relu with q = k = 1e-30 and eps = 1: the exact output is about 4e-60, which float32
+    can only round to 0; the bound admits half its smallest subnormal (2^-150)."""
+    q = torch.full((1, 1, 3, 4), 1e-30)
+    v = torch.ones(1, 1, 3, 2)
+    spec = lv.Spec("relu", eps=1.0)
+    x = validate(q, q, v, spec)
+    ref = exact(x, spec)
+    assert 0 < ref.max() < 2.0**-150
+    assert judge(torch.zeros(1, 1, 3, 2), x, spec, ref).within_bound
+
+
+def test_non_finite_outputs_and_numbers_for_0_over_0_are_violations():
+    spec, tensors, x, ref = _case("elu", False, torch.bfloat16, n=300, d=8)  # vacuous bound
+    nan = torch.full_like(tensors["v"], float("nan"))
+    verdict = judge(nan, x, spec, ref)
+    assert not verdict.within_bound and "vacuous" in verdict.message
+    q = torch.tensor([[-1.0, -1.0], [1.0, 1.0]]).reshape(1, 1, 2, 2)
+    v = torch.ones(1, 1, 2, 1)
+    relu = lv.Spec("relu")
+    x = validate(q, q.abs(), v, relu)
+    ref = exact(x, relu)  # row 0: 0/0
+    assert np.isnan(ref[0, 0, 0]).all()
+    ok = torch.tensor([float("nan"), 1.0]).reshape(1, 1, 2, 1)
+    assert judge(ok, x, relu, ref).passed
+    assert not judge(torch.ones(1, 1, 2, 1), x, relu, ref).within_bound

@@ -109,3 +109,13 @@ def test_scaling_result_summarises_costs_timings_and_crossover():
     assert s["time_status"] in ("ok", "too noisy") and set(s["seconds"]) == {64, 128}
     assert s["crossover_vs_sdpa"] in (None, 64, 128)
     assert result.sdpa_timing is not None and result.sdpa_timing.ns == (64, 128)
+
+
+def test_scaling_result_skips_sdpa_when_it_cannot_fit_a_curve(monkeypatch):
+    import linattn_verify.scaling.result as result_module
+
+    monkeypatch.setattr(result_module, "SDPA_MAX_N", 64)
+    impl = lambda q, k, v: lv.attention(q, k, v, "elu", False, "linear")  # noqa: E731
+    result = scaling_result("elu", impl, "linear", [64, 128, 256], [64, 128], repeats=2, d=8, dv=8)
+    assert result.sdpa_timing is None and result.crossover_vs_sdpa is None
+    assert result.timing is not None and result.summary()["crossover_vs_sdpa"] is None

@@ -102,8 +102,10 @@ def feature_errors(
     norms = (arb_mat(balls(np.abs(x))) * arb_mat(balls(np.abs(head.w))).transpose()).tolist()
     scale = arb(d).rsqrt().sqrt()
     # exponent: the dot product over d, x' = x d^(-1/4) (C_LIB + 1), subtracting |x'|^2/2 and
-    # a stabiliser (2), exp as exp2(x log2 e) (1); then exp (C_LIB) and 1/sqrt(m) (1)
-    g_arg, g_lib = gamma(d + C_LIB + 4, u), gamma(C_LIB + 1, u)
+    # a stabiliser (2), exp as exp2(x log2 e) (1); then the value: a feature may be formed
+    # as exp(a - max a) exp(scale - shift) (two exps, 2 C_LIB, and their product, 1) and
+    # divided by sqrt(m) (1)
+    g_arg, g_lib = gamma(d + C_LIB + 4, u), gamma(2 * C_LIB + 2, u)
     psi = []
     for fr, nr, hs in zip(phi, norms, half_sq, strict=True):
         if name == "performer-trig":  # exp(|x'|^2/2)/sqrt(m) times sin/cos of W x'
@@ -183,11 +185,14 @@ def _upper(t: arb) -> float:
 
 
 def scale_and_bound(
-    x: AttentionInputs, spec: Spec, ref: np.ndarray, u: float
+    x: AttentionInputs, spec: Spec, ref: np.ndarray, u: float, tiny: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(s, bound): the scale s_ic and the a-priori error bound in units of u s_ic.
 
     ref is the exact output (from the reference engines); both arrays are (B, H, Nq, dv).
+    tiny is the dtype's smallest subnormal: the output's own rounding may lose half of it
+    to underflow (an exact 1e-52 is 0 in float32). Underflow inside the computation is
+    outside the standard model and this bound.
     """
     b_, h_, nq, nk, _, dv = x.shape
     scale = np.full(ref.shape, np.nan)
@@ -213,6 +218,7 @@ def scale_and_bound(
                             err = arb("inf")
                         else:
                             err = (err_num + out * err_den) / (1 - err_den) * (1 + u) + u * out
+                            err = err + tiny / 2
                         scale[b, h, i, c] = float(s.mid())
                         bound[b, h, i, c] = (
                             0.0 if err.is_zero() else _upper(err / (u * s)) if s > 0 else math.inf

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
-from ..inputs import UNIT_ROUNDOFF, AttentionInputs, dtype_name
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, AttentionInputs, dtype_name
 from ..specs import Spec, SpecError
 from .bound import scale_and_bound
 
@@ -51,7 +52,7 @@ class AccuracyVerdict:
     worst_index: tuple[int, ...]
     bound_at_worst: float
     bound_violations: int  # elements above their bound
-    undefined: int  # elements whose exact value is 0/0 (not judged)
+    undefined: int  # elements whose exact value is 0/0 (the output must be NaN there)
     golden_max_error: float | None
     budget: float | None
     within_bound: bool
@@ -67,15 +68,20 @@ class AccuracyVerdict:
             f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u (p99 "
             f"{self.p99_error:.3g}) at {self.worst_index}, bound there {self.bound_at_worst:.3g}"
         ]
+        if self.bound_at_worst == float("inf"):
+            parts.append("the bound is vacuous there (n u >= 1): only the budget can judge")
         if self.bound_violations:
-            parts.append(f"{self.bound_violations} element(s) above the a-priori bound")
+            parts.append(
+                f"{self.bound_violations} element(s) above the a-priori bound, non-finite, "
+                "or not NaN where the exact value is 0/0"
+            )
         if self.budget is not None:
             parts.append(
                 f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
                 + ("" if self.within_budget else " EXCEEDED")
             )
         if self.undefined:
-            parts.append(f"{self.undefined} undefined (0/0) element(s) not judged")
+            parts.append(f"{self.undefined} element(s) with exact value 0/0 (must be NaN)")
         return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,30 +108,28 @@ def judge(
     if u is None:
         raise SpecError(f"output dtype {dtype} has no unit roundoff; expected a float dtype")
     out64 = _output(out, ref.shape, "output")
-    scale, bound = scale_and_bound(x, spec, ref, u)
+    scale, bound = scale_and_bound(x, spec, ref, u, SMALLEST_SUBNORMAL[dtype])
     defined = ~np.isnan(ref)
     e = np.where(defined, error_units(out64, ref, scale, u), 0.0)
     worst = np.unravel_index(int(np.argmax(e)), e.shape)
     golden_max = budget = within_budget = None
     if golden is not None:
         goldens = golden if isinstance(golden, list | tuple) else [golden]
-        golden_max = max(
-            float(
-                np.where(
-                    defined, error_units(_output(g, ref.shape, "golden"), ref, scale, u), 0
-                ).max()
-            )
-            for g in goldens
-        )
+        golden_max = max(_largest_finite_error(g, ref, scale, u, defined) for g in goldens)
         budget = K_BUDGET * max(golden_max, BUDGET_FLOOR)
         within_budget = bool(e.max() <= budget)
-    violations = int(np.sum(defined & (e > bound)))
+    # A non-finite output where the exact value fits the dtype is wrong even where the
+    # bound is vacuous; where the exact value is 0/0 the output must be NaN (DESIGN).
+    overflow = np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)
+    bad = defined & ((e > bound) | (~np.isfinite(out64) & ~overflow))
+    bad |= ~defined & ~np.isnan(out64)
+    violations = int(np.sum(bad))
     return AccuracyVerdict(
         spec=str(spec),
         dtype=dtype,
         unit_roundoff=u,
         max_error=float(e.max()),
-        p99_error=float(np.quantile(e[defined], 0.99)) if defined.any() else 0.0,
+        p99_error=float(np.quantile(e[defined], 0.99, method="higher")) if defined.any() else 0.0,
         worst_index=tuple(int(t) for t in worst),
         bound_at_worst=float(bound[worst]),
         bound_violations=violations,
@@ -135,6 +139,14 @@ def judge(
         within_bound=violations == 0,
         within_budget=within_budget,
     )
+
+
+def _largest_finite_error(golden: Any, ref, scale, u: float, defined) -> float:
+    """The golden output's largest error over its finite elements: a golden form that fails
+    on some input must not make the budget infinite."""
+    g = _output(golden, ref.shape, "golden")
+    errors = error_units(g, ref, scale, u)[defined & np.isfinite(g)]
+    return float(errors.max()) if errors.size else 0.0
 
 
 def _output(out: Any, shape: tuple[int, ...], what: str) -> np.ndarray:

@@ -57,14 +57,16 @@ def scaling_result(
     repeats: int = 5,
     **inputs,
 ) -> ScalingResult:
-    """Counted cost growth over cost_ns; with time_ns, timings, their noise gate and the
-    crossover N against torch's SDPA of the same causality (timed up to SDPA_MAX_N)."""
+    """Counted cost growth over cost_ns; with time_ns (increasing), timings, their noise
+    gate and the crossover N against torch's SDPA of the same causality (timed up to
+    SDPA_MAX_N, when at least two of time_ns are that small)."""
     costs = cost_curve(impl, cost_ns, **inputs)
     result = ScalingResult(name, costs, check_growth(costs, expected))
     if time_ns:
         result.timing = time_curve(impl, time_ns, repeats, **inputs)
         common = [n for n in time_ns if n <= SDPA_MAX_N]
-        result.sdpa_timing = time_curve(sdpa(causal), common, repeats, **inputs)
-        ours = [s for n, s in zip(time_ns, result.timing.seconds, strict=True) if n <= SDPA_MAX_N]
-        result.crossover_vs_sdpa = crossover(common, ours, result.sdpa_timing.seconds)
+        if len(common) >= 2:  # else SDPA is too slow to time at these N: no crossover
+            result.sdpa_timing = time_curve(sdpa(causal), common, repeats, **inputs)
+            ours = result.timing.seconds[: len(common)]
+            result.crossover_vs_sdpa = crossover(common, ours, result.sdpa_timing.seconds)
     return result
