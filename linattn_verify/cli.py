@@ -213,6 +213,12 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     return 0 if result.growth.passed else 1
 
 
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """--json and --quiet, which every command has."""
+    parser.add_argument("--json", help="write the results as JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m linattn_verify",
@@ -245,8 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--engine", choices=["auto", "mp", "arb"], default="auto")
     ref.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
     ref.add_argument("--out", help="write the output to this .npz (array 'out')")
-    ref.add_argument("--json", help="write a JSON summary here")
-    ref.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_output_options(ref)
     ref.set_defaults(func=cmd_reference)
 
     acc = sub.add_parser(
@@ -265,8 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES, metavar="DTYPE")
     acc.add_argument("--shape", type=_shape, default=(1, 2, 64, 16, 16), metavar="B,H,N,d,dv")
     acc.add_argument("--seed", type=int, default=0)
-    acc.add_argument("--json", help="write the results as JSON here")
-    acc.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_output_options(acc)
     acc.set_defaults(func=cmd_accuracy)
 
     sca = sub.add_parser(
@@ -296,8 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     sca.add_argument("--repeats", type=int, default=5)
     sca.add_argument("--seed", type=int, default=0)
     sca.add_argument("--out", default="reports/scaling", help="folder of the plot")
-    sca.add_argument("--json", help="write the figures as JSON here")
-    sca.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_output_options(sca)
     sca.set_defaults(func=cmd_scaling)
     return parser
 
