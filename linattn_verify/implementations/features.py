@@ -18,6 +18,22 @@ from ..specs import Spec, SpecError
 # Maps whose features are exp(a(x) + c(x)): evaluated as log-features, shifted before exp.
 EXP_FEATURES = ("performer-positive", "performer-hyperbolic")
 LOG2_E = 1.0 / math.log(2.0)
+# elu rows whose largest coordinate is below this are taken in shifted form: e^-30 ~ 1e-13,
+# so without a shift each row's largest feature, and the product of two such, stays far
+# above float32's smallest normal (1e-38); below it, exp(x) of a whole row underflows (from
+# x ~ -87), and elu(x) + 1 = 0 for every key would make the denominator 0.
+ELU_SHIFT_BELOW = -30.0
+
+
+def needs_shift(spec: Spec, *xs: torch.Tensor) -> bool:
+    """Whether the features of xs are taken in shifted form (scaled_features' `shifted`):
+    always for the Performer maps, for elu when some row of xs is entirely very negative."""
+    name = spec.feature_map
+    if name.startswith("performer"):
+        return True
+    if name != "elu":
+        return False
+    return any(bool((x.amax(dim=-1) < ELU_SHIFT_BELOW).any()) for x in xs)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
@@ -30,13 +46,24 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def scaled_features(
-    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, n_pos: int, start: int = 0
+    x: torch.Tensor,
+    spec: Spec,
+    w: torch.Tensor | None,
+    n_pos: int,
+    start: int = 0,
+    shifted: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(body, log_scale) with phi(x_i) = exp(log_scale_i) body_i, one log-scale per row
-    (None for the maps that need none). body is bounded: the exp maps' largest feature is 1,
-    the trig map's body is [sin, cos]. A per-query factor cancels between numerator and
-    denominator; for keys the forms bring the rows to a common or running scale."""
+    (None for the maps that need none; elu has one when `shifted`, see needs_shift). body
+    is bounded: the exp maps' largest feature is 1, the trig map's body is [sin, cos]. A
+    per-query factor cancels between numerator and denominator; for keys the forms bring
+    the rows to a common or running scale."""
     name = spec.feature_map
+    if name == "elu" and shifted:
+        # elu(x) + 1 = exp(min(x, 0)) + max(x, 0); a row with no positive coordinate is
+        # exp(x) = exp(max x) exp(x - max x), the largest body feature 1.
+        log_scale = torch.clamp(x.amax(dim=-1, keepdim=True), max=0.0)
+        return exp(torch.clamp(x, max=0.0) - log_scale) + torch.relu(x), log_scale
     if name in EXP_FEATURES:
         a, c = performer_exponent(x, name, w)
         a_max = a.amax(dim=-1, keepdim=True)

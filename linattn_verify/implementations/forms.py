@@ -25,7 +25,7 @@ import torch
 
 from ..inputs import UNIT_ROUNDOFF, check_shapes, dtype_name
 from ..specs import Spec, SpecError
-from .features import add_shifts, exp, scaled_eps, scaled_features
+from .features import add_shifts, exp, needs_shift, scaled_eps, scaled_features
 from .golden import golden_attention
 
 FORMS = ("quadratic", "linear", "recurrent", "chunked")
@@ -121,10 +121,10 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
 def _linear(q, k, v, spec: Spec, w, n_pos: int) -> torch.Tensor:
     """Non-causal phi(Q)(phi(K)^T [V, 1]) in row blocks; keys at one running scale."""
     b, h, _, _ = k.shape
-    state = None
+    state, shifted = None, needs_shift(spec, q, k)
     for start in range(0, k.shape[-2], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
-        body, scale = scaled_features(k[..., rows, :], spec, w, n_pos, start)
+        body, scale = scaled_features(k[..., rows, :], spec, w, n_pos, start, shifted)
         if state is None:
             state = State.empty(b, h, body.shape[-1], v.shape[-1], v, scale is not None)
         if scale is not None:
@@ -135,7 +135,7 @@ def _linear(q, k, v, spec: Spec, w, n_pos: int) -> torch.Tensor:
     out = v.new_empty(b, h, q.shape[-2], v.shape[-1])
     for start in range(0, q.shape[-2], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
-        phi_q, shift_q = scaled_features(q[..., rows, :], spec, w, n_pos, start)
+        phi_q, shift_q = scaled_features(q[..., rows, :], spec, w, n_pos, start, shifted)
         num_den = phi_q @ s_z
         out[..., rows, :] = _quotient(
             num_den[..., :-1], num_den[..., -1:], spec, shift_q, state.shift
@@ -146,8 +146,9 @@ def _linear(q, k, v, spec: Spec, w, n_pos: int) -> torch.Tensor:
 def _recurrent(q, k, v, spec: Spec, w, n_pos: int, state: State) -> tuple[torch.Tensor, State]:
     """Causal, one token at a time from `state`; the key scale is the running maximum of
     the keys seen so far (never a later key's: early queries would lose theirs)."""
-    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position)
-    body, scale = scaled_features(k, spec, w, n_pos, state.position)
+    shifted = state.shift is not None
+    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position, shifted)
+    body, scale = scaled_features(k, spec, w, n_pos, state.position, shifted)
     shifts = None
     if scale is not None:
         shifts = torch.maximum(torch.cummax(scale, dim=-2).values, state.shift)
@@ -192,8 +193,9 @@ def _chunk_block(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State):
     the scales of the keys it sees, and each chunk's state at the maximum after it, so no
     later key can push an earlier query's weights below the smallest float."""
     b, h, n, _ = q.shape
-    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position)
-    body, scale = scaled_features(k, spec, w, n_pos, state.position)
+    shifted = state.shift is not None
+    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position, shifted)
+    body, scale = scaled_features(k, spec, w, n_pos, state.position, shifted)
     pad = -n % chunk  # zero keys add nothing; padded query rows are dropped
     fq, fk, vc = (_chunks(t, chunk, pad) for t in (phi_q, body, v))
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
@@ -340,9 +342,10 @@ class CausalStream:
             b, h, _, d = q.shape
             m = None if w is None else w.shape[0]
             f = self.spec.info.feature_dim(d, m)
-            self.state = State.empty(
-                b, h, f, v.shape[-1], vc, self.spec.feature_map.startswith("performer")
-            )
+            self.state = State.empty(b, h, f, v.shape[-1], vc, needs_shift(self.spec, qc, kc))
+        elif self.state.shift is None and needs_shift(self.spec, qc, kc):
+            # from here on in shifted form; the state so far is in units of exp(0)
+            self.state = replace(self.state, shift=vc.new_zeros(*vc.shape[:2], 1, 1))
         n_pos = self.max_len or self.state.position + q.shape[-2]
         if self.max_len is not None and self.state.position + q.shape[-2] > self.max_len:
             raise SpecError(f"the stream is longer than max_len = {self.max_len}")

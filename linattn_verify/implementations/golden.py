@@ -29,7 +29,7 @@ import torch
 
 from ..inputs import validate
 from ..specs import Spec, SpecError
-from .features import add_shifts, common_scale, exp, scaled_eps, scaled_features
+from .features import add_shifts, common_scale, exp, needs_shift, scaled_eps, scaled_features
 
 if TYPE_CHECKING:
     import numpy as np
@@ -70,8 +70,9 @@ def golden_attention(
         den = weights.sum(dim=-1, keepdim=True)
     else:
         n_pos = max(qc.shape[-2], kc.shape[-2])
-        phi_q, shift_q = scaled_features(qc, spec, w, n_pos)
-        body_k, scale_k = scaled_features(kc, spec, w, n_pos)
+        shifted = needs_shift(spec, qc, kc)
+        phi_q, shift_q = scaled_features(qc, spec, w, n_pos, shifted=shifted)
+        body_k, scale_k = scaled_features(kc, spec, w, n_pos, shifted=shifted)
         if spec.causal:
             num, den, shift_k = _causal_scan(phi_q, body_k, scale_k, vc)
         else:
@@ -143,8 +144,9 @@ def _quadratic_weights(
         weights = (torch.relu(q) @ torch.relu(k).transpose(-2, -1)) * reweight
         shift = None
     else:
-        phi_q, shift_q = scaled_features(q, spec, w, max(nq, nk))
-        body_k, scale_k = scaled_features(k, spec, w, max(nq, nk))
+        shifted = needs_shift(spec, q, k)
+        phi_q, shift_q = scaled_features(q, spec, w, max(nq, nk), shifted=shifted)
+        body_k, scale_k = scaled_features(k, spec, w, max(nq, nk), shifted=shifted)
         if scale_k is None:
             weights, shift_k = phi_q @ body_k.transpose(-2, -1), None
         elif mask is None:
