@@ -1,12 +1,98 @@
-"""Options of the property suite."""
+"""Options of the property suite and the implementations it runs over.
+
+Without --impl every test runs over every built-in implementation (each spec, causal and
+not, in each of its forms; on CPU, and on CUDA when available). With
+`--impl MODULE:FN --feature-map NAME [--causal] [--eps E] [--layout bnhd]` it runs over
+that one implementation instead (importable from the working directory or PYTHONPATH, or
+`path/to/file.py:fn`).
+"""
+
+from __future__ import annotations
 
 import pytest
+import torch
+
+from linattn_verify.checks import Implementation, builtin, forms_of, not_applicable
+from linattn_verify.checks.core import LAYOUTS
+from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
+from linattn_verify.target import load_target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
+    group = parser.getgroup("linattn-verify")
+    group.addoption(
         "--full-grid",
         action="store_true",
         help="scaling: time every built-in form over N = 2^8 ... 2^16 (use with "
         "--benchmark-enable --benchmark-json=PATH); default: a small grid",
     )
+    group.addoption("--impl", help="run the suite on MODULE:FN or path/file.py:FN instead")
+    group.addoption("--feature-map", help=f"the spec --impl claims: {', '.join(FEATURE_MAPS)}")
+    group.addoption("--causal", action="store_true", help="--impl is causal")
+    group.addoption("--eps", type=float, default=0.0, help="--impl's denominator eps")
+    group.addoption("--layout", choices=LAYOUTS, default="bhnd", help="--impl's tensor layout")
+
+
+def _target(config: pytest.Config) -> Implementation | None:
+    target = config.getoption("--impl")
+    if target is None:
+        return None
+    feature_map = config.getoption("--feature-map")
+    if feature_map is None:
+        raise pytest.UsageError("--impl needs --feature-map NAME (the spec it claims)")
+    causal, eps = config.getoption("--causal"), config.getoption("--eps")
+    layout = config.getoption("--layout")
+    try:
+        spec = Spec(feature_map, causal=causal, eps=eps)
+        fn = load_target(target)
+    except SpecError as err:
+        raise pytest.UsageError(str(err)) from None
+    command = f"--impl {target} --feature-map {feature_map}"
+    command += " --causal" * causal + (f" --eps {eps!r}" if eps else "")
+    command += f" --layout {layout}" if layout != "bhnd" else ""
+    return Implementation(fn, spec, target, command, layout)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "check(name): the property test runs check `name`")
+    config.stash[_IMPL] = _target(config)
+
+
+_IMPL = pytest.StashKey[Implementation | None]()
+
+
+def implementations(config: pytest.Config) -> list[Implementation]:
+    """--impl, or every built-in spec and form."""
+    chosen = config.stash[_IMPL]
+    if chosen is not None:
+        return [chosen]
+    return [
+        builtin(spec, form)
+        for name in FEATURE_MAPS
+        for spec in (Spec(name), Spec(name, causal=True))
+        for form in forms_of(spec)
+    ]
+
+
+def _id(impl: Implementation) -> str:
+    if impl.command.startswith("--impl"):
+        return impl.name
+    spec = impl.spec
+    form = impl.name.rsplit("form=", 1)[1].split()[0]
+    return f"{spec.feature_map}-{'causal' if spec.causal else 'full'}-{form}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize `impl` (and `device`) for tests marked check(name), over the
+    implementations the check applies to."""
+    if "impl" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("check")
+    name = marker.args[0] if marker else None
+    impls = [i for i in implementations(metafunc.config) if not name or not not_applicable(name, i)]
+    if marker and "impls_filter" in marker.kwargs:
+        impls = [i for i in impls if marker.kwargs["impls_filter"](i)]
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    params = [(i, d) for i in impls for d in devices]
+    ids = [f"{_id(i)}-{d}" for i, d in params]
+    metafunc.parametrize(("impl", "device"), params, ids=ids)

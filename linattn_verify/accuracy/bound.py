@@ -41,6 +41,7 @@ from ..reference.arb import (
     performer_arguments,
     working_precision,
 )
+from ..reference.common import MAX_PREC
 from ..specs import Spec
 
 # Elementary functions (exp, expm1, sin, cos, sqrt) are within 1 ulp = 2u in glibc, SLEEF
@@ -185,42 +186,60 @@ def _upper(t: arb) -> float:
 
 
 def scale_and_bound(
-    x: AttentionInputs, spec: Spec, ref: np.ndarray, u: float, tiny: float = 0.0
+    x: AttentionInputs, spec: Spec, ref: np.ndarray | None, u: float, tiny: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(s, bound): the scale s_ic and the a-priori error bound in units of u s_ic.
 
-    ref is the exact output (from the reference engines); both arrays are (B, H, Nq, dv).
+    ref is the exact output (from the reference engines), or None: then |out| <= s stands
+    in for it (|sum_j a_ij v_jc| <= sum_j |a_ij| |v_jc|), a bound no smaller and needing no
+    reference. Both arrays are (B, H, Nq, dv).
     tiny is the dtype's smallest subnormal: the output's own rounding may lose half of it
     to underflow (an exact 1e-52 is 0 in float32). Underflow inside the computation is
     outside the standard model and this bound.
     """
-    b_, h_, nq, nk, _, dv = x.shape
-    scale = np.full(ref.shape, np.nan)
-    bound = np.full(ref.shape, np.nan)
-    with working_precision(BOUND_PREC):
-        for b in range(b_):
-            for h in range(h_):
-                head = Head.of(x, b, h)
-                v = head.v
-                cols = balls(np.concatenate([v, np.abs(v), np.ones((nk, 1))], 1))
-                nd, a_sums, f, m = _head_sums(head, spec, u, cols)
-                g = arb(gamma(m + nk + 1, u))
-                for i in range(nq):
-                    den = abs(nd[i][-1] + spec.eps)
-                    if den.is_zero():
-                        continue
-                    err_den = ((1 + g) * f[i][-1] + g * a_sums[i][-1]) / den
-                    for c in range(dv):
-                        out = abs(arb(ref[b, h, i, c]))
-                        s = a_sums[i][dv + c] / den
-                        err_num = ((1 + g) * f[i][dv + c] + g * a_sums[i][dv + c]) / den
-                        if not err_den < 1:
-                            err = arb("inf")
-                        else:
-                            err = (err_num + out * err_den) / (1 - err_den) * (1 + u) + u * out
-                            err = err + tiny / 2
-                        scale[b, h, i, c] = float(s.mid())
-                        bound[b, h, i, c] = (
-                            0.0 if err.is_zero() else _upper(err / (u * s)) if s > 0 else math.inf
-                        )
+    b_, h_, nq, _, _, dv = x.shape
+    scale = np.full((b_, h_, nq, dv), np.nan)
+    bound = np.full((b_, h_, nq, dv), np.nan)
+    for b in range(b_):
+        for h in range(h_):
+            prec = BOUND_PREC
+            while True:  # exponents of 1e39 need more than 64 bits to stay resolved
+                with working_precision(prec):
+                    done = _head_bound(
+                        Head.of(x, b, h), spec, ref, u, tiny, scale[b, h], bound[b, h], b, h
+                    )
+                if done or prec >= MAX_PREC:
+                    break
+                prec *= 4
     return scale, bound
+
+
+def _head_bound(
+    head: Head, spec: Spec, ref, u: float, tiny: float, scale, bound, b: int, h: int
+) -> bool:
+    """Fill one head's scale and bound rows; False if some denominator was not resolved
+    away from zero at the working precision."""
+    v = head.v
+    nq, nk, dv = head.q.shape[0], head.k.shape[0], v.shape[1]
+    cols = balls(np.concatenate([v, np.abs(v), np.ones((nk, 1))], 1))
+    nd, a_sums, f, m = _head_sums(head, spec, u, cols)
+    g = arb(gamma(m + nk + 1, u))
+    resolved = True
+    for i in range(nq):
+        den = abs(nd[i][-1] + spec.eps)
+        if den.is_zero():
+            continue
+        resolved &= bool(den > 0)
+        err_den = ((1 + g) * f[i][-1] + g * a_sums[i][-1]) / den
+        for c in range(dv):
+            s = a_sums[i][dv + c] / den
+            out = s if ref is None else abs(arb(ref[b, h, i, c]))
+            err_num = ((1 + g) * f[i][dv + c] + g * a_sums[i][dv + c]) / den
+            if not err_den < 1:
+                err = arb("inf")
+            else:
+                err = (err_num + out * err_den) / (1 - err_den) * (1 + u) + u * out
+                err = err + tiny / 2
+            scale[i, c] = float(s.mid())
+            bound[i, c] = 0.0 if err.is_zero() else _upper(err / (u * s)) if s > 0 else math.inf
+    return resolved

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from flint import arb, arb_mat, ctx, fmpq
@@ -222,3 +222,23 @@ def arb_attention(
         return values, done
 
     return refine(x, settle, prec, max_prec, "arb")
+
+
+def arb_denominator_signs(
+    x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
+) -> np.ndarray:
+    """The sign (-1, 0 or 1) of eps + sum_j sim(q_i, k_j), exactly, (B, H, Nq): 0 only where
+    the denominator is exactly zero (relu rows with no positive similarity)."""
+    ones = replace(x, v=np.ones((*x.v.shape[:3], 1)))
+    nq = x.q.shape[2]
+
+    def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
+        head = Head.of(ones, b, h)
+        linear = len(rows) == nq and p == prec and prefers_linear(spec, head)
+        with working_precision(p):
+            dens = [r[0] + spec.eps for r in weighted_sums(head, spec, rows, balls(head.v), linear)]
+            signs = [0 if t.is_zero() else 1 if t > 0 else -1 if t < 0 else None for t in dens]
+        done = np.array([s is not None for s in signs])
+        return np.array([[math.nan if s is None else s] for s in signs]), done
+
+    return refine(ones, settle, prec, max_prec, "arb")[..., 0]

@@ -1,0 +1,126 @@
+"""Test cases: a handful of numbers (shape, dtype, kind, magnitude, seed) that build q, k, v
+and W deterministically, so a failing case is reproduced from its one-line description.
+
+Kinds (the structured adversarial cases of the property suite):
+- normal: q, k ~ N(0, 1) magnitude, v ~ N(0, 1);
+- identical: every token the same (all weights equal);
+- dominant: one key aligned with every query and 4x longer (its weight dominates);
+- zero-rows: about a third of the q and k rows are exactly 0;
+- cancel: v_j = (-1)^j 1000 + N(0, 1): the output is a small difference of large terms;
+- negative-rows: q, k ~ N(0, 1) and about a third of their rows entirely negative,
+  -magnitude - |N(0, 1)| (elu's features exp(x) underflow there unless shifted);
+- large-norm: q, k ~ N(0, 1) and about a third of their rows scaled to norm magnitude
+  (Performer exponents |x'|^2 / 2 far outside exp's range).
+The values are drawn in float64 from a torch.Generator(seed), clipped to the dtype's range
+and rounded to the dtype once; the implementation sees exactly those values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .inputs import UNIT_ROUNDOFF
+from .specs import SpecError
+
+KINDS = ("normal", "identical", "dominant", "zero-rows", "cancel", "negative-rows", "large-norm")
+CANCEL_OFFSET = 1000.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input of the property suite; `tensors()` builds it."""
+
+    b: int
+    h: int
+    n: int
+    d: int
+    dv: int
+    dtype: str
+    kind: str = "normal"
+    magnitude: float = 1.0
+    seed: int = 0
+    m: int | None = None  # projection rows for the Performer maps
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if min(self.b, self.h, self.n, self.d, self.dv) < 1:
+            raise SpecError(f"case dimensions must be >= 1: {self}")
+        if self.dtype not in UNIT_ROUNDOFF:
+            raise SpecError(f"case dtype {self.dtype!r}; known: {', '.join(UNIT_ROUNDOFF)}")
+        if self.kind not in KINDS:
+            raise SpecError(f"case kind {self.kind!r}; known: {', '.join(KINDS)}")
+        if not (self.magnitude > 0 and self.magnitude < float("inf")):
+            raise SpecError(f"case magnitude must be finite and > 0, got {self.magnitude!r}")
+
+    def __str__(self) -> str:
+        m = f" m={self.m}" if self.m else ""
+        return (
+            f"B{self.b} H{self.h} N{self.n} d{self.d} dv{self.dv}{m} {self.dtype} "
+            f"{self.kind} magnitude={self.magnitude:.3g} seed={self.seed} {self.device}"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Case:
+        try:
+            fields = json.loads(text)
+            return cls(**fields)
+        except (ValueError, TypeError) as err:
+            raise SpecError(f"not a case description: {text!r} ({err})") from None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(q, k, v, W) in the case's dtype and device; W is None unless m is set."""
+        gen = torch.Generator().manual_seed(self.seed)
+        q, k, v = _draw(self, gen)
+        w = None if self.m is None else torch.randn(self.m, self.d, generator=gen, **_F64)
+        dtype = getattr(torch, self.dtype)
+        top = torch.finfo(dtype).max
+        return tuple(
+            None if t is None else t.clamp(-top, top).to(device=self.device, dtype=dtype)
+            for t in (q, k, v, w)
+        )
+
+
+_F64 = {"dtype": torch.float64}
+
+
+def _rows(n: int, gen: torch.Generator, share: float = 1 / 3) -> torch.Tensor:
+    """A boolean mask choosing about `share` of n rows, at least one."""
+    pick = torch.rand(n, generator=gen) < share
+    pick[int(torch.randint(n, (1,), generator=gen))] = True
+    return pick
+
+
+def _draw(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    shape = (case.b, case.h, case.n)
+    q = torch.randn(*shape, case.d, generator=gen, **_F64)
+    k = torch.randn(*shape, case.d, generator=gen, **_F64)
+    v = torch.randn(*shape, case.dv, generator=gen, **_F64)
+    kind, mag = case.kind, case.magnitude
+    if kind == "identical":
+        q, k, v = (t[..., :1, :].expand_as(t).clone() for t in (q, k, v))
+    elif kind == "dominant":
+        j = int(torch.randint(case.n, (1,), generator=gen))
+        k[..., j, :] = 4 * q.mean(dim=-2)
+    elif kind == "zero-rows":
+        q[..., _rows(case.n, gen), :] = 0.0
+        k[..., _rows(case.n, gen), :] = 0.0
+    elif kind == "cancel":
+        signs = (-1.0) ** torch.arange(case.n, **_F64)
+        v = v + CANCEL_OFFSET * signs[:, None]
+    if kind == "negative-rows":
+        for t in (q, k):
+            rows = _rows(case.n, gen)
+            t[..., rows, :] = -mag - t[..., rows, :].abs()
+    elif kind == "large-norm":
+        for t in (q, k):
+            rows = _rows(case.n, gen)
+            t[..., rows, :] *= mag / t[..., rows, :].norm(dim=-1, keepdim=True).clamp(min=1e-300)
+    else:
+        q, k = q * mag, k * mag
+    return q, k, v

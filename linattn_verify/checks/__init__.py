@@ -1,0 +1,70 @@
+"""The checks: one plain function per property, (implementation, case) -> CheckResult.
+
+`pytest properties/`, `vet` and `report` call these same functions (DESIGN "Layers").
+CHECKS names them all; `not_applicable(name, impl)` says why one does not apply.
+"""
+
+from __future__ import annotations
+
+from .agreement import associativity, reference_agreement
+from .builtin import builtin, forms_of
+from .causality import causality, split_resume
+from .contract import contract
+from .core import CheckResult, Implementation, ImplementationFailure
+from .invariance import batch_head, layout, permutation, v_affine
+from .positivity import convex_hull, positivity
+
+CHECKS = {
+    fn.check_name: fn
+    for fn in (
+        contract,
+        reference_agreement,
+        associativity,
+        positivity,
+        convex_hull,
+        v_affine,
+        permutation,
+        causality,
+        batch_head,
+        layout,
+        split_resume,
+    )
+}
+
+
+def not_applicable(name: str, impl: Implementation) -> str | None:
+    """Why check `name` does not apply to impl's spec (None when it does)."""
+    spec = impl.spec
+    if name == "convex-hull" and not spec.info.positive:
+        return f"{spec.feature_map} is not a positive kernel"
+    if name == "permutation" and spec.causal:
+        return "causal specs depend on the order of tokens"
+    if name == "permutation" and spec.feature_map == "cosformer":
+        return "cosformer weights depend on token positions"
+    if name == "causality" and not spec.causal:
+        return "non-causal spec"
+    if name == "split-resume" and (not spec.causal or impl.stream is None):
+        return "no state API" if spec.causal else "non-causal spec"
+    return None
+
+
+__all__ = [
+    "CHECKS",
+    "CheckResult",
+    "Implementation",
+    "ImplementationFailure",
+    "associativity",
+    "batch_head",
+    "builtin",
+    "causality",
+    "contract",
+    "convex_hull",
+    "forms_of",
+    "layout",
+    "not_applicable",
+    "permutation",
+    "positivity",
+    "reference_agreement",
+    "split_resume",
+    "v_affine",
+]

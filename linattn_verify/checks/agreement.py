@@ -1,0 +1,73 @@
+"""Agreement with exact and with re-associated evaluations of the same attention.
+
+- reference: the output against `lv.reference`, judged by the accuracy model (bound and
+  budget; accuracy/verdict.py), the error reported in units of u s;
+- associativity: (phi(Q) phi(K)^T) V == phi(Q) (phi(K)^T V): the output against the golden
+  quadratic form in the same dtype, and against any other given forms, within the sum of
+  their a-priori bounds (core.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..accuracy.verdict import judge
+from ..cases import Case
+from ..implementations.golden import GOLDEN_FORMS, golden_attention
+from ..reference import exact
+from .core import (
+    Implementation,
+    Outcome,
+    Tolerance,
+    agreement,
+    as_array,
+    check,
+    inputs_of,
+    mismatch,
+)
+
+
+@check("reference")
+def reference_agreement(impl: Implementation, case: Case) -> Outcome:
+    """Judge the output against the exact reference: within the a-priori bound, and within
+    K_BUDGET times the error of the golden forms in the same dtype."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    out = impl(q, k, v, w)
+    if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
+        return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
+    forms = GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
+    golden = [golden_attention(q, k, v, spec, w, form) for form in forms]
+    verdict = judge(out, x, spec, exact(x, spec), golden)
+    figures = {
+        "max_error": verdict.max_error,
+        "p99_error": verdict.p99_error,
+        "bound_at_worst": verdict.bound_at_worst,
+    }
+    if verdict.budget is not None:
+        figures["budget"] = verdict.budget
+    return Outcome(verdict.passed, verdict.message, figures)
+
+
+@check("associativity")
+def associativity(
+    impl: Implementation, case: Case, others: Sequence[Implementation] = ()
+) -> Outcome:
+    """The output against the golden quadratic form (phi(Q) phi(K)^T) V in the same dtype
+    and against each of `others` (e.g. every chunk size of a chunked form)."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    tol = Tolerance.of(x, spec)
+    out = as_array(impl(q, k, v, w))
+    if out.shape != tol.scale.shape:
+        return Outcome(False, f"output shape {out.shape} is not (B, H, N, dv)")
+    quadratic = as_array(golden_attention(q, k, v, spec, w, "quadratic"))
+    pairs = [("quadratic form (phi(Q) phi(K)^T) V", quadratic)]
+    pairs += [(other.name, as_array(other(q, k, v, w))) for other in others]
+    for name, b in pairs:
+        if b.shape != out.shape:
+            return Outcome(False, f"{name} returned shape {b.shape}, expected {out.shape}")
+        found = mismatch(out, b, tol, tol.allowance())
+        if found is not None:
+            return agreement(f"{impl.name} against {name}", found)
+    return Outcome(True, f"{impl.name} agrees with {len(pairs)} other evaluation(s)")

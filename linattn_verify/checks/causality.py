@@ -1,0 +1,82 @@
+"""Causal specs: no output depends on a later token, and a sequence in pieces equals one pass.
+
+- causality: tokens t+1 ... N-1 (q, k and v) are replaced by unrelated, larger ones (4x the
+  magnitude, values offset by 1000); rows 0 ... t must not move beyond the bound;
+- split-resume: an implementation with a state API (Implementation.stream) fed the
+  sequence in two or three pieces gives the one-pass output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+from ..cases import Case
+from .core import (
+    Implementation,
+    Outcome,
+    Tolerance,
+    agreement,
+    as_array,
+    check,
+    inputs_of,
+    mismatch,
+)
+
+LATER_OFFSET = 1000.0  # added to the replaced values: a leak moves outputs far out of bound
+
+
+def _generator(case: Case, salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed(case.seed * 7919 + salt)
+
+
+@check("causality")
+def causality(impl: Implementation, case: Case) -> Outcome:
+    """Changing tokens j > t never changes output rows i <= t."""
+    spec = impl.spec
+    if case.n < 2:
+        return Outcome(True, "N = 1: there is no later token to change")
+    (q, k, v, w), x = inputs_of(case, spec)
+    t = int(torch.randint(case.n - 1, (1,), generator=_generator(case, 2)))
+    other = dataclasses.replace(case, seed=case.seed + 1, magnitude=4 * case.magnitude)
+    q2, k2, v2, _ = other.tensors()
+    later = slice(t + 1, None)
+    q2, k2 = (
+        torch.cat([q[..., : t + 1, :], q2[..., later, :]], -2),
+        torch.cat([k[..., : t + 1, :], k2[..., later, :]], -2),
+    )
+    v_later = (v2[..., later, :].double() + LATER_OFFSET).to(v.dtype)
+    v2 = torch.cat([v[..., : t + 1, :], v_later], -2)
+    tol = Tolerance.of(x, spec)
+    out = as_array(impl(q, k, v, w))
+    changed = as_array(impl(q2, k2, v2, w))
+    found = mismatch(changed, out, tol, tol.allowance(), (..., slice(0, t + 1), slice(None)))
+    return agreement(f"rows 0..{t} after tokens {t + 1}..{case.n - 1} changed", found)
+
+
+@check("split-resume")
+def split_resume(impl: Implementation, case: Case) -> Outcome:
+    """The sequence in two or three pieces through impl.stream equals one pass."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    if impl.stream is None:
+        return Outcome(True, f"{impl.name} has no state API: not applicable")
+    gen = _generator(case, 3)
+    cuts = sorted({int(c) for c in torch.randint(1, case.n + 1, (2,), generator=gen)})
+    bounds = [0, *(c for c in cuts if c < case.n), case.n]
+    tol = Tolerance.of(x, spec)
+    whole = as_array(impl(q, k, v, w))
+    try:
+        piece = impl.stream(case.n, w)
+        parts = [piece(*(t[..., a:b, :] for t in (q, k, v))) for a, b in itertools.pairwise(bounds)]
+        pieces = as_array(torch.cat(parts, dim=-2))
+    except Exception as err:  # the stream's failure is a finding
+        return Outcome(False, f"the stream raised {type(err).__name__}: {err}")
+    if pieces.shape != whole.shape:
+        return Outcome(False, f"pieces gave shape {pieces.shape}, one pass {whole.shape}")
+    split = ", ".join(f"{a}:{b}" for a, b in itertools.pairwise(bounds))
+    return agreement(
+        f"pieces [{split}] against one pass", mismatch(pieces, whole, tol, tol.allowance())
+    )

@@ -1,0 +1,31 @@
+"""The calling contract of DESIGN: output (B, H, N, dv), the inputs' dtype and device, and
+the inputs left as they were."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cases import Case
+from .core import Implementation, Outcome, check, inputs_of
+
+
+@check("contract")
+def contract(impl: Implementation, case: Case) -> Outcome:
+    """Shape, dtype and device of the output; inputs not modified in place."""
+    (q, k, v, w), _ = inputs_of(case, impl.spec)
+    before = [t.clone() for t in (q, k, v)]
+    out = impl(q, k, v, w)
+    want = (*q.shape[:3], v.shape[-1])
+    problems = []
+    if tuple(out.shape) != want:
+        problems.append(f"shape {tuple(out.shape)}, expected {want}")
+    if out.dtype != q.dtype:
+        problems.append(f"dtype {out.dtype}, expected {q.dtype}")
+    if out.device != q.device:
+        problems.append(f"device {out.device}, expected {q.device}")
+    for name, old, new in zip("qkv", before, (q, k, v)):
+        if not torch.equal(old, new):
+            problems.append(f"input {name} was modified in place")
+    if problems:
+        return Outcome(False, "; ".join(problems))
+    return Outcome(True, f"output {want} {q.dtype} on {q.device}; inputs untouched")

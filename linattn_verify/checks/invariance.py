@@ -1,0 +1,124 @@
+"""Metamorphic properties: changes of the input with a known effect on the exact output.
+
+Each compares two outputs of the implementation within the sum of their a-priori bounds
+(core.py), so only a real change of what is computed fails them:
+- v-affine: out(a V + c) = a out(V) + c (a = -2, c a power of two near max |v|; with
+  eps > 0 only c = 0 holds). a V + c is rounded to the dtype: that rounding moves the exact
+  output by at most u s' more, which the allowance adds;
+- permutation (non-causal, position-free maps): out(P q, S k, S v) = P out(q, k, v) for
+  permutations P of the queries and S of the keys;
+- batch-head: each (b, h) computed alone equals its slice of the batched output;
+- layout: non-contiguous inputs (a strided slice, memory in another dimension order) give
+  the output of contiguous ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..cases import Case
+from ..inputs import validate
+from .core import (
+    Implementation,
+    Outcome,
+    Tolerance,
+    agreement,
+    as_array,
+    check,
+    inputs_of,
+    mismatch,
+)
+
+
+def _generator(case: Case, salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed(case.seed * 7919 + salt)
+
+
+@check("v-affine")
+def v_affine(impl: Implementation, case: Case) -> Outcome:
+    """out(a V + c) = a out(V) + c, a = -2 and c = 2^(ceil(log2 max|v|) + 1) (c = 0 if eps > 0)."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    top = float(np.abs(x.v).max())
+    c = 0.0 if spec.eps > 0 or top == 0 else 2.0 ** (math.ceil(math.log2(top)) + 1)
+    a = -2.0
+    v2 = (v.double() * a + c).to(v.dtype)
+    x2 = validate(q, k, v2, spec, w)
+    if not np.isfinite(x2.v).all() or np.abs(x2.v).max() > torch.finfo(v.dtype).max:
+        return Outcome(True, f"a V + c overflows {case.dtype}: not applicable to this case")
+    tol, tol2 = Tolerance.of(x, spec), Tolerance.of(x2, spec)
+    out = as_array(impl(q, k, v, w))
+    out2 = as_array(impl(q, k, v2, w))
+    # out2's bound, |a| times out's, one u s' for rounding a V + c, and float64's own
+    allowance = tol2.allowance(1.0) + abs(a) * tol.allowance(1.0) + tol2.u * tol2.scale
+    allowance = allowance + 2.0**-50 * (np.abs(a * out) + c)
+    found = mismatch(out2, a * out + c, tol2, allowance)
+    return agreement(f"out({a:g} V + {c:g}) against {a:g} out(V) + {c:g}", found)
+
+
+@check("permutation")
+def permutation(impl: Implementation, case: Case) -> Outcome:
+    """Permuting keys with values leaves outputs unchanged; permuting queries permutes them."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    gen = _generator(case, 1)
+    p, s = (torch.randperm(case.n, generator=gen).to(q.device) for _ in range(2))
+    tol = Tolerance.of(x, spec)
+    out = as_array(impl(q, k, v, w))
+    moved = as_array(impl(q[..., p, :], k[..., s, :], v[..., s, :], w))
+    order = p.cpu().numpy()
+    tol_p = Tolerance(tol.scale[..., order, :], tol.bound[..., order, :], tol.u)
+    found = mismatch(moved, out[..., order, :], tol_p, tol_p.allowance())
+    return agreement("queries permuted by P, keys and values by S, against P out", found)
+
+
+@check("batch-head")
+def batch_head(impl: Implementation, case: Case) -> Outcome:
+    """Each (b, h) alone equals its slice of the batched result."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    tol = Tolerance.of(x, spec)
+    out = as_array(impl(q, k, v, w))
+    alone = np.empty_like(out)
+    for b in range(case.b):
+        for h in range(case.h):
+            one = (t[b : b + 1, h : h + 1] for t in (q, k, v))
+            alone[b : b + 1, h : h + 1] = as_array(impl(*one, w))
+    return agreement(
+        "each (b, h) alone against the batched output", mismatch(alone, out, tol, tol.allowance())
+    )
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values, every other element of a buffer twice as wide."""
+    wide = torch.full(
+        (*t.shape[:-1], 2 * t.shape[-1]), float("nan"), dtype=t.dtype, device=t.device
+    )
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def _reordered(t: torch.Tensor) -> torch.Tensor:
+    """The same values, laid out in memory in reverse dimension order."""
+    return t.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)
+
+
+@check("layout")
+def layout(impl: Implementation, case: Case) -> Outcome:
+    """Non-contiguous inputs (in the implementation's own layout) give the contiguous output."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    tol = Tolerance.of(x, spec)
+    native = [impl.to_layout(t).contiguous() for t in (q, k, v)]
+    out = as_array(impl.to_layout(impl.call_raw(*native, w)))
+    for name, make in (("strided", _strided), ("reordered", _reordered)):
+        got = impl.call_raw(*(make(t) for t in native), w)
+        if got.shape != native[0].shape[:-1] + native[2].shape[-1:]:
+            return Outcome(False, f"{name} inputs gave shape {tuple(got.shape)}")
+        found = mismatch(as_array(impl.to_layout(got)), out, tol, tol.allowance())
+        if found is not None:
+            return agreement(f"{name} (non-contiguous) inputs against contiguous ones", found)
+    return Outcome(True, "strided and reordered inputs give the contiguous output")

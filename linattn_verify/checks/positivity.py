@@ -1,0 +1,71 @@
+"""Properties of positive kernels: a positive denominator and outputs in the convex hull.
+
+- positivity: phi(q_i).Z_i + eps > 0 exactly (from the arb engine) and no NaN/inf in the
+  output for finite inputs. relu (a row with no positive similarity has denominator 0)
+  and performer-trig (sin/cos features: the denominator can be negative) violate it by
+  nature: the check fails with `by_nature` set and the row that shows it;
+- convex hull: for positive kernels out_ic = sum_j a_ij v_jc / sum_j a_ij lies within
+  [min_j v_jc, max_j v_jc] over the keys row i sees, up to the a-priori bound (with
+  eps > 0 the weights sum to less than 1: the hull of the values and 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cases import Case
+from ..reference.arb import arb_denominator_signs
+from .core import Implementation, Outcome, Tolerance, as_array, check, inputs_of, mismatch
+
+
+@check("positivity")
+def positivity(impl: Implementation, case: Case) -> Outcome:
+    """The exact denominators are positive and the output is finite."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    signs = arb_denominator_signs(x, spec)
+    if (signs <= 0).any():
+        row = tuple(int(t) for t in np.argwhere(signs <= 0)[0])
+        what = "zero" if signs[row] == 0 else "negative"
+        reason = (
+            f"{spec.feature_map}: the exact denominator eps + sum_j sim(q_i, k_j) is {what} "
+            f"at (b, h, i) = {row}"
+        )
+        return Outcome(False, reason, {"non_positive_rows": float((signs <= 0).sum())}, reason)
+    out = as_array(impl(q, k, v, w))
+    bad = ~np.isfinite(out)
+    if bad.any():
+        at = tuple(int(t) for t in np.argwhere(bad)[0])
+        return Outcome(
+            False,
+            f"{int(bad.sum())} non-finite output element(s), e.g. {out[at]} at (b, h, i, c) = "
+            f"{at}, where the exact denominator is positive",
+            {"non_finite": float(bad.sum())},
+        )
+    return Outcome(True, "every exact denominator is positive and every output finite")
+
+
+@check("convex-hull")
+def convex_hull(impl: Implementation, case: Case) -> Outcome:
+    """Every output within [min_j v_j, max_j v_j] per coordinate over the visible keys."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    tol = Tolerance.of(x, spec)
+    out = as_array(impl(q, k, v, w))
+    vals = x.v
+    if spec.causal:
+        lo, hi = np.minimum.accumulate(vals, axis=2), np.maximum.accumulate(vals, axis=2)
+    else:
+        lo = np.broadcast_to(vals.min(axis=2, keepdims=True), out.shape)
+        hi = np.broadcast_to(vals.max(axis=2, keepdims=True), out.shape)
+    if spec.eps > 0:
+        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    nearest = np.clip(out, lo, hi)  # out itself when inside; NaN stays NaN
+    found = mismatch(out, nearest, tol, tol.allowance(times=1.0))
+    if found is None:
+        return Outcome(True, "every output lies in the convex hull of the values it sees")
+    return Outcome(
+        False,
+        found.describe("outside the convex hull of the visible values"),
+        {"units": found.units, "allowed": found.allowed},
+    )

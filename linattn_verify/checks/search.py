@@ -1,0 +1,63 @@
+"""Hypothesis as a counterexample search outside pytest: what vet and the mutant zoo use.
+
+find_failure runs one check over cases drawn by strategies.cases, derandomised (the same
+cases every run), and returns the first failing result, shrunk to a small case when asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from ..strategies import cases
+from . import CHECKS, not_applicable
+from .core import CheckResult, Implementation
+
+SEARCH_EXAMPLES = 25
+
+
+def find_failure(
+    name: str,
+    impl: Implementation,
+    device: str = "cpu",
+    max_examples: int = SEARCH_EXAMPLES,
+    nature: bool = False,
+    shrink: bool = False,
+    **options: Any,
+) -> CheckResult | None:
+    """The first case on which check `name` fails for impl, or None. nature=False looks
+    for real failures (the spec's own by-nature violations count as passes); nature=True
+    for a by-nature counterexample."""
+    check = CHECKS[name]
+
+    def fails(case) -> bool:
+        result = check(impl, case, **options)
+        return not result.passed and bool(result.by_nature) == nature
+
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+    search = settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        phases=phases,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    try:
+        case = find(cases(impl.spec, device=device), fails, settings=search)
+    except NoSuchExample:
+        return None
+    return check(impl, case, **options)
+
+
+def run_suite(
+    impl: Implementation, device: str = "cpu", max_examples: int = SEARCH_EXAMPLES
+) -> dict[str, CheckResult | None]:
+    """Every applicable check: its first real failure, or None where none was found."""
+    return {
+        name: find_failure(name, impl, device, max_examples)
+        for name in CHECKS
+        if not not_applicable(name, impl)
+    }

@@ -1,0 +1,94 @@
+"""Hypothesis strategies for attention inputs: `cases(spec)` draws a Case (cases.py).
+
+Shapes include N = 1, ragged N (not multiples of 2, 16 or 64 chunk sizes), B and H up to 3,
+d != dv, and m = d among the projection sizes. Every draw of tensors comes from a drawn
+seed through a torch.Generator (Hypothesis does not seed torch).
+
+Magnitudes (the regime each spec is checked in, log10 of the scale of q and k):
+- random-sign kinds (normal, identical, dominant, zero-rows, cancel): from 10^-3 up to
+  RANDOM_SIGN_TOP[spec]. Above it the exact output is still defined but no evaluation in
+  float32 can resolve it: elu features exp(q_l) exp(k_l) of opposite-signed coordinates
+  underflow pair by pair (e^-100 below float32's range) while each row's own largest
+  feature is moderate; softmax, Performer and taylor exponents or squares leave float32;
+- negative-rows and large-norm (adversarial rows): up to ADVERSARIAL_TOP[spec]; elu's
+  negative rows over the dtype's whole range (rows of -60000 in float16: features exp(x)
+  underflow unless shifted, and nothing can overflow; its large-norm rows mix signs and
+  stay within the random-sign limit). Performer norms up to 10^0.8 ~ 6:
+  there an unstabilised exp(W x' - |x'|^2/2) leaves float16's range both ways (e^11 and
+  e^-17 are its limits). Beyond about 7, a query and a key whose largest features sit on
+  different random features have every product exp(a_ql + a_kl) below float32's range
+  once each row is scaled by its own largest feature (spreads 2 |w| |x'| > 44 each), so
+  their similarity underflows; resolving it needs a scale per feature column of the
+  keys, which the built-in forms do not have (a known limit, not a regime the checks
+  claim).
+Both are capped by the dtype's largest finite value (values are clipped there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from .cases import KINDS, Case
+from .inputs import UNIT_ROUNDOFF
+from .specs import Spec
+
+DTYPES = tuple(UNIT_ROUNDOFF)
+ADVERSARIAL_KINDS = ("negative-rows", "large-norm")
+RAGGED_N = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 23, 31, 33)
+# log10 of the largest scale of q and k per spec; see the module docstring
+RANDOM_SIGN_TOP = {
+    "softmax": 3.0,
+    "elu": 1.0,
+    "relu": 8.0,
+    "performer-positive": 0.5,
+    "performer-hyperbolic": 0.5,
+    "performer-trig": 0.5,
+    "cosformer": 8.0,
+    "taylor": 2.0,
+}
+ADVERSARIAL_TOP = {**RANDOM_SIGN_TOP, "performer-positive": 0.8}
+ADVERSARIAL_TOP |= {"performer-hyperbolic": 0.8, "performer-trig": 1.0}
+LOWEST = -3.0
+
+
+def dtypes(allowed: tuple[str, ...] = DTYPES) -> st.SearchStrategy[str]:
+    return st.sampled_from(allowed)
+
+
+def magnitudes(spec: Spec, kind: str, dtype: str) -> st.SearchStrategy[float]:
+    """10^e for e in the regime of `spec` and `kind` (module docstring), within the dtype."""
+    dtype_top = math.log10(torch.finfo(getattr(torch, dtype)).max)
+    if kind == "negative-rows" and spec.feature_map == "elu":
+        low, top = 0.0, math.inf  # features exp(x): nothing overflows, all may underflow
+    elif kind in ADVERSARIAL_KINDS:
+        low, top = 0.0, ADVERSARIAL_TOP[spec.feature_map]
+    else:
+        low, top = LOWEST, RANDOM_SIGN_TOP[spec.feature_map]
+    top = min(top, math.floor(dtype_top))
+    exponents = st.one_of(st.just(0.0), st.floats(low, top), st.just(top))
+    return exponents.map(lambda e: float(10.0**e))
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    spec: Spec,
+    dtypes_allowed: tuple[str, ...] = DTYPES,
+    kinds: tuple[str, ...] = KINDS,
+    max_n: int = max(RAGGED_N),
+    device: str = "cpu",
+) -> Case:
+    """A Case for `spec`: shape, dtype, kind, magnitude, seed (and m for Performer maps)."""
+    n = draw(st.sampled_from([n for n in RAGGED_N if n <= max_n]))
+    b, h = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    d = draw(st.integers(1, 6))
+    dv = draw(st.integers(1, 5))
+    m = draw(st.sampled_from((1, 2, d, 2 * d, 8))) if spec.info.needs_projection else None
+    dtype = draw(st.sampled_from(dtypes_allowed))
+    kind = draw(st.sampled_from(kinds))
+    magnitude = draw(magnitudes(spec, kind, dtype))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return Case(b, h, n, d, dv, dtype, kind, magnitude, seed, m, device)

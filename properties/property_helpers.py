@@ -1,0 +1,41 @@
+"""The thin layer between Hypothesis and the checks: draw a case, run a check, explain a
+failure (the check's message, the case, and the command that reproduces it)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings, target
+from hypothesis import strategies as st
+
+from linattn_verify.checks import CHECKS, CheckResult, Implementation
+from linattn_verify.strategies import cases
+
+# A fifth of the profile's examples per test (ci: 20, thorough: 200): the suite runs every
+# check over ~40 implementation variants, each example costs a few to ~100 ms.
+EXAMPLES = max(10, settings.default.max_examples // 5)
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def run_check(
+    name: str, impl: Implementation, device: str, data: st.DataObject, **options: Any
+) -> CheckResult:
+    """Draw a case for impl's spec and run check `name` on it; steer toward large errors.
+    An option given as a callable is called with (impl, case) for its value."""
+    case = data.draw(cases(impl.spec, device=device), label="case")
+    options = {k: o(impl, case) if callable(o) else o for k, o in options.items()}
+    result = CHECKS[name](impl, case, **options)
+    event(f"kind={case.kind} dtype={case.dtype}")
+    for key in ("max_error", "units"):
+        value = result.figures.get(key)
+        if value is not None and math.isfinite(value):
+            target(value, label=f"{name} {key}")
+    return result
+
+
+def assert_passes(result: CheckResult) -> None:
+    assert result.passed, result.report()
