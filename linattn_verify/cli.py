@@ -15,6 +15,11 @@ import numpy as np
 from .specs import FEATURE_MAPS, Spec, SpecError
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+# the names of linattn_verify.checks.CHECKS, listed here so that --help does not import torch
+CHECK_NAMES = (
+    "contract", "reference", "associativity", "positivity", "convex-hull", "v-affine",
+    "permutation", "causality", "batch-head", "layout", "split-resume",
+)  # fmt: skip
 
 
 class UsageError(Exception):
@@ -213,6 +218,52 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     return 0 if result.growth.passed else 1
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from .cases import Case
+    from .checks import CHECKS, builtin, external, not_applicable
+    from .checks.search import find_failure
+
+    spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
+    if args.impl:
+        impl = external(args.impl, spec, args.layout)
+    else:
+        impl = builtin(spec, args.form, args.chunk_size)
+    case = Case.from_json(args.case) if args.case else None
+    if args.name != "all" and not_applicable(args.name, impl):
+        raise UsageError(f"{args.name} does not apply: {not_applicable(args.name, impl)}")
+    names = list(CHECKS) if args.name == "all" else [args.name]
+    results, skipped = [], {}
+    for name in names:
+        reason = not_applicable(name, impl)
+        if reason:
+            skipped[name] = reason
+            continue
+        if case is not None:
+            results.append(CHECKS[name](impl, case))
+            continue
+        _progress(args.quiet, f"searching {args.examples} cases for a failure of {name} ...")
+        found = find_failure(name, impl, args.device, args.examples, shrink=True)
+        results.append(found)
+        if found is None:
+            print(f"{name}: pass: no failure in {args.examples} cases")
+    for result in results:
+        if result is not None:
+            print(result.report())
+    for name, reason in skipped.items():
+        print(f"{name}: not applicable: {reason}")
+    failed = [r for r in results if r is not None and not r.passed]
+    _write_json(
+        args.json,
+        {
+            "implementation": impl.name,
+            "spec": str(spec),
+            "checks": [r.to_dict() for r in results if r is not None],
+            "not_applicable": skipped,
+        },
+    )
+    return 1 if failed else 0
+
+
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
     """--json and --quiet, which every command has."""
     parser.add_argument("--json", help="write the results as JSON here")
@@ -302,6 +353,38 @@ def build_parser() -> argparse.ArgumentParser:
     sca.add_argument("--out", default="reports/scaling", help="folder of the plot")
     _add_output_options(sca)
     sca.set_defaults(func=cmd_scaling)
+
+    chk = sub.add_parser(
+        "check",
+        help="run one property check (or all) on one case, or search for a failure",
+        description="Run a check of linattn_verify.checks on an implementation: on one case "
+        "(--case, the JSON a failing property test prints), or over --examples cases drawn "
+        "by the property suite's strategies, shrinking the first failure. Exit 1 on a "
+        "failure.",
+        epilog="Examples:\n"
+        "  python -m linattn_verify check causality --form chunked --feature-map elu --causal\n"
+        "  python -m linattn_verify check all --impl mykernels.py:attn --feature-map elu\n"
+        "  python -m linattn_verify check reference --form linear --feature-map elu \\\n"
+        '      --case \'{"b":1,"h":2,"n":7,"d":4,"dv":3,"dtype":"float16"}\'\n'
+        "Checks: " + ", ".join(CHECK_NAMES) + ".",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chk.add_argument("name", choices=[*CHECK_NAMES, "all"], metavar="NAME", help="check or all")
+    which = chk.add_mutually_exclusive_group()
+    which.add_argument("--impl", help="module:function or path.py:function under test")
+    which.add_argument(
+        "--form", default="quadratic", help="built-in form (default quadratic) when no --impl"
+    )
+    chk.add_argument("--chunk-size", type=int, default=64, help="built-in chunked form's chunk")
+    chk.add_argument("--feature-map", required=True, choices=list(FEATURE_MAPS))
+    chk.add_argument("--causal", action="store_true")
+    chk.add_argument("--eps", type=float, default=0.0, help="denominator eps (default 0)")
+    chk.add_argument("--layout", choices=["bhnd", "bnhd"], default="bhnd")
+    chk.add_argument("--case", help="the case as JSON (printed by a failing property test)")
+    chk.add_argument("--examples", type=int, default=50, help="cases to search (default 50)")
+    chk.add_argument("--device", default="cpu", help="device of the searched cases")
+    _add_output_options(chk)
+    chk.set_defaults(func=cmd_check)
     return parser
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn_verify.checks import Implementation, builtin, forms_of, not_applicable
+from linattn_verify.checks import Implementation, builtin, external, forms_of, not_applicable
 from linattn_verify.checks.core import LAYOUTS
 from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
-from linattn_verify.target import load_target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,21 +39,16 @@ def _target(config: pytest.Config) -> Implementation | None:
     feature_map = config.getoption("--feature-map")
     if feature_map is None:
         raise pytest.UsageError("--impl needs --feature-map NAME (the spec it claims)")
-    causal, eps = config.getoption("--causal"), config.getoption("--eps")
-    layout = config.getoption("--layout")
     try:
-        spec = Spec(feature_map, causal=causal, eps=eps)
-        fn = load_target(target)
+        spec = Spec(feature_map, config.getoption("--causal"), config.getoption("--eps"))
+        return external(target, spec, config.getoption("--layout"))
     except SpecError as err:
         raise pytest.UsageError(str(err)) from None
-    command = f"--impl {target} --feature-map {feature_map}"
-    command += " --causal" * causal + (f" --eps {eps!r}" if eps else "")
-    command += f" --layout {layout}" if layout != "bhnd" else ""
-    return Implementation(fn, spec, target, command, layout)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): the property test runs check `name`")
+    config.addinivalue_line("markers", "builtin_only: skipped under --impl")
     config.stash[_IMPL] = _target(config)
 
 
@@ -96,3 +90,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = [(i, d) for i in impls for d in devices]
     ids = [f"{_id(i)}-{d}" for i, d in params]
     metafunc.parametrize(("impl", "device"), params, ids=ids)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.stash[_IMPL] is None:
+        return
+    skip = pytest.mark.skip(reason="measures the built-in forms only (vet measures --impl)")
+    for item in items:
+        if item.get_closest_marker("builtin_only"):
+            item.add_marker(skip)

@@ -2,9 +2,10 @@
 outputs in the convex hull of the values for positive kernels.
 
 relu and cosformer (a query with no positive similarity: denominator 0) and
-performer-trig (sin/cos features: a negative denominator) violate positivity by nature; test_positivity_by_nature
-shows a counterexample for each as an expected failure, and test_positivity still fails
-them on any non-finite output where the exact denominator is positive.
+performer-trig (sin/cos features: a negative denominator) violate positivity by nature;
+test_positivity_by_nature shows a counterexample for each as an expected failure, and
+test_positivity still fails them on any non-finite output where the exact denominator is
+positive.
 """
 
 import pytest

@@ -13,6 +13,8 @@ import torch
 import linattn_verify as lv
 from linattn_verify.scaling import attention_inputs, check_growth, cost_curve, measure_cost
 
+pytestmark = pytest.mark.builtin_only
+
 LINEAR_NS = [2**i for i in range(8, 17)]
 QUADRATIC_NS = [2**i for i in range(8, 13)]  # an (N, N) float32 matrix: 64 MiB at 2^12
 # (feature map, causal, form, head dim): taylor's 1 + d + d^2 features keep d small

@@ -7,7 +7,7 @@ CHECKS names them all; `not_applicable(name, impl)` says why one does not apply.
 from __future__ import annotations
 
 from .agreement import associativity, reference_agreement
-from .builtin import builtin, forms_of
+from .builtin import builtin, external, forms_of
 from .causality import causality, split_resume
 from .contract import contract
 from .core import CheckResult, Implementation, ImplementationFailure
@@ -59,6 +59,7 @@ __all__ = [
     "causality",
     "contract",
     "convex_hull",
+    "external",
     "forms_of",
     "layout",
     "not_applicable",

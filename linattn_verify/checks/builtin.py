@@ -1,4 +1,5 @@
-"""The built-in implementations (implementations/forms.py) as Implementations under test."""
+"""Implementations under test: the built-in forms (implementations/forms.py) and a
+callable named on the command line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import functools
 from ..implementations import CausalStream, attention
 from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import Spec
+from ..target import load_target
 from .core import Implementation
 
 
@@ -46,3 +48,12 @@ def builtin(spec: Spec, form: str, chunk_size: int = DEFAULT_CHUNK) -> Implement
         f"{causal}{eps}",
         stream=stream,
     )
+
+
+def external(target: str, spec: Spec, layout: str = "bhnd") -> Implementation:
+    """The callable `target` (module:fn or path/file.py:fn) claiming `spec`, as an
+    Implementation; SpecError when it cannot be loaded."""
+    command = f"--impl {target} --feature-map {spec.feature_map}"
+    command += " --causal" * spec.causal + (f" --eps {spec.eps!r}" if spec.eps else "")
+    command += f" --layout {layout}" if layout != "bhnd" else ""
+    return Implementation(load_target(target), spec, target, command, layout)

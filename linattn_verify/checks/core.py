@@ -96,6 +96,8 @@ class CheckResult:
     def report(self) -> str:
         """The message, the case and the command that reproduces it."""
         lines = [f"{self.check}: {'pass' if self.passed else 'FAIL'}: {self.message}"]
+        if self.by_nature:
+            lines.append("  by nature of the spec: an expected failure, not a bug")
         if self.case is not None:
             lines.append(f"  case: {self.case}")
         if self.repro:

@@ -1,9 +1,9 @@
 """Properties of positive kernels: a positive denominator and outputs in the convex hull.
 
 - positivity: phi(q_i).Z_i + eps > 0 exactly (from the arb engine) and no NaN/inf in the
-  output for finite inputs. relu (a row with no positive similarity has denominator 0)
-  and performer-trig (sin/cos features: the denominator can be negative) violate it by
-  nature: the check fails with `by_nature` set and the row that shows it;
+  output for finite inputs. relu and cosformer (a row with no positive similarity has
+  denominator 0) and performer-trig (sin/cos features: the denominator can be negative)
+  violate it by nature: the check fails with `by_nature` set and the row that shows it;
 - convex hull: for positive kernels out_ic = sum_j a_ij v_jc / sum_j a_ij lies within
   [min_j v_jc, max_j v_jc] over the keys row i sees, up to the a-priori bound (with
   eps > 0 the weights sum to less than 1: the hull of the values and 0).

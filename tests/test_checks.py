@@ -1,0 +1,192 @@
+"""The check machinery itself: cases, strategies, comparisons within the bound, the
+`check` command and `pytest properties/ --impl`. Whether the checks catch real bugs is
+tests/test_zoo.py's question."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linattn_verify.cases import KINDS, Case
+from linattn_verify.checks import CHECKS, builtin, not_applicable
+from linattn_verify.checks.core import Tolerance, mismatch
+from linattn_verify.cli import CHECK_NAMES
+from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
+from linattn_verify.strategies import RANDOM_SIGN_TOP, cases
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_case_is_rebuilt_from_its_json():
+    case = Case(2, 3, 7, 4, 5, "bfloat16", "cancel", 3.0, seed=11, m=6)
+    again = Case.from_json(case.to_json())
+    assert again == case
+    for a, b in zip(case.tensors(), again.tensors()):
+        assert torch.equal(a, b) and a.dtype == torch.bfloat16
+    q, _, v, w = case.tensors()
+    assert q.shape == (2, 3, 7, 4) and v.shape == (2, 3, 7, 5) and w.shape == (6, 4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ['{"b": 0, "h": 1, "n": 1, "d": 1, "dv": 1, "dtype": "float32"}', "{not json", '{"x": 1}'],
+)
+def test_a_bad_case_is_a_spec_error(bad):
+    with pytest.raises(SpecError):
+        Case.from_json(bad)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_builds_what_it_says(kind):
+    q, k, v, _ = Case(1, 2, 9, 3, 2, "float64", kind, 100.0, seed=3).tensors()
+    if kind == "identical":
+        assert torch.equal(q, q[..., :1, :].expand_as(q))
+    if kind == "zero-rows":
+        assert (q.abs().sum(-1) == 0).any() and (k.abs().sum(-1) == 0).any()
+    if kind == "cancel":
+        assert v.abs().min() > 900
+    if kind == "negative-rows":
+        assert (q.amax(-1) <= -100).any() and (k.amax(-1) <= -100).any()
+    if kind == "large-norm":
+        assert torch.isclose(q.norm(dim=-1), torch.tensor(100.0, dtype=q.dtype)).any()
+
+
+def test_float16_cases_clip_to_the_dtype_range():
+    q, _, _, _ = Case(1, 1, 5, 3, 2, "float16", "negative-rows", 1e30, seed=1).tensors()
+    assert torch.isfinite(q).all() and q.min() == -torch.finfo(torch.float16).max
+
+
+@settings(max_examples=30)
+@given(data=st.data(), name=st.sampled_from(sorted(FEATURE_MAPS)), causal=st.booleans())
+def test_strategies_draw_valid_cases_in_the_regime(data, name, causal):
+    spec = Spec(name, causal=causal)
+    case = data.draw(cases(spec))
+    assert (case.m is not None) == spec.info.needs_projection
+    if case.kind not in ("negative-rows", "large-norm"):
+        assert case.magnitude <= 10 ** RANDOM_SIGN_TOP[name] * (1 + 1e-12)
+    tensors = [t for t in case.tensors() if t is not None]
+    assert all(torch.isfinite(t).all() for t in tensors)
+
+
+def test_mismatch_allows_the_bound_and_no_more():
+    tol = Tolerance(np.ones((1, 1, 2, 1)), np.full((1, 1, 2, 1), 10.0), 2.0**-24)
+    a = np.zeros((1, 1, 2, 1))
+    inside = a + 19.9 * 2.0**-24  # the allowance is 2 x 10 u s
+    assert mismatch(a, inside, tol, tol.allowance()) is None
+    found = mismatch(a, a + 21 * 2.0**-24, tol, tol.allowance())
+    assert found is not None and found.count == 2 and round(found.units) == 21
+    # a NaN against a number is a disagreement; NaN against NaN and equal infinities are not
+    b = a.copy()
+    b[0, 0, 0, 0] = np.nan
+    assert mismatch(a, b, tol, tol.allowance()).count == 1
+    assert mismatch(b, b, tol, tol.allowance()) is None
+    # undefined elements (scale NaN: exact 0/0) are not compared
+    undefined = Tolerance(np.full((1, 1, 2, 1), np.nan), tol.bound, tol.u)
+    assert mismatch(a, a + 1, undefined, undefined.allowance()) is None
+
+
+def test_check_names_of_the_cli_are_the_checks():
+    assert tuple(CHECKS) == CHECK_NAMES
+
+
+def test_applicability_follows_the_spec():
+    full, causal = builtin(Spec("cosformer"), "linear"), builtin(Spec("elu", True), "chunked")
+    assert not_applicable("permutation", full) and not_applicable("causality", full)
+    assert not_applicable("permutation", causal) is not None
+    assert not_applicable("causality", causal) is None
+    assert not_applicable("split-resume", causal) is None
+    assert not_applicable("convex-hull", builtin(Spec("performer-trig"), "linear"))
+
+
+def test_positivity_names_a_counterexample_of_relu_by_nature():
+    q = -torch.ones(1, 1, 2, 3)  # every relu feature of the queries is 0
+    case_json = {"b": 1, "h": 1, "n": 2, "d": 3, "dv": 1, "dtype": "float32", "kind": "zero-rows"}
+    case = Case(**case_json, seed=0)
+    result = CHECKS["positivity"](builtin(Spec("relu"), "linear"), case)
+    assert q.sum() < 0
+    assert not result.passed and result.by_nature and "zero" in result.message
+    assert "expected failure" in result.report()
+
+
+def test_an_exception_in_the_implementation_is_a_failed_check():
+    def broken(q, k, v):
+        raise RuntimeError("kernel exploded")
+
+    from linattn_verify.checks import Implementation
+
+    impl = Implementation(broken, Spec("elu"), "broken", "--impl x:broken --feature-map elu")
+    result = CHECKS["contract"](impl, Case(1, 1, 3, 2, 2, "float32"))
+    assert not result.passed and "kernel exploded" in result.message
+    assert result.repro.startswith("python -m linattn_verify check contract --impl x:broken")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "linattn_verify", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def test_check_command_reproduces_a_case_and_writes_json(tmp_path):
+    case = Case(1, 2, 5, 3, 2, "float16", "dominant", 2.0, seed=4).to_json()
+    out = tmp_path / "r.json"
+    run = _cli("check", "causality", "--form", "chunked", "--feature-map", "elu", "--causal",
+               "--case", case, "--json", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "causality: pass" in run.stdout
+    payload = json.loads(out.read_text())
+    assert payload["checks"][0]["status"] == "pass" and payload["checks"][0]["case"] == case
+
+
+def test_check_command_fails_a_broken_implementation_with_a_reproduction():
+    run = _cli("check", "causality", "--impl", "tests.zoo.broken:causal_mask_off_by_one",
+               "--feature-map", "elu", "--causal", "--examples", "10", "--quiet")  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "causality: FAIL" in run.stdout and "reproduce: python -m linattn_verify" in run.stdout
+
+
+def test_check_command_bad_input_is_one_line_and_exit_2():
+    run = _cli("check", "causality", "--feature-map", "elu", "--causal", "--case", "{oops")
+    assert run.returncode == 2 and run.stderr.startswith("error:") and "Traceback" not in run.stderr
+    run = _cli("check", "layout", "--impl", "no_such_module:fn", "--feature-map", "elu")
+    assert run.returncode == 2 and "cannot import" in run.stderr
+    run = _cli("check", "causality", "--feature-map", "elu")  # a non-causal spec
+    assert run.returncode == 2 and "does not apply" in run.stderr
+
+
+def _pytest_impl(target: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "properties/test_causality.py", "--impl", target, *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+
+
+def test_pytest_properties_with_impl_fails_a_broken_one_readably():
+    run = _pytest_impl("tests.zoo.broken:causal_mask_off_by_one", "--feature-map", "elu",
+                       "--causal")  # fmt: skip
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "rows 0.." in run.stdout and "reproduce: python -m linattn_verify check" in run.stdout
+
+
+def test_pytest_properties_with_impl_passes_a_correct_one():
+    run = _pytest_impl("tests.zoo.correct:elu_masked_quadratic", "--feature-map", "elu",
+                       "--causal")  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert " passed" in run.stdout
+
+
+def test_pytest_properties_with_impl_needs_a_feature_map():
+    run = _pytest_impl("tests.zoo.correct:elu_masked_quadratic")
+    assert run.returncode != 0 and "--impl needs --feature-map" in run.stdout + run.stderr
