@@ -9,6 +9,8 @@ Kinds (the structured adversarial cases of the property suite):
 - cancel: v_j = (-1)^j 1000 + N(0, 1): the output is a small difference of large terms;
 - negative-rows: q, k ~ N(0, 1) and about a third of their rows entirely negative,
   -magnitude - |N(0, 1)| (elu's features exp(x) underflow there unless shifted);
+- positive-rows: the same with rows entirely positive, magnitude + |N(0, 1)| (sums of
+  large features: a normaliser kept in float16 overflows);
 - large-norm: q, k ~ N(0, 1) and about a third of their rows scaled to norm magnitude
   (Performer exponents |x'|^2 / 2 far outside exp's range).
 The values are drawn in float64 from a torch.Generator(seed), clipped to the dtype's range
@@ -25,7 +27,16 @@ import torch
 from .inputs import UNIT_ROUNDOFF
 from .specs import SpecError
 
-KINDS = ("normal", "identical", "dominant", "zero-rows", "cancel", "negative-rows", "large-norm")
+KINDS = (
+    "normal",
+    "identical",
+    "dominant",
+    "zero-rows",
+    "cancel",
+    "negative-rows",
+    "positive-rows",
+    "large-norm",
+)
 CANCEL_OFFSET = 1000.0
 
 
@@ -113,10 +124,11 @@ def _draw(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     elif kind == "cancel":
         signs = (-1.0) ** torch.arange(case.n, **_F64)
         v = v + CANCEL_OFFSET * signs[:, None]
-    if kind == "negative-rows":
+    if kind in ("negative-rows", "positive-rows"):
+        sign = -1.0 if kind == "negative-rows" else 1.0
         for t in (q, k):
             rows = _rows(case.n, gen)
-            t[..., rows, :] = -mag - t[..., rows, :].abs()
+            t[..., rows, :] = sign * (mag + t[..., rows, :].abs())
     elif kind == "large-norm":
         for t in (q, k):
             rows = _rows(case.n, gen)

@@ -10,10 +10,13 @@ Magnitudes (the regime each spec is checked in, log10 of the scale of q and k):
   float32 can resolve it: elu features exp(q_l) exp(k_l) of opposite-signed coordinates
   underflow pair by pair (e^-100 below float32's range) while each row's own largest
   feature is moderate; softmax, Performer and taylor exponents or squares leave float32;
-- negative-rows and large-norm (adversarial rows): up to ADVERSARIAL_TOP[spec]; elu's
-  negative rows over the dtype's whole range (rows of -60000 in float16: features exp(x)
-  underflow unless shifted, and nothing can overflow; its large-norm rows mix signs and
-  stay within the random-sign limit). Performer norms up to 10^0.8 ~ 6:
+- negative-rows, positive-rows and large-norm (adversarial rows): up to
+  ADVERSARIAL_TOP[spec]; elu's negative rows up to 1e6, float16's whole range (rows of
+  -60000: features exp(x) underflow unless shifted, and nothing can overflow; beyond 1e6
+  a shift x - max x is exact only with care, e.g. x + n ln 2 with ln 2 split in two parts
+  holds to ~1.4e6, so the checks do not claim more), its
+  positive rows up to 1e8 (features x + 1 whose sums overflow float16), its large-norm
+  rows mix signs and stay within the random-sign limit. Performer norms up to 10^0.8 ~ 6:
   there an unstabilised exp(W x' - |x'|^2/2) leaves float16's range both ways (e^11 and
   e^-17 are its limits). Beyond about 7, a query and a key whose largest features sit on
   different random features have every product exp(a_ql + a_kl) below float32's range
@@ -36,7 +39,7 @@ from .inputs import UNIT_ROUNDOFF
 from .specs import Spec
 
 DTYPES = tuple(UNIT_ROUNDOFF)
-ADVERSARIAL_KINDS = ("negative-rows", "large-norm")
+ADVERSARIAL_KINDS = ("negative-rows", "positive-rows", "large-norm")
 RAGGED_N = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 23, 31, 33)
 # log10 of the largest scale of q and k per spec; see the module docstring
 RANDOM_SIGN_TOP = {
@@ -51,6 +54,9 @@ RANDOM_SIGN_TOP = {
 }
 ADVERSARIAL_TOP = {**RANDOM_SIGN_TOP, "performer-positive": 0.8}
 ADVERSARIAL_TOP |= {"performer-hyperbolic": 0.8, "performer-trig": 1.0}
+# rows of one sign: elu's negative ones have features exp(x) (nothing overflows, all may
+# underflow), its positive ones x + 1 (products stay within float32 up to 1e8 x 1e8)
+ONE_SIGNED_TOP = {"negative-rows": {"elu": 6.0}, "positive-rows": {"elu": 8.0}}
 LOWEST = -3.0
 
 
@@ -58,22 +64,39 @@ def dtypes(allowed: tuple[str, ...] = DTYPES) -> st.SearchStrategy[str]:
     return st.sampled_from(allowed)
 
 
+def regime(spec: Spec, kind: str, dtype: str) -> tuple[float, float]:
+    """(lowest, highest) log10 magnitude of q and k for `spec` and `kind` in `dtype`
+    (module docstring)."""
+    dtype_top = math.floor(math.log10(torch.finfo(getattr(torch, dtype)).max))
+    name = spec.feature_map
+    if kind in ADVERSARIAL_KINDS:
+        return 0.0, min(ONE_SIGNED_TOP.get(kind, {}).get(name, ADVERSARIAL_TOP[name]), dtype_top)
+    return LOWEST, min(RANDOM_SIGN_TOP[name], dtype_top)
+
+
 def magnitudes(spec: Spec, kind: str, dtype: str) -> st.SearchStrategy[float]:
-    """10^e for e in the regime of `spec` and `kind` (module docstring), within the dtype."""
-    dtype_top = math.log10(torch.finfo(getattr(torch, dtype)).max)
-    if kind == "negative-rows" and spec.feature_map == "elu":
-        low, top = 0.0, math.inf  # features exp(x): nothing overflows, all may underflow
-    elif kind in ADVERSARIAL_KINDS:
-        low, top = 0.0, ADVERSARIAL_TOP[spec.feature_map]
-    else:
-        low, top = LOWEST, RANDOM_SIGN_TOP[spec.feature_map]
-    top = min(top, math.floor(dtype_top))
+    """10^e for e in the regime of `spec` and `kind`, its ends included."""
+    low, top = regime(spec, kind, dtype)
     exponents = st.one_of(st.just(0.0), st.floats(low, top), st.just(top))
     return exponents.map(lambda e: float(10.0**e))
 
 
+def corner_cases(
+    spec: Spec, dtypes_allowed: tuple[str, ...] = DTYPES, device: str = "cpu"
+) -> list[Case]:
+    """The edges of the regime, which random draws reach rarely: for each dtype, random
+    signs and each adversarial kind at the largest magnitude (B = H = 2, ragged N = 9,
+    d = 3 != dv = 2, m = d)."""
+    m = 3 if spec.info.needs_projection else None
+    return [
+        Case(2, 2, 9, 3, 2, dtype, kind, 10.0 ** regime(spec, kind, dtype)[1], 1, m, device)
+        for dtype in dtypes_allowed
+        for kind in ("normal", *ADVERSARIAL_KINDS)
+    ]
+
+
 @st.composite
-def cases(
+def random_cases(
     draw: st.DrawFn,
     spec: Spec,
     dtypes_allowed: tuple[str, ...] = DTYPES,
@@ -92,3 +115,16 @@ def cases(
     magnitude = draw(magnitudes(spec, kind, dtype))
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(b, h, n, d, dv, dtype, kind, magnitude, seed, m, device)
+
+
+def cases(
+    spec: Spec,
+    dtypes_allowed: tuple[str, ...] = DTYPES,
+    kinds: tuple[str, ...] = KINDS,
+    max_n: int = max(RAGGED_N),
+    device: str = "cpu",
+) -> st.SearchStrategy[Case]:
+    """Random cases and, about as often, a corner case of the regime."""
+    corners = [c for c in corner_cases(spec, dtypes_allowed, device) if c.kind in kinds]
+    randoms = random_cases(spec, dtypes_allowed, kinds, max_n, device)
+    return st.one_of(randoms, st.sampled_from(corners)) if corners else randoms

@@ -6,6 +6,8 @@ kill table (printed at the end of the run) names every check that kills each mut
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from linattn_verify.checks import Implementation
@@ -13,13 +15,14 @@ from linattn_verify.checks.search import run_suite
 from linattn_verify.specs import Spec
 from tests.zoo import ZOO, Entry
 
-ZOO_EXAMPLES = 15
+ZOO_EXAMPLES = 25
 
 
 def _implementation(entry: Entry) -> Implementation:
     spec = Spec(entry.feature_map, causal=entry.causal, eps=entry.eps)
-    module = entry.fn.__module__.rsplit(".", 1)[-1]
-    command = f"--impl tests.zoo.{module}:{entry.fn.__name__} --feature-map {spec.feature_map}"
+    module = sys.modules[getattr(entry.fn, "func", entry.fn).__module__]
+    attr = next(name for name, value in vars(module).items() if value is entry.fn)
+    command = f"--impl {module.__name__}:{attr} --feature-map {spec.feature_map}"
     command += " --causal" * spec.causal
     stream = None if entry.stream is None else (lambda max_len, w: entry.stream())
     return Implementation(entry.fn, spec, entry.name, command, stream=stream)

@@ -1,7 +1,8 @@
 """Hypothesis as a counterexample search outside pytest: what vet and the mutant zoo use.
 
-find_failure runs one check over cases drawn by strategies.cases, derandomised (the same
-cases every run), and returns the first failing result, shrunk to a small case when asked.
+find_failure runs one check over every corner case of the regime, then over cases drawn by
+strategies.cases, derandomised (the same cases every run), and returns the first failing
+result, shrunk to a small case when asked.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
-from ..strategies import cases
+from ..strategies import cases, corner_cases
 from . import CHECKS, not_applicable
 from .core import CheckResult, Implementation
 
@@ -35,6 +36,10 @@ def find_failure(
     def fails(case) -> bool:
         result = check(impl, case, **options)
         return not result.passed and bool(result.by_nature) == nature
+
+    for case in corner_cases(impl.spec, device=device):  # the regime's edges, every one
+        if fails(case):
+            return check(impl, case, **options)
 
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     search = settings(

@@ -1,0 +1,37 @@
+"""The zoo: deliberately broken attention implementations and correct ones written another way.
+
+Every broken entry must be rejected by some check, and no correct entry may be flagged
+(DESIGN.md, "Testing the tester"). Each entry follows the implementation contract:
+fn(q, k, v), or fn(q, k, v, projection=W) for the Performer maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One implementation of the zoo and what it claims.
+
+    stream, if given, is a zero-argument factory of a callable piece(q, k, v) -> out that
+    carries the causal state from one piece of a sequence to the next (split and resume).
+    """
+
+    name: str
+    fn: Callable
+    feature_map: str
+    causal: bool
+    broken: bool
+    bug: str
+    eps: float = 0.0
+    stream: Callable | None = None
+
+
+# The entry modules import Entry from here, so they come after its definition.
+from . import broken, correct  # noqa: E402
+
+ZOO: tuple[Entry, ...] = broken.ENTRIES + correct.ENTRIES
+
+__all__ = ["ZOO", "Entry"]
