@@ -20,16 +20,13 @@ from .core import (
     Tolerance,
     agreement,
     as_array,
+    case_generator,
     check,
     inputs_of,
     mismatch,
 )
 
 LATER_OFFSET = 1000.0  # added to the replaced values: a leak moves outputs far out of bound
-
-
-def _generator(case: Case, salt: int) -> torch.Generator:
-    return torch.Generator().manual_seed(case.seed * 7919 + salt)
 
 
 @check("causality")
@@ -39,7 +36,7 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     if case.n < 2:
         return Outcome(True, "N = 1: there is no later token to change")
     (q, k, v, w), x = inputs_of(case, spec)
-    t = int(torch.randint(case.n - 1, (1,), generator=_generator(case, 2)))
+    t = int(torch.randint(case.n - 1, (1,), generator=case_generator(case, 2)))
     top = torch.finfo(q.dtype).max
     other = dataclasses.replace(case, seed=case.seed + 1, magnitude=min(4 * case.magnitude, top))
     q2, k2, v2, _ = other.tensors()
@@ -64,7 +61,7 @@ def split_resume(impl: Implementation, case: Case) -> Outcome:
     (q, k, v, w), x = inputs_of(case, spec)
     if impl.stream is None:
         return Outcome(True, f"{impl.name} has no state API: not applicable")
-    gen = _generator(case, 3)
+    gen = case_generator(case, 3)
     cuts = sorted({int(c) for c in torch.randint(1, case.n + 1, (2,), generator=gen)})
     bounds = [0, *(c for c in cuts if c < case.n), case.n]
     tol = Tolerance.of(x, spec)

@@ -122,6 +122,12 @@ def repro_command(check: str, impl: Implementation, case: Case) -> str:
     return f"python -m linattn_verify check {check} {impl.command} --case {case_json}"
 
 
+def case_generator(case: Case, salt: int) -> torch.Generator:
+    """A generator for a check's own draws on `case` (permutations, cut points), one per
+    salt, fixed by the case's seed."""
+    return torch.Generator().manual_seed(case.seed * 7919 + salt)
+
+
 def as_array(out: torch.Tensor) -> np.ndarray:
     """float64 numpy copy of an output, NaN and inf kept."""
     return out.detach().to(device="cpu", dtype=torch.float64).numpy()

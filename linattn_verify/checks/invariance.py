@@ -27,14 +27,11 @@ from .core import (
     Tolerance,
     agreement,
     as_array,
+    case_generator,
     check,
     inputs_of,
     mismatch,
 )
-
-
-def _generator(case: Case, salt: int) -> torch.Generator:
-    return torch.Generator().manual_seed(case.seed * 7919 + salt)
 
 
 @check("v-affine")
@@ -64,7 +61,7 @@ def permutation(impl: Implementation, case: Case) -> Outcome:
     """Permuting keys with values leaves outputs unchanged; permuting queries permutes them."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
-    gen = _generator(case, 1)
+    gen = case_generator(case, 1)
     p, s = (torch.randperm(case.n, generator=gen).to(q.device) for _ in range(2))
     tol = Tolerance.of(x, spec)
     out = as_array(impl(q, k, v, w))
