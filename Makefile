@@ -8,7 +8,7 @@ run: $(VENV)/.installed  ## the main job: judge the golden implementation, every
 	$(PY) -m linattn_verify accuracy
 
 test: $(VENV)/.installed  ## the test suite (what CI runs)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

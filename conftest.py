@@ -1,8 +1,14 @@
-"""Hypothesis profiles: `ci` (derandomised, no deadline) under CI, `thorough` by hand."""
+"""Hypothesis profiles: `ci` (derandomised, no deadline) under CI, `thorough` by hand; one
+torch thread per pytest-xdist worker."""
 
 import os
 
+import torch
 from hypothesis import settings
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers of two threads each on two cores spend a third of their time switching
+    torch.set_num_threads(1)
 
 # Hypothesis' default example count (100); `thorough` is 10x that with a database on disk.
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)

@@ -5,7 +5,8 @@ d != dv, and m = d among the projection sizes. Every draw of tensors comes from 
 seed through a torch.Generator (Hypothesis does not seed torch).
 
 Magnitudes (the regime each spec is checked in, log10 of the scale of q and k):
-- random-sign kinds (normal, identical, dominant, zero-rows, cancel): from 10^-3 up to
+- random-sign kinds (normal, identical, dominant, zero-rows, cancel): from LOWEST[dtype]
+  (1e-4 in float16, 1e-15 in bfloat16 and float32, 1e-100 in float64) up to
   RANDOM_SIGN_TOP[spec]. Above it the exact output is still defined but no evaluation in
   float32 can resolve it: elu features exp(q_l) exp(k_l) of opposite-signed coordinates
   underflow pair by pair (e^-100 below float32's range) while each row's own largest
@@ -57,7 +58,10 @@ ADVERSARIAL_TOP |= {"performer-hyperbolic": 0.8, "performer-trig": 1.0}
 # rows of one sign: elu's negative ones have features exp(x) (nothing overflows, all may
 # underflow), its positive ones x + 1 (products stay within float32 up to 1e8 x 1e8)
 ONE_SIGNED_TOP = {"negative-rows": {"elu": 6.0}, "positive-rows": {"elu": 8.0}}
-LOWEST = -3.0
+# log10 of the smallest scale per dtype: feature products of such values (1e-8 in float32
+# compute for float16 inputs, 1e-30 for bfloat16/float32, 1e-200 for float64) stay far
+# above the compute dtype's smallest normal, so no significant term underflows
+LOWEST = {"float16": -4.0, "bfloat16": -15.0, "float32": -15.0, "float64": -100.0}
 
 
 def dtypes(allowed: tuple[str, ...] = DTYPES) -> st.SearchStrategy[str]:
@@ -71,7 +75,7 @@ def regime(spec: Spec, kind: str, dtype: str) -> tuple[float, float]:
     name = spec.feature_map
     if kind in ADVERSARIAL_KINDS:
         return 0.0, min(ONE_SIGNED_TOP.get(kind, {}).get(name, ADVERSARIAL_TOP[name]), dtype_top)
-    return LOWEST, min(RANDOM_SIGN_TOP[name], dtype_top)
+    return LOWEST[dtype], min(RANDOM_SIGN_TOP[name], dtype_top)
 
 
 def magnitudes(spec: Spec, kind: str, dtype: str) -> st.SearchStrategy[float]:
@@ -85,13 +89,14 @@ def corner_cases(
     spec: Spec, dtypes_allowed: tuple[str, ...] = DTYPES, device: str = "cpu"
 ) -> list[Case]:
     """The edges of the regime, which random draws reach rarely: for each dtype, random
-    signs and each adversarial kind at the largest magnitude (B = H = 2, ragged N = 9,
-    d = 3 != dv = 2, m = d)."""
+    signs at the smallest and the largest magnitude and each adversarial kind at its
+    largest (B = H = 2, ragged N = 9, d = 3 != dv = 2, m = d)."""
     m = 3 if spec.info.needs_projection else None
+    edges = [("normal", 0)] + [(kind, 1) for kind in ("normal", *ADVERSARIAL_KINDS)]
     return [
-        Case(2, 2, 9, 3, 2, dtype, kind, 10.0 ** regime(spec, kind, dtype)[1], 1, m, device)
+        Case(2, 2, 9, 3, 2, dtype, kind, 10.0 ** regime(spec, kind, dtype)[end], 1, m, device)
         for dtype in dtypes_allowed
-        for kind in ("normal", *ADVERSARIAL_KINDS)
+        for kind, end in edges
     ]
 
 
