@@ -71,7 +71,7 @@ def dtypes(allowed: tuple[str, ...] = DTYPES) -> st.SearchStrategy[str]:
 def regime(spec: Spec, kind: str, dtype: str) -> tuple[float, float]:
     """(lowest, highest) log10 magnitude of q and k for `spec` and `kind` in `dtype`
     (module docstring)."""
-    dtype_top = math.floor(math.log10(torch.finfo(getattr(torch, dtype)).max))
+    dtype_top = math.log10(torch.finfo(getattr(torch, dtype)).max) * (1 - 1e-12)  # 10^top finite
     name = spec.feature_map
     if kind in ADVERSARIAL_KINDS:
         return 0.0, min(ONE_SIGNED_TOP.get(kind, {}).get(name, ADVERSARIAL_TOP[name]), dtype_top)

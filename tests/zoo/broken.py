@@ -28,9 +28,16 @@ def _elu1(x: Tensor) -> Tensor:
     return torch.exp(torch.clamp(x, max=0.0)) + torch.relu(x)
 
 
+def _elu1_row_scaled(x: Tensor) -> Tensor:
+    """elu(x) + 1 divided by its row's largest entry where the whole row is negative (a
+    factor that cancels for queries): no 0/0 from a query row of -60000."""
+    shift = torch.clamp(x.amax(dim=-1, keepdim=True), max=0.0)
+    return torch.exp(torch.clamp(x, max=0.0) - shift) + torch.relu(x)
+
+
 def _elu_inputs(q, k, v) -> tuple[Tensor, Tensor, Tensor]:
     qc, kc, vc = _widen(q, k, v)
-    return _elu1(qc), _elu1(kc), vc
+    return _elu1_row_scaled(qc), _elu1(kc), vc
 
 
 def _linear(fq, fk, v, eps: float = 0.0) -> Tensor:
