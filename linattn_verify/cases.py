@@ -4,7 +4,7 @@ and W deterministically, so a failing case is reproduced from its one-line descr
 Kinds (the structured adversarial cases of the property suite):
 - normal: q, k ~ N(0, 1) magnitude, v ~ N(0, 1);
 - identical: every token the same (all weights equal);
-- dominant: one key aligned with every query and 4x longer (its weight dominates);
+- dominant: one key set to 4 times the mean query (its weight dominates);
 - zero-rows: about a third of the q and k rows are exactly 0;
 - cancel: v_j = (-1)^j 1000 + N(0, 1): the output is a small difference of large terms;
 - negative-rows: q, k ~ N(0, 1) and about a third of their rows entirely negative,
@@ -57,13 +57,22 @@ class Case:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        sizes = (self.b, self.h, self.n, self.d, self.dv, self.seed, self.m or 1)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in sizes):
+            raise SpecError(f"case dimensions, m and seed must be integers: {self}")
+        if not 0 <= self.seed < 2**63:
+            raise SpecError(f"case seed must be in [0, 2^63), got {self.seed}")
+        if self.m is not None and self.m < 1:
+            raise SpecError(f"case m must be >= 1, got {self.m}")
+        if not isinstance(self.device, str):
+            raise SpecError(f"case device must be a string such as 'cpu', got {self.device!r}")
         if min(self.b, self.h, self.n, self.d, self.dv) < 1:
             raise SpecError(f"case dimensions must be >= 1: {self}")
         if self.dtype not in UNIT_ROUNDOFF:
             raise SpecError(f"case dtype {self.dtype!r}; known: {', '.join(UNIT_ROUNDOFF)}")
         if self.kind not in KINDS:
             raise SpecError(f"case kind {self.kind!r}; known: {', '.join(KINDS)}")
-        if not (self.magnitude > 0 and self.magnitude < float("inf")):
+        if not isinstance(self.magnitude, int | float) or not 0 < self.magnitude < float("inf"):
             raise SpecError(f"case magnitude must be finite and > 0, got {self.magnitude!r}")
 
     def __str__(self) -> str:

@@ -64,10 +64,6 @@ ONE_SIGNED_TOP = {"negative-rows": {"elu": 6.0}, "positive-rows": {"elu": 8.0}}
 LOWEST = {"float16": -4.0, "bfloat16": -15.0, "float32": -15.0, "float64": -100.0}
 
 
-def dtypes(allowed: tuple[str, ...] = DTYPES) -> st.SearchStrategy[str]:
-    return st.sampled_from(allowed)
-
-
 def regime(spec: Spec, kind: str, dtype: str) -> tuple[float, float]:
     """(lowest, highest) log10 magnitude of q and k for `spec` and `kind` in `dtype`
     (module docstring)."""

@@ -163,6 +163,18 @@ def test_check_command_bad_input_is_one_line_and_exit_2():
     assert run.returncode == 2 and "cannot import" in run.stderr
     run = _cli("check", "causality", "--feature-map", "elu")  # a non-causal spec
     assert run.returncode == 2 and "does not apply" in run.stderr
+    bad_case = '{"b":1,"h":1,"n":3.5,"d":1,"dv":1,"dtype":"float32"}'
+    for args in (
+        ["--form", "bogus"],
+        ["--impl", "tests.zoo.correct:elu_einsum", "--chunk-size", "8"],
+        ["--layout", "bnhd"],
+        ["--examples", "0"],
+        ["--case", bad_case],
+        ["--case", '{"b":1,"h":1,"n":3,"d":1,"dv":1,"dtype":"float32","seed":-1}'],
+    ):
+        run = _cli("check", "layout", "--feature-map", "elu", *args)
+        assert run.returncode == 2, (args, run.stdout, run.stderr)
+        assert run.stderr.startswith("error:") and "Traceback" not in run.stderr, args
 
 
 def _pytest_impl(target: str, *args: str) -> subprocess.CompletedProcess:
@@ -190,3 +202,66 @@ def test_pytest_properties_with_impl_passes_a_correct_one():
 def test_pytest_properties_with_impl_needs_a_feature_map():
     run = _pytest_impl("tests.zoo.correct:elu_masked_quadratic")
     assert run.returncode != 0 and "--impl needs --feature-map" in run.stdout + run.stderr
+
+
+def test_an_infinite_difference_is_a_mismatch_even_where_the_bound_is_vacuous():
+    vacuous = Tolerance(np.ones((1, 1, 1, 1)), np.full((1, 1, 1, 1), np.inf), 2.0**-24)
+    a, b = np.full((1, 1, 1, 1), np.inf), np.ones((1, 1, 1, 1))
+    assert mismatch(a, b, vacuous, vacuous.allowance()) is not None
+    assert mismatch(b, b + 1e30, vacuous, vacuous.allowance()) is None  # finite: allowed
+
+
+def _impl(fn, name="elu", causal=False, layout="bhnd"):
+    from linattn_verify.checks import Implementation
+
+    return Implementation(fn, Spec(name, causal), "fn", "--impl x:fn --feature-map elu", layout)
+
+
+def test_a_wrong_output_shape_fails_every_check_instead_of_crashing():
+    def wrong_dv(q, k, v):
+        return torch.zeros(*q.shape, dtype=q.dtype)  # (B, H, N, d), not dv
+
+    case = Case(1, 2, 5, 3, 1, "float32", seed=2)  # dv = 1 would broadcast silently
+    for name in ("v-affine", "permutation", "convex-hull", "positivity", "layout"):
+        result = CHECKS[name](_impl(wrong_dv), case)
+        assert not result.passed and "shape" in result.message, (name, result.message)
+
+
+def test_contract_sees_in_place_writes_in_the_implementations_own_layout():
+    def zeroes_v(q, k, v):  # bnhd layout
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])
+        v.zero_()
+        return out
+
+    result = CHECKS["contract"](_impl(zeroes_v, layout="bnhd"), Case(1, 2, 4, 3, 2, "float32"))
+    assert not result.passed and "input v was modified in place" in result.message
+
+
+def test_split_resume_splits_even_two_tokens():
+    from dataclasses import replace
+
+    real = builtin(Spec("elu", True), "recurrent")
+    pieces = []
+
+    def stream(max_len, w):
+        carried = real.stream(max_len, w)
+
+        def piece(q, k, v):
+            pieces.append(q.shape[-2])
+            return carried(q, k, v)
+
+        return piece
+
+    for seed in range(10):
+        pieces.clear()
+        case = Case(1, 1, 2, 2, 2, "float64", seed=seed)
+        assert CHECKS["split-resume"](replace(real, stream=stream), case).passed
+        assert pieces == [1, 1]
+
+
+def test_positivity_checks_outputs_before_naming_the_spec():
+    def infinite(q, k, v):
+        return torch.full((*q.shape[:3], v.shape[-1]), float("inf"), dtype=q.dtype)
+
+    result = CHECKS["positivity"](_impl(infinite, "relu"), Case(1, 1, 5, 2, 2, "float32"))
+    assert not result.passed and not result.by_nature and "non-finite" in result.message

@@ -229,3 +229,13 @@ def test_torch_sampler_follows_its_generator():
         5, 3, "orthogonal", torch.Generator().manual_seed(seed)
     )
     assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_elu_negative_coordinates_in_different_places_do_not_underflow(causal):
+    # exp(-29) exp(-80) is below float32's range: unshifted features give 0/0
+    q = torch.tensor([[[[-29.0, -80.0]]]])
+    k = torch.tensor([[[[-80.0, -29.0]]]])
+    v = torch.tensor([[[[1.5]]]])
+    for form in ("quadratic", "chunked" if causal else "linear"):
+        assert lv.attention(q, k, v, "elu", causal=causal, form=form).item() == 1.5

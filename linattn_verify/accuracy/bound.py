@@ -48,6 +48,10 @@ from ..specs import Spec
 # and CUDA's libdevice for these arguments; C_LIB = 2 units of roundoff.
 C_LIB = 2
 BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
+# ln of float32's largest value: an unshifted exp(x) below -88 underflows float32, so any
+# working elu implementation shifts rows that negative (float64 ones may not: 745 there,
+# and their extra error |r| u beyond 88 u is charged to them)
+ELU_UNSHIFTED_MAX = 88.0
 
 
 def gamma(n: int, u: float) -> float:
@@ -70,14 +74,27 @@ def feature_errors(
     """
     phi = features(x, positions, head, name)
     ua = arb(u)
-    # x + 1 (one rounding), or exp(x) for x <= 0, directly (C_LIB relative), as expm1(x) + 1
-    # (C_LIB u on |expm1| <= 1, then u) or as exp2(x log2 e) (absolute |x| e^x u <= u / e):
-    # all within u (C_LIB + phi) absolute
+    # x + 1 (one rounding), or exp(x) for x <= 0 without cancellation: directly (C_LIB
+    # relative), as exp2(x log2 e) (absolute |x| e^x u), or shifted by the row's largest
+    # coordinate r < 0, exp(x - r) e^r (absolute |x - r| e^(x - r) u <= u / e, times e^r).
+    # |x| e^x <= e^r (|r| e^(x - r) + 1/e), and no implementation leaves a row unshifted
+    # below -ELU_UNSHIFTED_MAX (exp underflows there): within u (C_LIB e^r + phi + min(|r|,
+    # ELU_UNSHIFTED_MAX) phi). In a row with a positive coordinate (r = 0) this is u (C_LIB +
+    # phi) and admits expm1(x) + 1; in an entirely negative row it does not: expm1(x) + 1
+    # cancels there (to exactly 0 below -17 in float32), an error charged to the
+    # implementation.
     if name == "elu":
-        psi = [
-            [f * ua * (1 + ua) if t > 0 else (C_LIB + f) * ua * (1 + ua) for t, f in zip(r, fr)]
-            for r, fr in zip(x.tolist(), phi, strict=True)
-        ]
+        psi = []
+        for r, fr in zip(x.tolist(), phi, strict=True):
+            top = min(max(r), 0.0)
+            big = arb(C_LIB) * arb(top).exp()
+            lift = 1 + min(-top, ELU_UNSHIFTED_MAX)
+            psi.append(
+                [
+                    f * ua * (1 + ua) if t > 0 else (big + lift * f) * ua * (1 + ua)
+                    for t, f in zip(r, fr)
+                ]
+            )
         return phi, psi
     if name == "relu":
         return phi, [[arb(0)] * len(r) for r in phi]

@@ -35,6 +35,8 @@ CHECKS = {
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
     spec = impl.spec
+    if name == "associativity" and not spec.info.kernelised:
+        return f"{spec.feature_map} has no feature map: one association only"
     if name == "convex-hull" and not spec.info.positive:
         return f"{spec.feature_map} is not a positive kernel"
     if name == "permutation" and spec.causal:

@@ -2,9 +2,9 @@
 
 - reference: the output against `lv.reference`, judged by the accuracy model (bound and
   budget; accuracy/verdict.py), the error reported in units of u s;
-- associativity: (phi(Q) phi(K)^T) V == phi(Q) (phi(K)^T V): the output against the golden
-  quadratic form in the same dtype, and against any other given forms, within the sum of
-  their a-priori bounds (core.py).
+- associativity: (phi(Q) phi(K)^T) V == phi(Q) (phi(K)^T V): the output against both
+  golden forms in the same dtype, and against any other given forms, within the sum of
+  their a-priori bounds (core.py); kernelised specs only (softmax has one association).
 """
 
 from __future__ import annotations
@@ -49,20 +49,26 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     return Outcome(verdict.passed, verdict.message, figures)
 
 
+ORDER = {"quadratic": "(phi(Q) phi(K)^T) V", "linear": "phi(Q) (phi(K)^T V)"}
+
+
 @check("associativity")
 def associativity(
     impl: Implementation, case: Case, others: Sequence[Implementation] = ()
 ) -> Outcome:
-    """The output against the golden quadratic form (phi(Q) phi(K)^T) V in the same dtype
-    and against each of `others` (e.g. every chunk size of a chunked form)."""
+    """The output against both golden forms in the same dtype, (phi(Q) phi(K)^T) V and
+    phi(Q) (phi(K)^T V) (whichever the implementation uses, the other is the other
+    association), and against each of `others` (e.g. every chunk size of a chunked form)."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
     out = as_array(impl(q, k, v, w))
     if out.shape != tol.scale.shape:
         return Outcome(False, f"output shape {out.shape} is not (B, H, N, dv)")
-    quadratic = as_array(golden_attention(q, k, v, spec, w, "quadratic"))
-    pairs = [("quadratic form (phi(Q) phi(K)^T) V", quadratic)]
+    pairs = [
+        (f"golden {form} form {ORDER[form]}", as_array(golden_attention(q, k, v, spec, w, form)))
+        for form in GOLDEN_FORMS
+    ]
     pairs += [(other.name, as_array(other(q, k, v, w))) for other in others]
     for name, b in pairs:
         if b.shape != out.shape:

@@ -13,19 +13,20 @@ from .core import Implementation, Outcome, check, inputs_of
 def contract(impl: Implementation, case: Case) -> Outcome:
     """Shape, dtype and device of the output; inputs not modified in place."""
     (q, k, v, w), _ = inputs_of(case, impl.spec)
-    before = [t.clone() for t in (q, k, v)]
-    out = impl(q, k, v, w)
-    want = (*q.shape[:3], v.shape[-1])
+    native = [impl.to_layout(t).contiguous() for t in (q, k, v)]
+    before = [t.clone() for t in native]
+    out = impl.call_raw(*native, w)
+    want = tuple(impl.to_layout(torch.empty(*q.shape[:3], v.shape[-1], device="meta")).shape)
     problems = []
     if tuple(out.shape) != want:
-        problems.append(f"shape {tuple(out.shape)}, expected {want}")
+        problems.append(f"shape {tuple(out.shape)}, expected {want} ({impl.layout})")
     if out.dtype != q.dtype:
         problems.append(f"dtype {out.dtype}, expected {q.dtype}")
     if out.device != q.device:
         problems.append(f"device {out.device}, expected {q.device}")
-    for name, old, new in zip("qkv", before, (q, k, v)):
+    for name, old, new in zip("qkv", before, native):
         if not torch.equal(old, new):
             problems.append(f"input {name} was modified in place")
     if problems:
         return Outcome(False, "; ".join(problems))
-    return Outcome(True, f"output {want} {q.dtype} on {q.device}; inputs untouched")
+    return Outcome(True, f"output {want} ({impl.layout}) {q.dtype} on {q.device}; inputs untouched")

@@ -72,8 +72,10 @@ class Implementation:
         """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self.call_raw(*args, projection)
-        if out.dim() != 4:
-            raise ImplementationFailure(f"returned a {out.dim()}-d tensor, expected 4-d")
+        want = (*q.shape[:3], v.shape[-1])
+        if out.dim() != 4 or tuple(self.to_layout(out).shape) != want:
+            shape = tuple(out.shape)
+            raise ImplementationFailure(f"returned shape {shape}, expected {want} ({self.layout})")
         return self.to_layout(out)
 
 
@@ -195,7 +197,8 @@ def mismatch(
     with np.errstate(invalid="ignore"):
         diff = np.abs(a - b)
         same = (a == b) | (np.isnan(a) & np.isnan(b))
-        bad = defined & ~same & ~(diff <= allowance)  # a NaN difference counts as bad
+        # an infinite difference is bad even against an infinite (vacuous) allowance
+        bad = defined & ~same & ~(np.isfinite(diff) & (diff <= allowance))
     if not bad.any():
         return None
     units = np.where(bad, tol.units(diff), 0.0)

@@ -42,10 +42,11 @@ def v_affine(impl: Implementation, case: Case) -> Outcome:
     top = float(np.abs(x.v).max())
     c = 0.0 if spec.eps > 0 or top == 0 else 2.0 ** (math.ceil(math.log2(top)) + 1)
     a = -2.0
-    v2 = (v.double() * a + c).to(v.dtype)
-    x2 = validate(q, k, v2, spec, w)
-    if not np.isfinite(x2.v).all() or np.abs(x2.v).max() > torch.finfo(v.dtype).max:
+    wide = v.double() * a + c
+    if wide.abs().max() > torch.finfo(v.dtype).max:
         return Outcome(True, f"a V + c overflows {case.dtype}: not applicable to this case")
+    v2 = wide.to(v.dtype)
+    x2 = validate(q, k, v2, spec, w)
     tol, tol2 = Tolerance.of(x, spec), Tolerance.of(x2, spec)
     out = as_array(impl(q, k, v, w))
     out2 = as_array(impl(q, k, v2, w))

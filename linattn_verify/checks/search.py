@@ -1,4 +1,5 @@
-"""Hypothesis as a counterexample search outside pytest: what vet and the mutant zoo use.
+"""Hypothesis as a counterexample search outside pytest: what the `check` command and the
+mutant zoo use.
 
 find_failure runs one check over every corner case of the regime, then over cases drawn by
 strategies.cases, derandomised (the same cases every run), and returns the first failing

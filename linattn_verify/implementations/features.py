@@ -18,22 +18,24 @@ from ..specs import Spec, SpecError
 # Maps whose features are exp(a(x) + c(x)): evaluated as log-features, shifted before exp.
 EXP_FEATURES = ("performer-positive", "performer-hyperbolic")
 LOG2_E = 1.0 / math.log(2.0)
-# elu rows whose largest coordinate is below this are taken in shifted form: e^-30 ~ 1e-13,
-# so without a shift each row's largest feature, and the product of two such, stays far
-# above float32's smallest normal (1e-38); below it, exp(x) of a whole row underflows (from
-# x ~ -87), and elu(x) + 1 = 0 for every key would make the denominator 0.
+# elu features are taken in shifted form when some coordinate of q or k is below this:
+# without a shift every feature is >= e^-30 ~ 1e-13, so each product of two and their sums
+# stay far above float32's smallest normal (1e-38); with one, an entirely negative row
+# (e.g. -60000 in float16, whose exp(x) underflows from x ~ -87) keeps its largest feature
+# at 1, and a query and a key with large negative coordinates in different places keep
+# products e^(-spread) instead of underflowing to 0/0 (q = (-29, -80), k = (-80, -29)).
 ELU_SHIFT_BELOW = -30.0
 
 
 def needs_shift(spec: Spec, *xs: torch.Tensor) -> bool:
     """Whether the features of xs are taken in shifted form (scaled_features' `shifted`):
-    always for the Performer maps, for elu when some row of xs is entirely very negative."""
+    always for the Performer maps, for elu when some coordinate is very negative."""
     name = spec.feature_map
     if name.startswith("performer"):
         return True
     if name != "elu":
         return False
-    return any(bool((x.amax(dim=-1) < ELU_SHIFT_BELOW).any()) for x in xs)
+    return any(bool(x.amin() < ELU_SHIFT_BELOW) for x in xs)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,9 @@ Forms (DESIGN "Vocabulary"):
   gates); the chunks of a block of about BLOCK_ROWS tokens at once, the state carried from
   block to block, so the working set is O(BLOCK_ROWS (F dv / C + C)) beside the output.
 float16/bfloat16/float32 inputs are computed in float32 and float64 in float64; the output
-has the inputs' dtype and device. Performer features are kept in shifted form
-(features.py); the key shift is carried with the state and rescaled when it grows.
+has the inputs' dtype and device. Performer features, and elu features of very negative
+inputs, are kept in shifted form (features.py, needs_shift); the key shift is carried with
+the state and rescaled when it grows.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class State:
     """What a causal stream carries from one piece to the next.
 
     s: sum_j phi(k_j) v_j^T (B, H, F, dv) and z: sum_j phi(k_j) (B, H, F), both in units of
-    exp(shift) (shift (B, H, 1, 1) for the Performer maps, else None); position: tokens
+    exp(shift) (shift (B, H, 1, 1) for shifted features, else None); position: tokens
     seen so far (cosFormer's positions continue from it).
     """
 
@@ -295,7 +296,7 @@ class CausalStream:
     """Causal attention over a sequence given in pieces: pieces == one pass.
 
     stream = CausalStream("elu"); out1 = stream(q1, k1, v1); out2 = stream(q2, k2, v2)
-    carries S, z (and the Performer key shift, and the position for cosFormer, which
+    carries S, z (and the key shift of shifted features, and the position for cosFormer, which
     needs max_len: its M is the length of the whole sequence). form: "chunked" (each piece
     in chunks of chunk_size) or "recurrent" (token by token).
     """
