@@ -271,6 +271,43 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(not r.passed and not r.by_nature for r in results) else 0
 
 
+def cmd_references(args: argparse.Namespace) -> int:
+    from . import kat
+
+    directory = Path(args.dir)
+    say = None if args.quiet else (lambda text: _progress(False, text))
+    if args.action == "build":
+        start = time.perf_counter()
+        manifest = kat.build(directory, progress=say)
+        size = sum(e["bytes"] for e in manifest["vectors"])
+        print(
+            f"{len(manifest['vectors'])} vectors, {size / 2**20:.1f} MiB, under {directory} "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
+        _write_json(args.json, manifest)
+        return 0
+    if args.action == "check":
+        if args.sample < 0:
+            raise UsageError(f"--sample must be >= 0, got {args.sample}")
+        problems = kat.check(directory, args.sample, progress=say)
+        for problem in problems:
+            print(f"FAIL {problem}")
+        count = len(kat.load_manifest(directory)["vectors"])
+        print(f"{count} vectors: {'FAIL' if problems else 'ok'} (hashes; {args.sample} recomputed)")
+        _write_json(args.json, {"vectors": count, "problems": problems})
+        return 1 if problems else 0
+    if not args.target or not args.feature_map:
+        raise UsageError("references run needs TARGET and --feature-map")
+    from .target import load_target
+
+    rows = kat.run_vectors(load_target(args.target), args.feature_map, args.causal, directory)
+    print("| vector | dtype | max error (u s) |\n|---|---|---:|")
+    for row in rows:
+        print(f"| {row['name']} | {row['dtype']} | {row['max_error_units']:.3g} |")
+    _write_json(args.json, {"target": args.target, "vectors": rows})
+    return 0
+
+
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
     """--json and --quiet, which every command has."""
     parser.add_argument("--json", help="write the results as JSON here")
@@ -392,6 +429,27 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--device", default="cpu", help="device of the searched cases")
     _add_output_options(chk)
     chk.set_defaults(func=cmd_check)
+    kat_parser = sub.add_parser(
+        "references",
+        help="known-answer vectors: build, check, or run an implementation on them",
+        description="Known-answer vectors under references/ (see references/README.md): "
+        "build regenerates them (the same bytes every time), check verifies every sha256 "
+        "and recomputes a sample with the arb engine (exit 1 naming a bad file), run "
+        "reports an implementation's error per vector in units of u s of its dtype.",
+        epilog="Examples:\n"
+        "  python -m linattn_verify references check\n"
+        "  python -m linattn_verify references build\n"
+        "  python -m linattn_verify references run mykernels.py:attn --feature-map elu --causal\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    kat_parser.add_argument("action", choices=["build", "check", "run"])
+    kat_parser.add_argument("target", nargs="?", help="run: module:function or path.py:function")
+    kat_parser.add_argument("--feature-map", choices=list(FEATURE_MAPS), help="run: its spec")
+    kat_parser.add_argument("--causal", action="store_true", help="run: a causal spec")
+    kat_parser.add_argument("--dir", default="references", help="the vectors' folder")
+    kat_parser.add_argument("--sample", type=int, default=8, help="check: vectors to recompute")
+    _add_output_options(kat_parser)
+    kat_parser.set_defaults(func=cmd_references)
     return parser
 
 

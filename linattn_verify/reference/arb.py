@@ -23,7 +23,7 @@ from flint import arb, arb_mat, ctx, fmpq
 
 from ..inputs import AttentionInputs
 from ..specs import Spec
-from .common import MAX_PREC, refine
+from .common import MAX_PREC, ReferenceAccuracyError, refine
 
 DEFAULT_PREC = 128
 CAUSAL_BLOCK = 64  # rows per block of the causal linear form: 64x64 arb products are cheap
@@ -242,3 +242,50 @@ def arb_denominator_signs(
         return np.array([[math.nan if s is None else s] for s in signs]), done
 
     return refine(ones, settle, prec, max_prec, "arb")[..., 0]
+
+
+def arb_decimal(
+    x: AttentionInputs, spec: Spec, digits: int, max_prec: int = MAX_PREC
+) -> np.ndarray:
+    """Exact attention as decimal strings of `digits` significant digits, each within one
+    unit of its last digit (B, H, Nq, dv); "nan" where the value is 0/0. For known-answer
+    vectors: 34 digits carry more than 110 bits."""
+    b_, h_, nq = x.q.shape[:3]
+    out = np.empty((b_, h_, nq, x.v.shape[3]), dtype=object)
+    tight = arb(10) ** -(digits + 2)
+    for b in range(b_):
+        for h in range(h_):
+            head, prec = Head.of(x, b, h), 4 * digits
+            while True:
+                with working_precision(prec):
+                    vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
+                    sums = weighted_sums(head, spec, list(range(nq)), vals, False)
+                    rows = [_decimal_row(row, spec.eps, tight, digits) for row in sums]
+                if all(r is not None for r in rows) or prec > max_prec:
+                    break
+                prec *= 2
+            if any(r is None for r in rows):
+                raise ReferenceAccuracyError(
+                    f"arb engine: head ({b}, {h}) not resolved to {digits} digits "
+                    f"at {max_prec} bits"
+                )
+            out[b, h] = rows
+    return out
+
+
+def _decimal_row(row: list[arb], eps: float, tight: arb, digits: int) -> list[str] | None:
+    """The row's quotients num / (eps + den) as decimal strings, or None if a ball is not
+    yet narrow enough (relative radius above `tight`)."""
+    den = row[-1] + eps
+    if den.is_zero():
+        return ["nan"] * (len(row) - 1)
+    texts = []
+    for t in row[:-1]:
+        q = t / den
+        if q.is_zero():
+            texts.append("0")
+        elif q.is_finite() and not q.contains(0) and q.rad() <= abs(q.mid()) * tight:
+            texts.append(q.mid().str(digits, radius=False, more=True))
+        else:
+            return None
+    return texts

@@ -1,0 +1,113 @@
+"""Known-answer vectors (linattn_verify/kat.py, references/): reproducible bytes, hashes that
+catch a changed byte, outputs that agree with a fresh exact computation, and the report of
+an implementation's error per vector."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import linattn_verify as lv
+from linattn_verify import kat
+from linattn_verify.cases import Case
+from linattn_verify.specs import FEATURE_MAPS
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCES = ROOT / "references"
+SMALL = ("-n1-float32", "-float64", "-extreme-float16")
+
+
+def _small(name: str) -> bool:
+    return name.startswith(("elu-", "softmax-", "performer-trig-")) and name.endswith(SMALL)
+
+
+def test_build_is_byte_for_byte_reproducible_and_matches_the_committed_vectors(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    kat.build(first, only=_small)
+    kat.build(second, only=_small)
+    files = sorted(p.name for p in (first / "vectors").iterdir())
+    assert len(files) == 18
+    for name in files:
+        data = (first / "vectors" / name).read_bytes()
+        assert data == (second / "vectors" / name).read_bytes(), name
+        assert data == (REFERENCES / "vectors" / name).read_bytes(), f"committed {name} differs"
+
+
+def test_committed_vectors_pass_the_check():
+    """What CI runs: every hash, and a sample recomputed with the arb engine."""
+    assert kat.check(REFERENCES, sample=6) == []
+
+
+def test_every_spec_has_causal_and_full_vectors_and_the_folder_is_small():
+    manifest = kat.load_manifest(REFERENCES)
+    for name in FEATURE_MAPS:
+        for causal in (False, True):
+            assert any(
+                e["feature_map"] == name and e["causal"] == causal for e in manifest["vectors"]
+            )
+    size = sum(p.stat().st_size for p in REFERENCES.rglob("*") if p.is_file())
+    assert size <= 20 * 2**20
+
+
+def test_one_changed_byte_fails_the_check_naming_the_file(tmp_path):
+    copy = tmp_path / "references"
+    shutil.copytree(REFERENCES, copy)
+    victim = copy / "vectors" / "elu-causal-float16.json"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    problems = kat.check(copy, sample=0)
+    assert len(problems) == 1 and "elu-causal-float16.json" in problems[0]
+    run = subprocess.run(
+        [sys.executable, "-m", "linattn_verify", "references", "check", "--dir", str(copy)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 1 and "elu-causal-float16.json" in run.stdout
+
+
+def test_a_wrong_stored_output_is_found_by_recomputation(tmp_path):
+    copy = tmp_path / "references"
+    shutil.copytree(REFERENCES, copy)
+    manifest = kat.load_manifest(copy)
+    entry = next(e for e in manifest["vectors"] if e["name"] == "elu-full-n1-float32")
+    path = copy / entry["file"]
+    vector = json.loads(path.read_text())
+    vector["output"]["values"][0] = "0.5"  # and a consistent hash, as a careless rebuild would
+    path.write_text(json.dumps(vector))
+    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert kat.check(copy, sample=len(manifest["vectors"]))[0].startswith(str(path))
+
+
+def test_decoded_inputs_are_the_exact_values_they_were_built_from():
+    vector = json.loads((REFERENCES / "vectors" / "elu-full-bfloat16.json").read_text())
+    q = kat.decode(vector["inputs"]["q"])
+    assert q.dtype == torch.bfloat16 and torch.equal(q, Case(**vector["case"]).tensors()[0])
+
+
+def test_run_reports_errors_in_roundoff_units():
+    fn = functools.partial(lv.attention, feature_map="elu", causal=True, form="chunked")
+    rows = kat.run_vectors(fn, "elu", causal=True, directory=REFERENCES)
+    assert len(rows) == 9 and all(r["max_error_units"] < 10 for r in rows)
+
+    def leaks(q, k, v):  # sees one key ahead
+        full = lv.attention(q, k, v, "elu", causal=False)
+        return torch.cat([full[..., :-1, :], full[..., -1:, :]], -2)
+
+    bad = kat.run_vectors(leaks, "elu", causal=True, directory=REFERENCES)
+    assert max(r["max_error_units"] for r in bad) > 1e3
+    assert np.isfinite([r["max_error_units"] for r in rows]).all()
+
+
+def test_run_needs_vectors_for_the_spec(tmp_path):
+    with pytest.raises(lv.SpecError):
+        kat.run_vectors(lambda q, k, v: v, "elu", directory=tmp_path / "none")
