@@ -287,13 +287,15 @@ def cmd_references(args: argparse.Namespace) -> int:
         _write_json(args.json, manifest)
         return 0
     if args.action == "check":
-        if args.sample < 0:
+        if args.sample is not None and args.sample < 0:
             raise UsageError(f"--sample must be >= 0, got {args.sample}")
         problems = kat.check(directory, args.sample, progress=say)
         for problem in problems:
             print(f"FAIL {problem}")
         count = len(kat.load_manifest(directory)["vectors"])
-        print(f"{count} vectors: {'FAIL' if problems else 'ok'} (hashes; {args.sample} recomputed)")
+        done = "all" if args.sample is None else f"up to {args.sample}"
+        verdict = f"FAIL ({len(problems)} problem(s))" if problems else f"ok, {done} recomputed"
+        print(f"{count} vectors: {verdict}")
         _write_json(args.json, {"vectors": count, "problems": problems})
         return 1 if problems else 0
     if not args.target or not args.feature_map:
@@ -303,9 +305,13 @@ def cmd_references(args: argparse.Namespace) -> int:
     rows = kat.run_vectors(load_target(args.target), args.feature_map, args.causal, directory)
     print("| vector | dtype | max error (u s) |\n|---|---|---:|")
     for row in rows:
-        print(f"| {row['name']} | {row['dtype']} | {row['max_error_units']:.3g} |")
+        figure = row.get("problem") or f"{row['max_error_units']:.3g}"
+        print(f"| {row['name']} | {row['dtype']} | {figure} |")
+    for row in rows:  # JSON has no infinity
+        if row["max_error_units"] == float("inf"):
+            row["max_error_units"] = None
     _write_json(args.json, {"target": args.target, "vectors": rows})
-    return 0
+    return 1 if any("problem" in row for row in rows) else 0
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -447,7 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     kat_parser.add_argument("--feature-map", choices=list(FEATURE_MAPS), help="run: its spec")
     kat_parser.add_argument("--causal", action="store_true", help="run: a causal spec")
     kat_parser.add_argument("--dir", default="references", help="the vectors' folder")
-    kat_parser.add_argument("--sample", type=int, default=8, help="check: vectors to recompute")
+    kat_parser.add_argument(
+        "--sample", type=int, help="check: recompute this many vectors (default: all)"
+    )
     _add_output_options(kat_parser)
     kat_parser.set_defaults(func=cmd_references)
     return parser

@@ -13,12 +13,16 @@ and reports its error per vector in units of u s of its dtype (DESIGN "Accuracy"
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,6 @@ import numpy as np
 import torch
 
 from .accuracy.bound import scale_and_bound
-from .accuracy.verdict import error_units
 from .cases import Case
 from .inputs import UNIT_ROUNDOFF, validate
 from .reference.arb import arb_decimal
@@ -41,9 +44,15 @@ BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "floa
 DEFAULT_DIR = Path("references")
 
 
+def _magnitude(exponent: float, dtype: str) -> float:
+    """10^exponent to 6 significant digits, at most the dtype's largest value: a number
+    every platform parses to the same double (libm's pow may differ in the last bit)."""
+    return float(f"{min(10.0**exponent, torch.finfo(getattr(torch, dtype)).max):.6g}")
+
+
 def _extreme(spec: Spec) -> Case:
     """float16 at the edge of the spec's regime: elu rows of -65504 (features underflow),
-    large Performer norms, a dominant key with the largest logits elsewhere."""
+    large Performer norms, a dominant key with the largest logits otherwise."""
     name = spec.feature_map
     if name == "elu":
         kind = "negative-rows"
@@ -51,20 +60,63 @@ def _extreme(spec: Spec) -> Case:
         kind = "large-norm"
     else:
         kind = "dominant"
-    top = regime(spec, kind, "float16")[1]
-    m = 4 if spec.info.needs_projection else None
-    return Case(1, 2, 16, 4, 4, "float16", kind, 10.0**top, seed=7, m=m)
+    magnitude = _magnitude(regime(spec, kind, "float16")[1], "float16")
+    return Case(1, 2, 16, 4, 4, "float16", kind, magnitude, seed=7, m=_m(spec, 4))
+
+
+def _m(spec: Spec, d: int) -> int | None:
+    return d if spec.info.needs_projection else None  # d = m for random features
+
+
+def _relative_denominator(spec: Spec, case: Case) -> float:
+    """The smallest |den_i| / sum_j |a_ij| |...| over rows with a non-zero denominator, in
+    float64 (a selection score, not a reference): for relu and cosformer relative to
+    sum_j |q_i| |k_j| (their weights are never negative), for performer-trig to sum_j |a_ij|."""
+    q, k, _, w = case.tensors()
+    q, k = q.double().numpy()[0, 0], k.double().numpy()[0, 0]
+    n = q.shape[0]
+    if spec.feature_map == "performer-trig":
+
+        def phi(x: np.ndarray) -> np.ndarray:
+            xs = x * x.shape[1] ** -0.25
+            proj = xs @ w.double().numpy().T
+            scale = np.exp(0.5 * (xs * xs).sum(1, keepdims=True)) / np.sqrt(len(w))
+            return scale * np.concatenate([np.sin(proj), np.cos(proj)], 1)
+
+        a = phi(q) @ phi(k).T
+        size = np.abs(a)
+    else:
+        a = np.maximum(q, 0) @ np.maximum(k, 0).T
+        if spec.feature_map == "cosformer":
+            a = a * np.cos(np.pi * np.subtract.outer(np.arange(n), np.arange(n)) / (2 * n))
+        size = np.outer(np.linalg.norm(q, axis=1), np.linalg.norm(k, axis=1))
+    if spec.causal:
+        a, size = np.tril(a), np.tril(size)
+    den, total = np.abs(a.sum(1)), size.sum(1)
+    rel = den[den > 0] / total[den > 0]
+    return float(rel.min()) if rel.size else np.inf
+
+
+NEAR_ZERO_SEEDS = 400  # seeds searched for the smallest relative denominator
+
+
+def _near_zero(spec: Spec) -> Case:
+    """Of NEAR_ZERO_SEEDS seeded float32 cases, the one whose denominator is smallest
+    relative to its terms: nearly no positive similarity (relu, cosformer) or near-total
+    cancellation (performer-trig)."""
+    shape = {"b": 1, "h": 1, "n": 16, "d": 4, "dv": 4, "dtype": "float32", "m": _m(spec, 4)}
+    seeds = range(NEAR_ZERO_SEEDS)
+    best = min(seeds, key=lambda seed: _relative_denominator(spec, Case(**shape, seed=seed)))
+    return Case(**shape, seed=best)
 
 
 def vector_cases(spec: Spec) -> list[tuple[str, Case]]:
     """The vectors of one spec: (label, case). Canonical shapes (N = 1, ragged N, d != dv,
-    every dtype) and adversarial ones (cancellation in V, the regime's extreme, zero rows:
-    0/0 for relu and cosformer, near-zero denominators for performer-trig, N = 512)."""
-
-    def m(d: int) -> int | None:
-        return d if spec.info.needs_projection else None  # d = m for random features
-
-    return [
+    every dtype) and adversarial ones (cancellation in V, the regime's extreme, tiny inputs,
+    zero rows: 0/0 for relu and cosformer, near-zero denominators for relu, cosformer and
+    performer-trig, N = 512)."""
+    m = functools.partial(_m, spec)
+    cases = [
         ("n1-float32", Case(1, 1, 1, 4, 3, "float32", seed=1, m=m(4))),
         ("ragged-float32", Case(2, 3, 7, 5, 3, "float32", seed=2, m=m(5))),
         ("float16", Case(1, 2, 33, 8, 8, "float16", seed=3, m=m(8))),
@@ -72,9 +124,13 @@ def vector_cases(spec: Spec) -> list[tuple[str, Case]]:
         ("float64", Case(2, 1, 9, 3, 2, "float64", seed=5, m=m(3))),
         ("cancel-float32", Case(1, 2, 16, 4, 4, "float32", "cancel", seed=6, m=m(4))),
         ("extreme-float16", _extreme(spec)),
+        ("tiny-float32", Case(1, 2, 9, 3, 2, "float32", magnitude=1e-15, seed=10, m=m(3))),
         ("zero-rows-float32", Case(1, 2, 9, 3, 2, "float32", "zero-rows", seed=8, m=m(3))),
         ("long-float32", Case(1, 1, 512, 8, 8, "float32", seed=9, m=m(8))),
     ]
+    if spec.feature_map in ("relu", "cosformer", "performer-trig"):
+        cases.append(("near-zero-float32", _near_zero(spec)))
+    return cases
 
 
 def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
@@ -134,14 +190,34 @@ def _dumps(payload: Any) -> bytes:
     return (json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
+def _entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, Any]:
+    """The manifest's entry for the vector `name` whose file holds `data`."""
+    return {
+        "file": f"vectors/{name}.json",
+        "name": name,
+        "feature_map": spec.feature_map,
+        "causal": spec.causal,
+        "eps": spec.eps,
+        "dtype": case.dtype,
+        "shape_B_H_N_d_dv": [case.b, case.h, case.n, case.d, case.dv],
+        "m": case.m,
+        "kind": case.kind,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
 def build(
     directory: Path = DEFAULT_DIR,
     only: Callable[[str], bool] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Write every vector (or those whose name `only` accepts) and the manifest under
-    `directory`; a run that fails leaves the previous vectors in place. Returns the manifest."""
+    """Write every vector and the manifest under `directory` (`only`: just the vectors whose
+    name it accepts, into a folder that holds no vectors yet). The vectors are written
+    aside first: a run that fails leaves the previous ones in place. Returns the manifest."""
     directory = Path(directory)
+    if only is not None and (directory / "manifest.json").exists():
+        raise SpecError(f"a partial build would overwrite the vectors in {directory}")
     directory.mkdir(parents=True, exist_ok=True)
     staging = directory / "vectors.building"
     shutil.rmtree(staging, ignore_errors=True)
@@ -151,22 +227,7 @@ def build(
     for index, (name, spec, case) in enumerate(chosen, 1):
         data = _dumps(make_vector(name, spec, case))
         (staging / f"{name}.json").write_bytes(data)
-        b, h, n, d, dv = case.b, case.h, case.n, case.d, case.dv
-        entries.append(
-            {
-                "file": f"vectors/{name}.json",
-                "name": name,
-                "feature_map": spec.feature_map,
-                "causal": spec.causal,
-                "eps": spec.eps,
-                "dtype": case.dtype,
-                "shape_B_H_N_d_dv": [b, h, n, d, dv],
-                "m": case.m,
-                "kind": case.kind,
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-        )
+        entries.append(_entry(name, spec, case, data))
         if progress:
             progress(f"[{index}/{len(chosen)}] {name}")
     manifest = {
@@ -175,52 +236,90 @@ def build(
         "digits": KAT_DIGITS,
         "vectors": entries,
     }
-    final = directory / "vectors"
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
-    temp = directory / "manifest.json.building"
-    temp.write_bytes(_dumps(manifest))
-    os.replace(temp, directory / "manifest.json")
+    (directory / "manifest.json.building").write_bytes(_dumps(manifest))
+    shutil.rmtree(directory / "vectors", ignore_errors=True)
+    staging.rename(directory / "vectors")
+    os.replace(directory / "manifest.json.building", directory / "manifest.json")
     return manifest
 
 
 def load_manifest(directory: Path = DEFAULT_DIR) -> dict[str, Any]:
     path = Path(directory) / "manifest.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise SpecError(f"cannot read {path}: {err}") from None
+        manifest = json.loads(path.read_text())
+        if not all(isinstance(e, dict) for e in manifest["vectors"]):
+            raise TypeError("vectors must be a list of entries")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SpecError(f"cannot read {path}: {type(err).__name__}: {err}") from None
+    return manifest
 
 
 def check(
-    directory: Path = DEFAULT_DIR, sample: int = 8, progress: Callable[[str], None] | None = None
+    directory: Path = DEFAULT_DIR,
+    sample: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Problems with the vectors under `directory` (empty when all is well): every file's
-    sha256 against the manifest, no file missing or unlisted, and `sample` vectors
-    (spread over the list) recomputed with the arb engine to AGREE_BITS bits."""
+    """Problems with the vectors under `directory` (empty when all is well):
+    - the manifest lists exactly the vectors this generator version builds, each entry as
+      build would write it for its file (spec, dtype, shape, size, sha256);
+    - no vector file missing or unlisted;
+    - every vector (or `sample` of them, spread over the list) recomputed with the arb
+      engine agrees with its stored output to AGREE_BITS bits."""
     directory = Path(directory)
     manifest = load_manifest(directory)
     problems = []
-    listed = {e["file"] for e in manifest["vectors"]}
-    for path in sorted((directory / "vectors").glob("*.json")):
-        if f"vectors/{path.name}" not in listed:
-            problems.append(f"{path}: not in the manifest")
+    if (manifest.get("generator_version"), manifest.get("digits")) != (
+        GENERATOR_VERSION,
+        KAT_DIGITS,
+    ):
+        problems.append(f"{directory / 'manifest.json'}: generator version or digits differ")
+    expected = {name: (spec, case) for name, spec, case in all_vectors()}
+    listed = [e.get("name") for e in manifest["vectors"]]
+    if sorted(listed) != sorted(expected):
+        missing, extra = set(expected) - set(listed), set(listed) - set(expected)
+        problems.append(
+            f"{directory / 'manifest.json'}: does not list the generator's vectors exactly "
+            f"once (missing {sorted(missing)[:3]}, unknown {sorted(extra)[:3]})"
+        )
+    files = {f"vectors/{p.name}" for p in (directory / "vectors").glob("*.json")}
+    for name in sorted(files - {e.get("file") for e in manifest["vectors"]}):
+        problems.append(f"{directory / name}: not in the manifest")
     for entry in manifest["vectors"]:
-        path = directory / entry["file"]
+        path = directory / str(entry.get("file"))
         if not path.is_file():
             problems.append(f"{path}: missing (listed in the manifest)")
-        elif hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
-            problems.append(f"{path}: sha256 does not match the manifest (file changed)")
+            continue
+        data = path.read_bytes()
+        if entry.get("name") in expected:
+            spec, case = expected[entry["name"]]
+            if entry != _entry(entry["name"], spec, case, data):
+                problems.append(f"{path}: sha256 or manifest entry does not match the file")
+        problems += _fields_match(path, entry, data)
     if problems:
         return problems
     entries = manifest["vectors"]
-    step = max(1, len(entries) // max(sample, 1))
-    for entry in entries[::step][:sample]:
-        path = directory / entry["file"]
+    chosen = entries if sample is None else entries[:: max(1, len(entries) // max(sample, 1))]
+    for entry in chosen[: len(entries) if sample is None else sample]:
         if progress:
             progress(f"recomputing {entry['name']}")
-        problems += _recompute(path)
+        problems += _recompute(directory / entry["file"])
     return problems
+
+
+def _fields_match(path: Path, entry: dict[str, Any], data: bytes) -> list[str]:
+    """The vector file's own fields against its manifest entry."""
+    try:
+        vector = json.loads(data)
+        spec = vector["spec"]
+        same = (
+            vector["name"] == entry["name"]
+            and (spec["feature_map"], spec["causal"], spec["eps"])
+            == (entry["feature_map"], entry["causal"], entry["eps"])
+            and vector["inputs"]["q"]["dtype"] == entry["dtype"]
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{path}: not a readable vector ({type(err).__name__}: {err})"]
+    return [] if same else [f"{path}: its spec or dtype differs from the manifest entry"]
 
 
 def _inputs(vector: dict[str, Any]) -> tuple[Spec, tuple[torch.Tensor | None, ...]]:
@@ -262,8 +361,10 @@ def run_vectors(
     device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Run fn (DESIGN's contract) on every vector of the spec (feature_map, causal) and
-    report, per vector, its largest error in units of u s of the output's dtype (NaN
-    required where the exact value is 0/0: a number there is reported as an infinite error)."""
+    report, per vector, its largest error in units of u s, u the unit roundoff of the
+    vector's input dtype, the difference to the 34-digit output taken exactly. NaN is
+    required where the exact value is 0/0 (a number there is an infinite error); an output
+    of the wrong type, shape, dtype or device, or an exception, is reported as `problem`."""
     spec = Spec(feature_map, causal=causal)
     rows = []
     for entry in load_manifest(directory)["vectors"]:
@@ -272,24 +373,56 @@ def run_vectors(
         vector = json.loads((Path(directory) / entry["file"]).read_text())
         _, tensors = _inputs(vector)
         q, k, v, w = (None if t is None else t.to(device) for t in tensors)
-        kwargs = {"projection": w} if spec.info.needs_projection else {}
-        out = fn(q, k, v, **kwargs)
-        ref = np.array([float(t) for t in vector["output"]["values"]]).reshape(out.shape)
-        dtype = str(out.dtype).removeprefix("torch.")
-        u = UNIT_ROUNDOFF[dtype]
-        scale, _ = scale_and_bound(validate(q, k, v, spec, w), spec, None, u)
+        row = {"name": entry["name"], "dtype": entry["dtype"]}
+        try:
+            out = fn(q, k, v, **({"projection": w} if spec.info.needs_projection else {}))
+            problem = _contract_problem(out, q, v)
+        except Exception as err:  # the implementation's failure is a finding
+            problem = f"raised {type(err).__name__}: {err}"
+        if problem:
+            rows.append({**row, "max_error_units": math.inf, "problem": problem})
+            continue
+        exact = np.array(vector["output"]["values"], dtype=object).reshape(tuple(out.shape))
         got = out.detach().to("cpu", torch.float64).numpy()
-        defined = ~np.isnan(ref)
-        e = np.where(defined, error_units(got, ref, scale, u), np.where(np.isnan(got), 0, np.inf))
+        u = UNIT_ROUNDOFF[entry["dtype"]]
+        scale, _ = scale_and_bound(validate(q, k, v, spec, w), spec, None, u)
+        e = _error_units(got, exact, scale, u)
+        worst = np.unravel_index(int(np.argmax(e)), e.shape)
         rows.append(
             {
-                "name": entry["name"],
-                "dtype": dtype,
+                **row,
                 "max_error_units": float(e.max()),
-                "worst_index": [int(t) for t in np.unravel_index(int(np.argmax(e)), e.shape)],
-                "undefined": int((~defined).sum()),
+                "worst_index": [int(t) for t in worst],
+                "undefined": int(sum(t == "nan" for t in vector["output"]["values"])),
             }
         )
     if not rows:
         raise SpecError(f"no vector for {spec} under {directory}")
     return rows
+
+
+def _contract_problem(out: Any, q: torch.Tensor, v: torch.Tensor) -> str | None:
+    want = (*q.shape[:3], v.shape[-1])
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a torch tensor"
+    if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
+        return (
+            f"returned {tuple(out.shape)} {out.dtype} on {out.device}, expected {want} "
+            f"{q.dtype} on {q.device}"
+        )
+    return None
+
+
+def _error_units(got: np.ndarray, exact: np.ndarray, scale: np.ndarray, u: float) -> np.ndarray:
+    """|got - exact| / (u s) with the difference formed exactly (exact: decimal strings)."""
+    e = np.zeros(got.shape)
+    for index, text in np.ndenumerate(exact):
+        value = got[index]
+        if text == "nan":
+            e[index] = 0.0 if math.isnan(value) else math.inf
+        elif not math.isfinite(value):
+            e[index] = math.inf
+        else:
+            diff = abs(Fraction(value) - Fraction(Decimal(text)))
+            e[index] = 0.0 if diff == 0 else float(diff) / (u * scale[index])
+    return e

@@ -83,9 +83,27 @@ def test_a_wrong_stored_output_is_found_by_recomputation(tmp_path):
     vector = json.loads(path.read_text())
     vector["output"]["values"][0] = "0.5"  # and a consistent hash, as a careless rebuild would
     path.write_text(json.dumps(vector))
-    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    data = path.read_bytes()
+    entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert kat.check(copy, sample=len(manifest["vectors"]))[0].startswith(str(path))
+    problems = kat.check(copy)
+    assert len(problems) == 1 and problems[0].startswith(f"{path}: output 0 is 0.5")
+
+
+def test_edits_to_the_manifest_itself_fail_the_check(tmp_path):
+    copy = tmp_path / "references"
+    shutil.copytree(REFERENCES, copy)
+    original = (copy / "manifest.json").read_text()
+    manifest = json.loads(original)
+    manifest["vectors"][3]["causal"] = not manifest["vectors"][3]["causal"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any("manifest entry does not match" in p for p in kat.check(copy, sample=0))
+    manifest = json.loads(original)  # a vector and its entry both gone
+    gone = manifest["vectors"].pop(5)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / gone["file"]).unlink()
+    problems = kat.check(copy, sample=0)
+    assert any("does not list the generator's vectors" in p and gone["name"] in p for p in problems)
 
 
 def test_decoded_inputs_are_the_exact_values_they_were_built_from():
@@ -97,15 +115,23 @@ def test_decoded_inputs_are_the_exact_values_they_were_built_from():
 def test_run_reports_errors_in_roundoff_units():
     fn = functools.partial(lv.attention, feature_map="elu", causal=True, form="chunked")
     rows = kat.run_vectors(fn, "elu", causal=True, directory=REFERENCES)
-    assert len(rows) == 9 and all(r["max_error_units"] < 10 for r in rows)
+    assert len(rows) == 10 and all(r["max_error_units"] < 10 for r in rows)
 
-    def leaks(q, k, v):  # sees one key ahead
-        full = lv.attention(q, k, v, "elu", causal=False)
-        return torch.cat([full[..., :-1, :], full[..., -1:, :]], -2)
+    def sees_every_key(q, k, v):  # a causal claim with the non-causal computation
+        return lv.attention(q, k, v, "elu", causal=False)
 
-    bad = kat.run_vectors(leaks, "elu", causal=True, directory=REFERENCES)
+    bad = kat.run_vectors(sees_every_key, "elu", causal=True, directory=REFERENCES)
     assert max(r["max_error_units"] for r in bad) > 1e3
     assert np.isfinite([r["max_error_units"] for r in rows]).all()
+
+
+def test_run_reports_a_broken_contract_instead_of_judging_it():
+    def in_float16(q, k, v):  # a cheaper dtype must not buy a coarser unit
+        return lv.attention(q.half(), k.half(), v.half(), "elu")
+
+    rows = kat.run_vectors(in_float16, "elu", directory=REFERENCES)
+    float32 = [r for r in rows if r["dtype"] == "float32"]
+    assert float32 and all("expected" in r["problem"] for r in float32)
 
 
 def test_run_needs_vectors_for_the_spec(tmp_path):

@@ -247,12 +247,12 @@ def arb_denominator_signs(
 def arb_decimal(
     x: AttentionInputs, spec: Spec, digits: int, max_prec: int = MAX_PREC
 ) -> np.ndarray:
-    """Exact attention as decimal strings of `digits` significant digits, each within one
-    unit of its last digit (B, H, Nq, dv); "nan" where the value is 0/0. For known-answer
-    vectors: 34 digits carry more than 110 bits."""
+    """Exact attention as decimal strings of `digits` significant digits, correctly rounded
+    (both ends of each ball round to the same string), (B, H, Nq, dv); "nan" where the value
+    is 0/0, "0" where it is exactly 0. Known-answer vectors use 34 digits (112 bits).
+    A value that is 0 by cancellation (not exactly) never resolves: ReferenceAccuracyError."""
     b_, h_, nq = x.q.shape[:3]
     out = np.empty((b_, h_, nq, x.v.shape[3]), dtype=object)
-    tight = arb(10) ** -(digits + 2)
     for b in range(b_):
         for h in range(h_):
             head, prec = Head.of(x, b, h), 4 * digits
@@ -260,7 +260,7 @@ def arb_decimal(
                 with working_precision(prec):
                     vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
                     sums = weighted_sums(head, spec, list(range(nq)), vals, False)
-                    rows = [_decimal_row(row, spec.eps, tight, digits) for row in sums]
+                    rows = [_decimal_row(row, spec.eps, digits) for row in sums]
                 if all(r is not None for r in rows) or prec > max_prec:
                     break
                 prec *= 2
@@ -273,9 +273,9 @@ def arb_decimal(
     return out
 
 
-def _decimal_row(row: list[arb], eps: float, tight: arb, digits: int) -> list[str] | None:
-    """The row's quotients num / (eps + den) as decimal strings, or None if a ball is not
-    yet narrow enough (relative radius above `tight`)."""
+def _decimal_row(row: list[arb], eps: float, digits: int) -> list[str] | None:
+    """The row's quotients num / (eps + den) as correctly rounded decimal strings, or None
+    if some ball's two ends do not yet round to the same string."""
     den = row[-1] + eps
     if den.is_zero():
         return ["nan"] * (len(row) - 1)
@@ -284,8 +284,11 @@ def _decimal_row(row: list[arb], eps: float, tight: arb, digits: int) -> list[st
         q = t / den
         if q.is_zero():
             texts.append("0")
-        elif q.is_finite() and not q.contains(0) and q.rad() <= abs(q.mid()) * tight:
-            texts.append(q.mid().str(digits, radius=False, more=True))
-        else:
+            continue
+        if not q.is_finite() or q.contains(0):
             return None
+        low, high = (e.str(digits, radius=False, more=True) for e in (q.lower(), q.upper()))
+        if low != high:
+            return None
+        texts.append(low)
     return texts
