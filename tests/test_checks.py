@@ -265,3 +265,14 @@ def test_positivity_checks_outputs_before_naming_the_spec():
 
     result = CHECKS["positivity"](_impl(infinite, "relu"), Case(1, 1, 5, 2, 2, "float32"))
     assert not result.passed and not result.by_nature and "non-finite" in result.message
+
+
+def test_a_signed_kernel_may_overflow_where_its_exact_output_does():
+    # performer-trig, float16: a denominator near zero makes the exact output -82976, beyond
+    # float16's 65504, so -inf is the right rounding (found by the thorough profile)
+    case = Case.from_json(
+        '{"b":1,"h":3,"n":33,"d":4,"dv":3,"dtype":"float16","kind":"cancel",'
+        '"magnitude":3.1622776601683795,"seed":1106,"m":1}'
+    )
+    result = CHECKS["positivity"](builtin(Spec("performer-trig"), "quadratic"), case)
+    assert result.by_nature, result.message  # fails only by nature: a negative denominator

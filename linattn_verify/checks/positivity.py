@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..cases import Case
 from ..reference.arb import arb_denominator_signs
@@ -26,7 +27,13 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
     (q, k, v, w), x = inputs_of(case, spec)
     signs = arb_denominator_signs(x, spec)
     out = as_array(impl(q, k, v, w))
-    bad = ~np.isfinite(out) & (signs > 0)[..., None]
+    demanded = np.broadcast_to((signs > 0)[..., None], out.shape)
+    if not spec.info.positive:  # a signed kernel's output may leave the dtype's range:
+        # finite is demanded only where |out| <= s fits it (positive kernels: within max |v|)
+        top = float(torch.finfo(q.dtype).max)
+        with np.errstate(invalid="ignore"):
+            demanded = demanded & (Tolerance.of(x, spec).scale <= top)
+    bad = ~np.isfinite(out) & demanded
     if bad.any():
         at = tuple(int(t) for t in np.argwhere(bad)[0])
         return Outcome(
@@ -40,7 +47,7 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
         what = "zero" if signs[row] == 0 else "negative"
         reason = (
             f"{spec.feature_map}: the exact denominator eps + sum_j sim(q_i, k_j) is {what} "
-            f"at (b, h, i) = {row} (outputs are finite wherever it is positive)"
+            f"at (b, h, i) = {row} (outputs are finite wherever it is positive and fits)"
         )
         return Outcome(False, reason, {"non_positive_rows": float((signs <= 0).sum())}, reason)
     return Outcome(True, "every exact denominator is positive and every output finite")
