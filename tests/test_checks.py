@@ -107,11 +107,9 @@ def test_applicability_follows_the_spec():
 
 
 def test_positivity_names_a_counterexample_of_relu_by_nature():
-    q = -torch.ones(1, 1, 2, 3)  # every relu feature of the queries is 0
     case_json = {"b": 1, "h": 1, "n": 2, "d": 3, "dv": 1, "dtype": "float32", "kind": "zero-rows"}
     case = Case(**case_json, seed=0)
     result = CHECKS["positivity"](builtin(Spec("relu"), "linear"), case)
-    assert q.sum() < 0
     assert not result.passed and result.by_nature and "zero" in result.message
     assert "expected failure" in result.report()
 
