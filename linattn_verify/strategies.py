@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
 from .cases import KINDS, Case
 from .inputs import UNIT_ROUNDOFF
 from .specs import Spec
+from .stats.checks import Pair
 
 DTYPES = tuple(UNIT_ROUNDOFF)
 ADVERSARIAL_KINDS = ("negative-rows", "positive-rows", "large-norm")
@@ -129,3 +131,20 @@ def cases(
     corners = [c for c in corner_cases(spec, dtypes_allowed, device) if c.kind in kinds]
     randoms = random_cases(spec, dtypes_allowed, kinds, max_n, device)
     return st.one_of(randoms, st.sampled_from(corners)) if corners else randoms
+
+
+@st.composite
+def kernel_pairs(
+    draw: st.DrawFn, kind: str, d: int, norm: tuple[float, float], offset: float = 0.5
+) -> Pair:
+    """Inputs (x, y) of a random-feature kernel estimate with |x + y| (|x - y| for trig) in
+    `norm` and a common offset of norm <= `offset` (so |x|, |y| <= norm + offset)."""
+    r = draw(st.floats(*norm), label="norm")
+    t = draw(st.floats(0.0, 1.0), label="split")
+    s = draw(st.floats(0.0, offset), label="offset")
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="direction seed"))
+    u, p = rng.standard_normal((2, d))
+    u /= np.linalg.norm(u)
+    p *= s / max(np.linalg.norm(p), 1e-300)
+    sign = -1.0 if kind == "performer-trig" else 1.0  # x - y = r u for trig, else x + y
+    return Pair(t * r * u + p, sign * ((1 - t) * r * u - p))
