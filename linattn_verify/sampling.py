@@ -31,11 +31,10 @@ def _iid(m: int, d: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _orthogonal_directions(m: int, d: int, rng: np.random.Generator) -> np.ndarray:
-    blocks = []
-    for _ in range(-(-m // d)):
-        qmat, rmat = np.linalg.qr(rng.standard_normal((d, d)))
-        blocks.append((qmat * np.sign(np.diag(rmat))).T)  # rows: Haar orthonormal basis
-    return np.concatenate(blocks)[:m]
+    """m rows from ceil(m / d) Haar-orthogonal d x d blocks (rows of Q, signs fixed)."""
+    qmat, rmat = np.linalg.qr(rng.standard_normal((-(-m // d), d, d)))
+    blocks = np.swapaxes(qmat * np.sign(np.diagonal(rmat, axis1=1, axis2=2))[:, None, :], 1, 2)
+    return blocks.reshape(-1, d)[:m]
 
 
 def _orthogonal(m: int, d: int, rng: np.random.Generator) -> np.ndarray:

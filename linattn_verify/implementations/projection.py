@@ -15,11 +15,10 @@ from ..specs import SpecError
 
 
 def _orthogonal_directions(m: int, d: int, gen: torch.Generator, **like) -> torch.Tensor:
-    blocks = []
-    for _ in range(-(-m // d)):
-        qmat, rmat = torch.linalg.qr(torch.randn(d, d, generator=gen, **like))
-        blocks.append((qmat * torch.sign(torch.diagonal(rmat))).T)
-    return torch.cat(blocks)[:m]
+    """m rows from ceil(m / d) Haar-orthogonal d x d blocks, one batched QR."""
+    qmat, rmat = torch.linalg.qr(torch.randn(-(-m // d), d, d, generator=gen, **like))
+    blocks = (qmat * torch.sign(torch.diagonal(rmat, dim1=-2, dim2=-1))[:, None, :]).mT
+    return blocks.reshape(-1, d)[:m]
 
 
 def sample_projection_torch(
