@@ -35,6 +35,8 @@ from linattn_verify.stats import (
 )
 from linattn_verify.strategies import kernel_pairs
 
+pytestmark = pytest.mark.builtin_only  # the project's samplers and forms; vet takes others
+
 # Statistical properties cost ~0.1-1 s an example: a twentieth of the profile (ci 5).
 STAT = settings(max_examples=max(3, settings.default.max_examples // 20))
 ORF_EXAMPLES = settings(max_examples=max(2, settings.default.max_examples // 50))  # ~2 s each

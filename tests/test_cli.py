@@ -176,3 +176,54 @@ def test_scaling_times_and_plots_the_built_in(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "time ~ N^" in out and "crossover vs SDPA" in out
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+SAMPLERS = """
+import torch
+
+
+def gaussian(m, d, generator):
+    return torch.randn(m, d, generator=generator, dtype=torch.float64)
+
+
+def unit_rows(m, d, generator):
+    w = torch.randn(m, d, generator=generator, dtype=torch.float64)
+    return w / w.norm(dim=1, keepdim=True)
+"""
+
+
+def _random_features(tmp_path, *extra):
+    path = tmp_path / "samplers.py"
+    path.write_text(SAMPLERS)
+    return main(["random-features", "--quiet", "--replicates", "1024", *extra])
+
+
+def test_random_features_passes_a_gaussian_sampler_from_a_file(tmp_path, capsys):
+    out = tmp_path / "rf.json"
+    target = f"{tmp_path / 'samplers.py'}:gaussian"
+    assert (
+        _random_features(tmp_path, "--sampler", target, "--claim", "iid", "--json", str(out)) == 0
+    )
+    payload = json.loads(out.read_text())
+    assert payload["verdict"] == "pass"
+    (run,) = payload["samplers"]
+    assert run["claim"] == "iid" and len(run["checks"]) == 12
+    assert {c["name"] for c in run["checks"]} == {"unbiasedness", "mse-formula"}
+    assert "verdict: pass" in capsys.readouterr().out
+
+
+def test_random_features_fails_unit_norm_rows(tmp_path, capsys):
+    target = f"{tmp_path / 'samplers.py'}:unit_rows"
+    assert _random_features(tmp_path, "--sampler", target, "--claim", "iid") == 1
+    out = capsys.readouterr().out
+    assert "FAIL  unbiasedness" in out and "verdict: FAIL" in out
+
+
+def test_random_features_usage_errors(tmp_path, capsys):
+    target = f"{tmp_path / 'samplers.py'}:gaussian"
+    assert _random_features(tmp_path, "--sampler", target) == 2
+    assert "needs --claim" in capsys.readouterr().err
+    assert _random_features(tmp_path, "--sampler", "no_such_module:f", "--claim", "iid") == 2
+    assert "cannot import" in capsys.readouterr().err
+    assert _random_features(tmp_path, "--m", "0") == 2
+    assert "--m must be >= 1" in capsys.readouterr().err

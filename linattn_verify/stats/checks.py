@@ -23,17 +23,20 @@ from .moments import mse_iid, mse_orthogonal, softmax_kernel
 
 @dataclass(frozen=True)
 class Pair:
-    """The two inputs of a kernel estimate, already scaled (x' = x d^(-1/4))."""
+    """The two inputs of a kernel estimate, already scaled (x' = x d^(-1/4)); label names a
+    designed pair in messages instead of its entries."""
 
     x: np.ndarray
     y: np.ndarray
+    label: str = ""
 
     def __str__(self) -> str:
+        if self.label:
+            plus, minus = np.linalg.norm(self.x + self.y), np.linalg.norm(self.x - self.y)
+            return f"{self.label} (d={len(self.x)}, |x+y|={plus:.3g}, |x-y|={minus:.3g})"
         fmt = {"float_kind": lambda t: f"{t:.4g}"}
-        return (
-            f"x={np.array2string(self.x, formatter=fmt)}, "
-            f"y={np.array2string(self.y, formatter=fmt)}"
-        )
+        x, y = (np.array2string(a, formatter=fmt, max_line_width=10**6) for a in (self.x, self.y))
+        return f"x={x}, y={y}"
 
 
 def _figures(test: MeanTest, w: np.ndarray, **extra: float) -> dict[str, float]:

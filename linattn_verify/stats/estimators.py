@@ -7,7 +7,8 @@ draw). One call is one replicate: replicates are independent because the generat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -49,24 +50,42 @@ def numpy_sampler(kind: str) -> SamplerFn:
     return sampler
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread, restored after: the replicates are thousands of tiny
+    ops (d x d QRs, N x m matmuls), which ran some 30x slower with 2 threads on 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def draw_projections(sampler: SamplerFn, m: int, d: int, replicates: int, seed: int) -> np.ndarray:
     """(replicates, m, d) float64: one sampler call per replicate from one generator."""
     generator = torch.Generator().manual_seed(seed)
     out = np.empty((replicates, m, d))
-    for r in range(replicates):
-        try:
-            w = sampler(m, d, generator)
-        except Exception as err:  # the sampler's failure is a finding, not a crash
-            raise SamplerFailure(f"sampler raised {type(err).__name__}: {err}") from None
-        if isinstance(w, torch.Tensor):
-            w = w.detach().to("cpu", torch.float64).numpy()
-        w = np.asarray(w, dtype=np.float64)
-        if w.shape != (m, d):
-            raise SamplerFailure(f"sampler returned shape {w.shape} for (m, d) = ({m}, {d})")
-        if not np.isfinite(w).all():
-            raise SamplerFailure("sampler returned non-finite entries")
-        out[r] = w
+    with one_thread():
+        for r in range(replicates):
+            out[r] = _one_draw(sampler, m, d, generator)
     return out
+
+
+def _one_draw(sampler: SamplerFn, m: int, d: int, generator: torch.Generator) -> np.ndarray:
+    """One (m, d) float64 matrix from the sampler, or SamplerFailure saying what is wrong."""
+    try:
+        w = sampler(m, d, generator)
+    except Exception as err:  # the sampler's failure is a finding, not a crash
+        raise SamplerFailure(f"sampler raised {type(err).__name__}: {err}") from None
+    if isinstance(w, torch.Tensor):
+        w = w.detach().to("cpu", torch.float64).numpy()
+    w = np.asarray(w, dtype=np.float64)
+    if w.shape != (m, d):
+        raise SamplerFailure(f"sampler returned shape {w.shape} for (m, d) = ({m}, {d})")
+    if not np.isfinite(w).all():
+        raise SamplerFailure("sampler returned non-finite entries")
+    return w
 
 
 def row_terms(kind: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:

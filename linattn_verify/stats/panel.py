@@ -34,11 +34,11 @@ def panel(kind: str, d: int, norm: float = MEAN_NORM) -> list[Pair]:
     generic = np.cos(np.arange(1, d + 1) * 1.3)
     generic /= np.linalg.norm(generic)
     pairs = []
-    for u in (axis, generic):
+    for label, u in (("axis pair", axis), ("generic pair", generic)):
         if kind == "performer-trig":  # x - y = norm u, x.y = -norm^2 / 4
-            pairs.append(Pair(norm / 2 * u, -norm / 2 * u))
+            pairs.append(Pair(norm / 2 * u, -norm / 2 * u, label))
         else:  # x + y = norm u, x.y = 0.24 norm^2
-            pairs.append(Pair(0.6 * norm * u, 0.4 * norm * u))
+            pairs.append(Pair(0.6 * norm * u, 0.4 * norm * u, label))
     return pairs
 
 
