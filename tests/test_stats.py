@@ -3,7 +3,8 @@ simulation, the calibration of the tests under the null, their power against bia
 and attention checks that fail broken implementations.
 
 False-failure probabilities: every z-test here is at decide.ALPHA (1e-10); the calibration
-KS test at 1e-6; in all well below DESIGN's 1e-6 per run.
+KS test at 1e-8; with the properties (about 160 assertions at 1e-10 under ci) a run stays
+below 5e-8, inside DESIGN's 1e-6.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_orthogonal_mse_is_iid_without_pairs():
 def test_mean_test_is_calibrated_under_the_null():
     """The studentised z of the unbiasedness check, over 400 independent runs of a correct
     iid sampler at the panel's heaviest input (positive, |x + y| = 1.5, m = 64, R = 1024),
-    is standard normal: a KS p-value below 1e-6 fails (false failure 1e-6)."""
+    is standard normal: a KS p-value below 1e-8 fails (false failure 1e-8)."""
     pair = panel("performer-positive", 8)[0]
     rng = np.random.default_rng(0)
     z = [
@@ -131,7 +132,7 @@ def test_mean_test_is_calibrated_under_the_null():
         )
         for _ in range(400)
     ]
-    assert scipy.stats.kstest(z, "norm").pvalue > 1e-6
+    assert scipy.stats.kstest(z, "norm").pvalue > 1e-8
 
 
 @pytest.mark.parametrize(
@@ -194,7 +195,7 @@ def test_power_against_biased_samplers_at_the_defaults():
 ORF_CORNERS = {  # the weakest corner of properties/test_random_features.py's ORF_REGIME
     "performer-positive": (16, 0.9, 2),
     "performer-hyperbolic": (8, 0.8, 1),
-    "performer-trig": (4, 0.8, 1),
+    "performer-trig": (4, 0.8, 0.5),
 }
 
 
@@ -202,7 +203,7 @@ ORF_CORNERS = {  # the weakest corner of properties/test_random_features.py's OR
 def test_orthogonal_regime_keeps_false_failures_below_alpha(kind):
     d, norm, blocks = ORF_CORNERS[kind]
     pair = panel(kind, d, norm)[1]
-    w = draw_projections(builtin_sampler("orthogonal"), blocks * d, d, 8192, seed=3)
+    w = draw_projections(builtin_sampler("orthogonal"), max(2, int(blocks * d)), d, 8192, seed=3)
     result = orthogonal_mse(kind, pair, w)
     assert result.passed, result.report()
     assert result.figures["false_failure"] <= ALPHA

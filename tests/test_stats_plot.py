@@ -9,11 +9,12 @@ import json
 import pytest
 
 from linattn_verify.stats import KINDS
+from linattn_verify.stats.decide import Z_TWO_SIDED
 from linattn_verify.stats.plot import plot_attention_error_vs_m, plot_mse_vs_m
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-Z_BAND = 5.0  # two-sided normal tail 5.7e-7 per comparison
-MAX_RELATIVE_SE = 0.15  # the band is at most +-75%, and +-15..45% at the observed se
+Z_BAND = Z_TWO_SIDED  # two-sided normal tail ALPHA = 1e-10 per comparison
+MAX_RELATIVE_SE = 0.15  # the band is at most +-97%, and +-20..60% at the observed se
 
 
 def _assert_png(path) -> None:
