@@ -6,6 +6,9 @@ import os
 import torch
 from hypothesis import settings
 
+# the --impl options (also an installed pytest11 plugin of the same name, loaded once)
+pytest_plugins = ("linattn_verify.pytest_plugin",)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers of two threads each on two cores spend a third of their time switching
     torch.set_num_threads(1)

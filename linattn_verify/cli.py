@@ -366,6 +366,59 @@ def cmd_random_features(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_vet(args: argparse.Namespace) -> int:
+    import torch
+
+    from .adapters import ADAPTERS
+    from .environment import environment
+    from .vet import Target, VetOptions, vet
+
+    if args.list:
+        for adapter in ADAPTERS.values():
+            print(f"{adapter.name:50} claims {adapter.spec} ({adapter.layout}, {adapter.device})")
+        return 0
+    if not args.target:
+        raise UsageError("vet needs TARGET (module:function, path.py:function or an adapter)")
+    adapter = ADAPTERS.get(args.target)
+    if adapter is not None:
+        if args.feature_map or args.causal or args.eps or args.layout:
+            raise UsageError(f"{args.target} is an adapter: its spec and layout are its claim")
+        spec = None
+    elif args.feature_map is None:
+        raise UsageError("vet TARGET needs --feature-map NAME (the spec it claims)")
+    else:
+        spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"device {args.device!r} asked for, but torch sees no CUDA device")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    options = VetOptions(
+        dtypes=tuple(args.dtypes),
+        device=args.device,
+        sampler=args.sampler,
+        claim=args.claim,
+        kat=args.kat,
+        thorough=args.thorough,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
+    target = Target(args.target, spec, args.layout or "bhnd")
+    report = vet(target, options, None if args.quiet else lambda t: _progress(False, t))
+    print(report.summary())
+    _write_json(
+        args.json,
+        {
+            "verdict": report.verdict,
+            "target": report.target,
+            "implementation": report.implementation,
+            "spec": report.spec,
+            "checks": report.rows,
+            "environment": environment(args.device),
+        },
+    )
+    return 1 if report.failed else 0
+
+
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
     """--json and --quiet, which every command has."""
     parser.add_argument("--json", help="write the results as JSON here")
@@ -534,6 +587,43 @@ def build_parser() -> argparse.ArgumentParser:
     rf.add_argument("--plots", help="also write MSE-vs-m and attention-error plots here")
     _add_output_options(rf)
     rf.set_defaults(func=cmd_random_features)
+    vt = sub.add_parser(
+        "vet",
+        help="one verdict on a third-party implementation: every check, figures, exit code",
+        description="Run every applicable check on TARGET in a worker process (an exception, "
+        "a crash or a hang is a failed check): the property checks over the regime's corners "
+        "and a Hypothesis search (N = 1, ragged N, B, H >= 2, d != dv, d = m, non-contiguous "
+        "inputs, adversarial magnitudes), accuracy against the exact reference per dtype, "
+        "cost scaling, and on request the known-answer vectors and a projection sampler's "
+        "statistics. TARGET is module:function, path.py:function, or an adapter of a "
+        "third-party library (--list). Exit 0 when every check passes, 1 when one fails, "
+        "2 for usage errors or a TARGET that cannot be loaded.",
+        epilog="Examples:\n"
+        "  python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal\n"
+        "  python -m linattn_verify vet mypkg.ops:favor --feature-map performer-positive \\\n"
+        "      --sampler mypkg.ops:draw_w --claim orthogonal --json vet.json\n"
+        "  python -m linattn_verify vet --list\n"
+        "  python -m linattn_verify vet fast-transformers.linear --kat\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    vt.add_argument("target", nargs="?", help="module:function, path.py:function or adapter")
+    vt.add_argument("--list", action="store_true", help="list the third-party adapters")
+    vt.add_argument("--feature-map", choices=list(FEATURE_MAPS), help="the spec TARGET claims")
+    vt.add_argument("--causal", action="store_true")
+    vt.add_argument("--eps", type=float, default=0.0, help="denominator eps (default 0)")
+    vt.add_argument("--layout", choices=["bhnd", "bnhd"], help="TARGET's layout (default bhnd)")
+    vt.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    vt.add_argument("--device", default="cpu")
+    vt.add_argument("--sampler", help="module:function drawing W (m, d) from a torch.Generator")
+    vt.add_argument(
+        "--claim", choices=["iid", "orthogonal"], default="iid", help="--sampler's rows"
+    )
+    vt.add_argument("--kat", action="store_true", help="also run the known-answer vectors")
+    vt.add_argument("--thorough", action="store_true", help="200 searched cases a check, not 25")
+    vt.add_argument("--seed", type=int, default=0)
+    vt.add_argument("--timeout", type=float, default=300.0, help="seconds a task (default 300)")
+    _add_output_options(vt)
+    vt.set_defaults(func=cmd_vet)
     return parser
 
 

@@ -362,7 +362,8 @@ def run_vectors(
 ) -> list[dict[str, Any]]:
     """Run fn (DESIGN's contract) on every vector of the spec (feature_map, causal) and
     report, per vector, its largest error in units of u s, u the unit roundoff of the
-    vector's input dtype, the difference to the 34-digit output taken exactly. NaN is
+    vector's input dtype, the difference to the 34-digit output taken exactly; the a-priori
+    bound there, and how many elements exceed their bound. NaN is
     required where the exact value is 0/0 (a number there is an infinite error); an output
     of the wrong type, shape, dtype or device, or an exception, is reported as `problem`."""
     spec = Spec(feature_map, causal=causal)
@@ -385,13 +386,15 @@ def run_vectors(
         exact = np.array(vector["output"]["values"], dtype=object).reshape(tuple(out.shape))
         got = out.detach().to("cpu", torch.float64).numpy()
         u = UNIT_ROUNDOFF[entry["dtype"]]
-        scale, _ = scale_and_bound(validate(q, k, v, spec, w), spec, None, u)
+        scale, bound = scale_and_bound(validate(q, k, v, spec, w), spec, None, u)
         e = _error_units(got, exact, scale, u)
         worst = np.unravel_index(int(np.argmax(e)), e.shape)
         rows.append(
             {
                 **row,
                 "max_error_units": float(e.max()),
+                "bound_units": float(bound[worst]),
+                "outside_bound": int((e > bound).sum()),
                 "worst_index": [int(t) for t in worst],
                 "undefined": int(sum(t == "nan" for t in vector["output"]["values"])),
             }

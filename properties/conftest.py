@@ -4,7 +4,8 @@ Without --impl every test runs over every built-in implementation (each spec, ca
 not, in each of its forms; on CPU, and on CUDA when available). With
 `--impl MODULE:FN --feature-map NAME [--causal] [--eps E] [--layout bnhd]` it runs over
 that one implementation instead (importable from the working directory or PYTHONPATH, or
-`path/to/file.py:fn`).
+`path/to/file.py:fn`). Those options come from linattn_verify's pytest plugin
+(linattn_verify/pytest_plugin.py), which the root conftest.py loads.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn_verify.checks import Implementation, builtin, external, forms_of, not_applicable
-from linattn_verify.checks.core import LAYOUTS
-from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
+from linattn_verify.checks import Implementation, builtin, forms_of, not_applicable
+from linattn_verify.pytest_plugin import implementation_under_test
+from linattn_verify.specs import FEATURE_MAPS, Spec
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,31 +26,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="scaling: time every built-in form over N = 2^8 ... 2^16 (use with "
         "--benchmark-enable --benchmark-json=PATH); default: a small grid",
     )
-    group.addoption("--impl", help="run the suite on MODULE:FN or path/file.py:FN instead")
-    group.addoption("--feature-map", help=f"the spec --impl claims: {', '.join(FEATURE_MAPS)}")
-    group.addoption("--causal", action="store_true", help="--impl is causal")
-    group.addoption("--eps", type=float, default=0.0, help="--impl's denominator eps")
-    group.addoption("--layout", choices=LAYOUTS, default="bhnd", help="--impl's tensor layout")
-
-
-def _target(config: pytest.Config) -> Implementation | None:
-    target = config.getoption("--impl")
-    if target is None:
-        return None
-    feature_map = config.getoption("--feature-map")
-    if feature_map is None:
-        raise pytest.UsageError("--impl needs --feature-map NAME (the spec it claims)")
-    try:
-        spec = Spec(feature_map, config.getoption("--causal"), config.getoption("--eps"))
-        return external(target, spec, config.getoption("--layout"))
-    except SpecError as err:
-        raise pytest.UsageError(str(err)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): the property test runs check `name`")
     config.addinivalue_line("markers", "builtin_only: skipped under --impl")
-    config.stash[_IMPL] = _target(config)
+    config.stash[_IMPL] = implementation_under_test(config)
 
 
 _IMPL = pytest.StashKey[Implementation | None]()

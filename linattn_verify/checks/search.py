@@ -8,12 +8,14 @@ result, shrunk to a small case when asked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
-from ..strategies import cases, corner_cases
+from ..cases import Case
+from ..strategies import DTYPES, cases, corner_cases
 from . import CHECKS, not_applicable
 from .core import CheckResult, Implementation
 
@@ -30,18 +32,21 @@ def find_failure(
     max_examples: int = SEARCH_EXAMPLES,
     nature: bool = False,
     shrink: bool = False,
+    dtypes: tuple[str, ...] = DTYPES,
+    extra_cases: Sequence[Case] = (),
     **options: Any,
 ) -> CheckResult | None:
-    """The first case on which check `name` fails for impl, or None. nature=False looks
-    for real failures (the spec's own by-nature violations count as passes); nature=True
-    for a by-nature counterexample."""
+    """The first case on which check `name` fails for impl, or None: the regime's corners
+    and `extra_cases` first, then the search, all in `dtypes`. nature=False looks for real
+    failures (the spec's own by-nature violations count as passes); nature=True for a
+    by-nature counterexample."""
     check = CHECKS[name]
 
     def fails(case) -> bool:
         result = check(impl, case, **options)
         return not result.passed and bool(result.by_nature) == nature
 
-    for case in corner_cases(impl.spec, device=device):  # the regime's edges, every one
+    for case in [*corner_cases(impl.spec, dtypes, device), *extra_cases]:  # every one
         if fails(case):
             return check(impl, case, **options)
 
@@ -55,7 +60,7 @@ def find_failure(
         suppress_health_check=list(HealthCheck),
     )
     try:
-        case = find(cases(impl.spec, device=device), fails, settings=search)
+        case = find(cases(impl.spec, dtypes, device=device), fails, settings=search)
     except NoSuchExample:
         return None
     return check(impl, case, **options)

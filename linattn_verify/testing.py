@@ -1,0 +1,44 @@
+"""Vet a kernel from another project's test suite:
+
+    from linattn_verify.testing import assert_linear_attention
+
+    def test_my_kernel():
+        assert_linear_attention(my_attention, feature_map="elu", causal=True)
+
+It runs vet's plan in this process (the callable needs not be importable by name) and raises
+AssertionError with vet's summary when a check fails. The pytest plugin
+(linattn_verify.pytest_plugin) adds the `--impl` options to any pytest run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .checks import Implementation
+from .specs import Spec
+from .strategies import DTYPES
+from .vet import VetOptions, VetReport, vet_in_process
+
+
+def assert_linear_attention(
+    fn: Callable,
+    feature_map: str,
+    causal: bool = False,
+    eps: float = 0.0,
+    layout: str = "bhnd",
+    dtypes: tuple[str, ...] = DTYPES,
+    device: str = "cpu",
+    cost: str | None = None,
+    thorough: bool = False,
+) -> VetReport:
+    """Every applicable check of vet on fn (DESIGN's contract) claiming the spec; the report
+    when all pass, AssertionError with the summary when one fails. cost: "linear" or
+    "quadratic" (default: quadratic for softmax, else linear)."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    spec = Spec(feature_map, causal=causal, eps=eps)
+    impl = Implementation(fn, spec, name, f"--impl <{name}> --feature-map {feature_map}", layout)
+    options = VetOptions(dtypes=tuple(dtypes), device=device, cost=cost, thorough=thorough)
+    report = vet_in_process(impl, options)
+    if report.failed:
+        raise AssertionError(report.summary())
+    return report

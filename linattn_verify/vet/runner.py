@@ -1,0 +1,147 @@
+"""vet: every applicable check on one implementation, run in a worker process, and one
+verdict. The plan: contract first, then the other property checks, accuracy per dtype, cost
+scaling, and on request the known-answer vectors, a sampler's statistics and the rate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checks import Implementation
+from ..checks.search import SEARCH_EXAMPLES
+from ..specs import SpecError
+from ..strategies import DTYPES
+from .worker import Target, Worker, WorkerDied, WorkerHung, describe, run_task
+
+THOROUGH_EXAMPLES = 200
+DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
+
+
+@dataclass(frozen=True)
+class VetOptions:
+    dtypes: tuple[str, ...] = DTYPES
+    device: str = "cpu"
+    sampler: str | None = None  # module:fn of a projection sampler
+    claim: str = "iid"  # what the sampler's rows are: iid or orthogonal
+    kat: bool = False
+    thorough: bool = False
+    cost: str | None = None  # the claimed growth: None is quadratic for softmax, else linear
+    seed: int = 0
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass
+class VetReport:
+    target: str
+    implementation: str
+    spec: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] in ("fail", "not run")]
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.failed else "pass"
+
+    def summary(self) -> str:
+        """One line per check, then the verdict; failures with their case and command."""
+        lines = [f"vet {self.target}: {self.implementation} claiming {self.spec}"]
+        for row in self.rows:
+            status = "FAIL" if row["status"] == "fail" else row["status"]
+            lines.append(f"  {status:>14}  {row['name']}: {row['detail']}")
+            if row["status"] == "fail" and row.get("case"):
+                lines.append(f"{'':18}case: {row['case']}")
+            if row["status"] == "fail" and row.get("reproduce"):
+                lines.append(f"{'':18}reproduce: {row['reproduce']}")
+        failed = len(self.failed)
+        lines.append(
+            f"verdict: {'FAIL' if failed else 'pass'} ({failed} of {len(self.rows)} failed)"
+        )
+        return "\n".join(lines)
+
+
+def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, str, dict]]:
+    """(row name, task, options) in order: contract first, so a broken contract shows first."""
+    from ..checks import CHECKS
+
+    spec = description["spec"]
+    examples = THOROUGH_EXAMPLES if options.thorough else SEARCH_EXAMPLES
+    search = {"device": options.device, "examples": examples, "dtypes": options.dtypes}
+    steps = [
+        (name, "check", {"name": name, **search})
+        for name in CHECKS
+        if name not in description["not_applicable"]
+    ]
+    steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
+    cost = options.cost or ("quadratic" if spec.feature_map == "softmax" else "linear")
+    steps.append(("scaling", "scaling", {"device": options.device, "expected": cost}))
+    if options.kat:
+        steps.append(("known-answers", "known-answers", {"device": options.device}))
+    if options.sampler:
+        sampler = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
+        steps.append(("sampler", "sampler", sampler))
+    if spec.info.needs_projection:
+        steps.append(("rate", "rate", {"sampler_target": options.sampler, "seed": options.seed}))
+    return steps
+
+
+def _report(target: str, description: dict[str, Any]) -> VetReport:
+    report = VetReport(target, description["name"], str(description["spec"]))
+    for name, reason in description["not_applicable"].items():
+        report.rows.append({"name": name, "status": "not applicable", "detail": reason})
+    return report
+
+
+def vet(
+    target: Target, options: VetOptions, progress: Callable[[str], None] | None = None
+) -> VetReport:
+    """Run the plan in a worker process; a hang stops the run (what is left is "not run"),
+    a crash restarts the worker once. SpecError when the target cannot be loaded."""
+    say = progress or (lambda text: None)
+    worker = Worker(target, options.timeout)
+    report = _report(target.target, worker.description)
+    steps = plan(worker.description, options)
+    crashes = 0
+    try:
+        for i, (name, task, task_options) in enumerate(steps):
+            say(f"[{i + 1}/{len(steps)}] {name} ...")
+            try:
+                report.rows += worker.run(task, task_options)
+                continue
+            except WorkerHung as err:
+                report.rows.append({"name": name, "status": "fail", "detail": f"hung: {err}"})
+                stop = f"not run: vet stopped after {name} hung"
+            except WorkerDied as err:
+                report.rows.append({"name": name, "status": "fail", "detail": f"crashed: {err}"})
+                crashes += 1
+                stop = f"not run: vet stopped after a second crash, in {name}"
+                if crashes < 2:
+                    try:
+                        worker = Worker(target, options.timeout)
+                        continue
+                    except SpecError as restart:
+                        stop = f"not run: the worker did not restart ({restart})"
+            rest = steps[i + 1 :]
+            report.rows += [{"name": n, "status": "not run", "detail": stop} for n, _, _ in rest]
+            break
+    finally:
+        worker.close()
+    return report
+
+
+def vet_in_process(
+    impl: Implementation, options: VetOptions, progress: Callable[[str], None] | None = None
+) -> VetReport:
+    """The same plan in this process, for an implementation that is already loaded (a
+    closure in a test suite): no protection against crashes or hangs."""
+    say = progress or (lambda text: None)
+    description = describe(impl)
+    report = _report(impl.command, description)
+    steps = plan(description, options)
+    for i, (name, task, task_options) in enumerate(steps):
+        say(f"[{i + 1}/{len(steps)}] {name} ...")
+        report.rows += run_task(impl, task, task_options)
+    return report

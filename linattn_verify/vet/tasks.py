@@ -1,0 +1,162 @@
+"""The units of work of a vet run, each (implementation, options) -> rows, run inside the
+worker process (worker.py) or in-process (testing.py). A row is CheckResult.to_dict()'s
+dict: name, status, detail, figures, and the case and reproduce command of a failure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..cases import Case
+from ..checks import CHECKS, CheckResult, Implementation
+from ..checks.search import find_failure
+from ..specs import Spec
+
+Row = dict[str, Any]
+
+
+def vet_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
+    """Shapes every check meets besides the regime's corners (B = H = 2, N = 9, d = 3 != dv
+    = 2): N = 1; N = 65 (ragged for chunks of 16 and 64) with B = 2, H = 3, d = 5 != dv = 4;
+    d = dv = m = 16."""
+    m = spec.info.needs_projection
+    return [
+        Case(b, h, n, d, dv, dtype, "normal", 1.0, 7, d if m else None, device)
+        for dtype in dtypes
+        for b, h, n, d, dv in ((2, 2, 1, 4, 3), (2, 3, 65, 5, 4), (1, 2, 33, 16, 16))
+    ]
+
+
+def property_check(
+    impl: Implementation, name: str, device: str, examples: int, dtypes: tuple[str, ...]
+) -> list[Row]:
+    """Check `name`: the regime's corners, vet_cases, then `examples` searched cases; the
+    first failure, shrunk."""
+    extra = vet_cases(impl.spec, dtypes, device)
+    found = find_failure(
+        name, impl, device, examples, shrink=True, dtypes=dtypes, extra_cases=extra
+    )
+    if found is not None:
+        return [found.to_dict()]
+    searched = len(extra) + examples
+    detail = f"no failure in the regime's corners and {searched} cases ({', '.join(dtypes)})"
+    return [CheckResult(name, True, detail).to_dict()]
+
+
+def accuracy(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
+    """Per dtype, the reference check on vet_cases and the corners: the largest error in
+    units of u s, with the bound and budget at the worst element."""
+    from ..strategies import corner_cases
+
+    rows = []
+    for dtype in dtypes:
+        panel = [
+            *vet_cases(impl.spec, (dtype,), device),
+            *corner_cases(impl.spec, (dtype,), device),
+        ]
+        results = [CHECKS["reference"](impl, case) for case in panel]
+        failed = [r for r in results if not r.passed and not r.by_nature]
+        errors = [r.figures.get("max_error", math.nan) for r in results]
+        worst = (
+            results[int(np.nanargmax(errors))] if not all(map(math.isnan, errors)) else results[0]
+        )
+        shown = failed[0] if failed else worst
+        row = shown.to_dict()
+        row["name"] = f"accuracy {dtype}"
+        row["detail"] = f"{len(failed)} of {len(results)} cases fail; worst: {shown.message}"
+        rows.append(row)
+    return rows
+
+
+def scaling(impl: Implementation, device: str, expected: str, max_n: int = 4096) -> list[Row]:
+    """Counted FLOPs and peak bytes over N = 256 ... max_n (float32, d = dv = 32) grow as
+    `expected` ("linear" or "quadratic")."""
+    import torch
+
+    from ..implementations.projection import sample_projection_torch
+    from ..scaling import scaling_result
+
+    spec = impl.spec
+    d = 32
+    w = None
+    if spec.info.needs_projection:
+        w = sample_projection_torch(d, d, "orthogonal", torch.Generator().manual_seed(0))
+        w = w.to(device)
+    ns = [2**i for i in range(8, max_n.bit_length())]
+    result = scaling_result(
+        impl.name,
+        lambda q, k, v: impl(q, k, v, w),
+        expected,
+        ns,
+        causal=spec.causal,
+        d=d,
+        dv=d,
+        device=device,
+    )
+    figures = {"flops_slope": result.growth.flops.slope, "bytes_slope": result.growth.bytes.slope}
+    return [
+        CheckResult(
+            "scaling", result.growth.passed, result.growth.message, figures=figures
+        ).to_dict()
+    ]
+
+
+def _one_row(name: str, results: list[CheckResult]) -> Row:
+    """Several results of one check as one row: the first failure, or a count of passes."""
+    failed = [r for r in results if not r.passed]
+    shown = failed[0] if failed else results[0]
+    row = shown.to_dict()
+    row["name"] = name
+    row["detail"] = f"{len(failed)} of {len(results)} failed; " + shown.message
+    return row
+
+
+def sampler_statistics(sampler_target: str, claim: str, seed: int) -> list[Row]:
+    """The random-feature panel (stats/panel.py) on the sampler, one row per check."""
+    from ..stats import check_sampler
+    from ..target import load_target
+
+    results = check_sampler(load_target(sampler_target), claim, seed=seed)
+    names = dict.fromkeys(r.check for r in results)
+    return [_one_row(f"sampler {n}", [r for r in results if r.check == n]) for n in names]
+
+
+def rate(impl: Implementation, sampler_target: str | None, seed: int) -> list[Row]:
+    """The attention error against softmax falls as m^(-1/2) (stats/attention.py), on small
+    inputs in the regime where that holds; with the given sampler, else the project's iid."""
+    from ..stats import Sequence1, builtin_sampler, rate_check
+    from ..target import load_target
+
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((2, 8, 4))
+    q *= 0.5 * 4**0.25 / np.linalg.norm(q, axis=1, keepdims=True)
+    k *= 0.5 * 4**0.25 * rng.uniform(0.2, 1, (8, 1)) / np.linalg.norm(k, axis=1, keepdims=True)
+    sampler = load_target(sampler_target) if sampler_target else builtin_sampler("iid")
+    inputs = Sequence1(q, k, rng.standard_normal((8, 3)))
+    return [rate_check(impl, sampler, inputs, seed=seed).to_dict()]
+
+
+def known_answers(impl: Implementation, device: str) -> list[Row]:
+    """The known-answer vectors of the spec (references/): the error per vector in units of
+    u s of its dtype, within the a-priori bound."""
+    from ..kat import run_vectors
+
+    spec = impl.spec
+    rows = run_vectors(
+        lambda q, k, v, **w: impl(q, k, v, w.get("projection")),
+        spec.feature_map,
+        spec.causal,
+        device=device,
+    )
+    bad = [r for r in rows if r.get("problem") or r["outside_bound"]]
+    worst = max(rows, key=lambda r: r["max_error_units"])
+    detail = f"{len(bad)} of {len(rows)} vectors outside the bound or broken"
+    shown = bad[0] if bad else worst
+    detail += f"; {'first' if bad else 'worst'}: {shown['name']} ({shown['dtype']}): " + (
+        shown.get("problem")
+        or f"{shown['max_error_units']:.3g} u s, bound {shown['bound_units']:.3g}"
+    )
+    figures = {"vectors": len(rows), "max_error_units": worst["max_error_units"]}
+    return [CheckResult("known-answers", not bad, detail, figures=figures).to_dict()]

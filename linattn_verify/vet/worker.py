@@ -1,0 +1,148 @@
+"""The implementation under test runs in a worker process: an exception, a crash (segfault,
+abort) or a hang of the implementation becomes a failed check, and vet lives on to print its
+verdict. The worker loads the target once, then runs tasks (tasks.py) sent over a pipe."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from ..specs import Spec, SpecError
+from . import tasks
+
+CONTEXT = multiprocessing.get_context("spawn")  # no state inherited from the parent
+# Starting the worker imports torch and the target: seconds, a minute on a busy machine; a
+# target whose import takes longer than this is reported as one that cannot be loaded.
+LOAD_TIMEOUT = 120.0
+
+
+class WorkerHung(Exception):
+    """The task did not finish within the timeout; the worker was killed."""
+
+
+class WorkerDied(Exception):
+    """The worker process ended without answering (a crash of the implementation)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to load in the worker: an adapter's name, or module:attr / path.py:attr claiming
+    `spec` in `layout`."""
+
+    target: str
+    spec: Spec | None = None
+    layout: str = "bhnd"
+
+    def load(self):
+        """The Implementation (raises SpecError when it cannot be loaded)."""
+        from ..adapters import ADAPTERS
+        from ..checks import Implementation, external
+
+        if self.target in ADAPTERS:
+            adapter = ADAPTERS[self.target]
+            command = f"--impl {adapter.name}"
+            return Implementation(
+                adapter.load(), adapter.spec, adapter.name, command, adapter.layout
+            )
+        if self.spec is None:
+            raise SpecError(f"{self.target!r} is not an adapter: give --feature-map NAME")
+        return external(self.target, self.spec, self.layout)
+
+
+def describe(impl) -> dict[str, Any]:
+    """The implementation's name, spec, and the checks that do not apply (with why)."""
+    from ..checks import CHECKS, not_applicable
+
+    return {
+        "name": impl.name,
+        "spec": impl.spec,
+        "not_applicable": {n: r for n in CHECKS if (r := not_applicable(n, impl))},
+    }
+
+
+TASKS = {
+    "check": tasks.property_check,
+    "accuracy": tasks.accuracy,
+    "scaling": tasks.scaling,
+    "rate": tasks.rate,
+    "known-answers": tasks.known_answers,
+    "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
+}
+
+
+def run_task(impl, task: str, options: dict[str, Any]) -> list[tasks.Row]:
+    """One task; an exception that escapes it (the implementation raising outside a check,
+    a sampler that cannot be loaded) is a failed row naming it."""
+    try:
+        return TASKS[task](impl, **options)
+    except Exception as err:  # the target's failure is a finding, not a crash of vet
+        name = options.get("name", task)
+        return [{"name": name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}]
+
+
+def _serve(conn, target: Target) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # thousands of small calls; see stats/estimators.one_thread
+    try:
+        impl = target.load()
+    except Exception as err:  # reported to the parent as a usage error
+        conn.send(
+            ("error", str(err) if isinstance(err, SpecError) else f"{type(err).__name__}: {err}")
+        )
+        return
+    conn.send(("ready", describe(impl)))
+    while (request := conn.recv()) is not None:
+        task, options = request
+        conn.send(("rows", run_task(impl, task, options)))
+
+
+class Worker:
+    """A worker process holding the loaded target."""
+
+    def __init__(self, target: Target, timeout: float) -> None:
+        self.timeout = timeout
+        self._conn, child = CONTEXT.Pipe()
+        self._process = CONTEXT.Process(target=_serve, args=(child, target), daemon=True)
+        self._process.start()
+        child.close()
+        try:
+            self.description = self._receive("loading the target", LOAD_TIMEOUT)
+        except (WorkerHung, WorkerDied) as err:
+            raise SpecError(f"cannot load {target.target}: {err}") from None
+
+    def _receive(self, what: str, timeout: float) -> Any:
+        if not self._conn.poll(timeout):
+            self.close()
+            raise WorkerHung(f"{what} took longer than {timeout:g} s (killed)")
+        try:
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError):
+            raise WorkerDied(f"{what}: the worker process died ({self._exit()})") from None
+        if kind == "error":
+            self.close()
+            raise SpecError(payload)
+        return payload
+
+    def _exit(self) -> str:
+        self._process.join(5)
+        code = self._process.exitcode
+        if code is not None and code < 0:
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def run(self, task: str, options: dict[str, Any]) -> list[tasks.Row]:
+        self._conn.send((task, options))
+        return self._receive(options.get("name", task), self.timeout)
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):  # a worker stuck in a task cannot read it
+                self._conn.send(None)
+            self._process.join(1)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()

@@ -1,0 +1,70 @@
+"""vet on implementations loaded in its worker process: a correct one passes with a JSON
+report; a raising, a crashing and a hanging one each fail with a message and exit code 1,
+within the timeout; a target that cannot be loaded is a usage error."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from linattn_verify.cli import main
+
+TARGETS = Path(__file__).with_name("vet_targets.py")
+
+
+def _vet(name: str, *extra: str) -> int:
+    return main(["vet", f"{TARGETS}:{name}", "--feature-map", "elu", "--quiet", *extra])
+
+
+def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
+    out = tmp_path / "vet.json"
+    assert _vet("elu_linear", "--json", str(out)) == 0
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "pass"
+    names = {c["name"] for c in report["checks"]}
+    assert {"contract", "reference", "causality", "scaling", "accuracy float16"} <= names
+    assert all({"name", "status", "detail"} <= set(c) for c in report["checks"])
+    assert {c["status"] for c in report["checks"]} <= {"pass", "not applicable"}
+    assert report["environment"]["packages"]["torch"]
+    assert "verdict: pass" in capsys.readouterr().out
+
+
+def test_a_raising_implementation_fails_every_check_with_its_message(capsys):
+    assert _vet("raising", "--dtypes", "float32") == 1
+    out = capsys.readouterr().out
+    assert "raised ValueError: this kernel always fails" in out
+    assert "verdict: FAIL" in out
+
+
+def test_a_crashing_implementation_fails_and_vet_survives(capsys):
+    start = time.perf_counter()
+    assert _vet("crashing", "--timeout", "60") == 1
+    out = capsys.readouterr().out
+    assert "crashed" in out and "SIGSEGV" in out and "not run" in out
+    assert time.perf_counter() - start < 60
+
+
+def test_a_hanging_implementation_fails_within_the_timeout(capsys):
+    start = time.perf_counter()
+    assert _vet("hanging", "--timeout", "5") == 1
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert "hung" in out and "longer than 5 s" in out and "verdict: FAIL" in out
+    assert elapsed < 5 + 30  # the timeout plus starting one worker process
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["vet", "no_such_module:f", "--feature-map", "elu"], "cannot import"),
+        (["vet", f"{TARGETS}:elu_linear"], "needs --feature-map"),
+        (["vet"], "needs TARGET"),
+        (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--timeout", "0"], "--timeout"),
+    ],
+)
+def test_usage_errors_exit_2(args, message, capsys):
+    assert main([*args, "--quiet"]) == 2
+    assert message in capsys.readouterr().err
