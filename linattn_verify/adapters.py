@@ -38,6 +38,7 @@ from types import ModuleType
 
 import torch
 
+from .checks.core import Implementation
 from .specs import Spec, SpecError
 
 Fn = Callable[..., torch.Tensor]
@@ -49,8 +50,9 @@ _FLA_NAIVE = "fla-core einops"
 _FLA_TRITON = "fla-core einops triton"
 
 
-class AdapterUnavailable(Exception):
-    """The adapter's library does not import here, or it needs CUDA and there is none."""
+class AdapterUnavailable(SpecError):
+    """The adapter's library does not import here, or it needs CUDA and there is none (a
+    target that cannot be loaded: a usage error)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Adapter:
     note: str
     load: Callable[[], Fn]
     device: str = "any"
+    cost: str = "linear"  # the growth it claims: "quadratic" for a quadratic form
 
 
 def _import(module: str, install: str) -> ModuleType:
@@ -368,6 +371,7 @@ _ALL = (
         "bhnd",
         _BASED + " Quadratic form, in the input dtype.",
         _load_fla_naive_based,
+        cost="quadratic",
     ),
     Adapter(
         "fla.based-naive-chunk",
@@ -419,6 +423,7 @@ _ALL = (
         _BASED + " Triton kernel, fp32 accumulation; asserts d <= 128.",
         _fla_triton("based", "parallel_based", False),
         device="cuda",
+        cost="quadratic",
     ),
     Adapter(
         "fla.based-fused-chunk",
@@ -441,3 +446,10 @@ def get_adapter(name: str) -> Adapter:
         return ADAPTERS[name]
     except (KeyError, TypeError):
         raise SpecError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}") from None
+
+
+def adapter_implementation(adapter: Adapter) -> Implementation:
+    """The adapter as an Implementation (loads its library; AdapterUnavailable if it cannot)."""
+    return Implementation(
+        adapter.load(), adapter.spec, adapter.name, f"--impl {adapter.name}", adapter.layout
+    )

@@ -221,15 +221,22 @@ def cmd_scaling(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import torch
 
+    from .adapters import ADAPTERS, adapter_implementation
     from .cases import Case
     from .checks import CHECKS, builtin, external, not_applicable
     from .checks.search import find_failure
     from .implementations.forms import FORMS
 
-    spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
-    if args.impl:
+    if args.impl in ADAPTERS:
+        if args.feature_map or args.causal or args.eps or args.layout or args.chunk_size:
+            raise UsageError(f"{args.impl} is an adapter: its spec and layout are its claim")
+        impl = adapter_implementation(ADAPTERS[args.impl])
+    elif args.feature_map is None:
+        raise UsageError("check needs --feature-map NAME (the spec of the implementation)")
+    elif args.impl:
         if args.chunk_size is not None:
             raise UsageError("--chunk-size is for the built-in forms, not --impl")
+        spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
         impl = external(args.impl, spec, args.layout or "bhnd")
     else:
         if args.layout is not None:
@@ -238,7 +245,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise UsageError(f"unknown form {args.form!r}; forms: {', '.join(FORMS)}")
         if args.chunk_size is not None and args.chunk_size < 1:
             raise UsageError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+        spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
         impl = builtin(spec, args.form, args.chunk_size or 64)
+    spec = impl.spec
     case = Case.from_json(args.case) if args.case else None
     device = case.device if case is not None else args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -401,6 +410,7 @@ def cmd_vet(args: argparse.Namespace) -> int:
         thorough=args.thorough,
         seed=args.seed,
         timeout=args.timeout,
+        cost=args.cost or (adapter.cost if adapter else None),
     )
     target = Target(args.target, spec, args.layout or "bhnd")
     report = vet(target, options, None if args.quiet else lambda t: _progress(False, t))
@@ -531,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--form", default="quadratic", help="built-in form (default quadratic) when no --impl"
     )
     chk.add_argument("--chunk-size", type=int, help="built-in chunked form's chunk (default 64)")
-    chk.add_argument("--feature-map", required=True, choices=list(FEATURE_MAPS))
+    chk.add_argument("--feature-map", choices=list(FEATURE_MAPS), help="needed but for adapters")
     chk.add_argument("--causal", action="store_true")
     chk.add_argument("--eps", type=float, default=0.0, help="denominator eps (default 0)")
     chk.add_argument("--layout", choices=["bhnd", "bnhd"], help="--impl's layout (default bhnd)")
@@ -619,8 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--claim", choices=["iid", "orthogonal"], default="iid", help="--sampler's rows"
     )
     vt.add_argument("--kat", action="store_true", help="also run the known-answer vectors")
+    vt.add_argument(
+        "--cost",
+        choices=["linear", "quadratic"],
+        help="the growth TARGET claims (default: quadratic for softmax, else linear)",
+    )
     vt.add_argument("--thorough", action="store_true", help="200 searched cases a check, not 25")
-    vt.add_argument("--seed", type=int, default=0)
+    vt.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     vt.add_argument("--timeout", type=float, default=300.0, help="seconds a task (default 300)")
     _add_output_options(vt)
     vt.set_defaults(func=cmd_vet)

@@ -1,8 +1,9 @@
-"""Testing the tester (DESIGN): every broken implementation of the zoo is rejected by some
-check, and no correct one is flagged. Each entry runs through every applicable check (the
-regime's corner cases, then a derandomised Hypothesis search of SEARCH_EXAMPLES cases;
-checks/search.py), so the kill table printed at the end of the run names every check
-that kills each mutant.
+"""Testing the tester (DESIGN): vet rejects every broken implementation of the zoo for the
+right reason (among its failures are the checks the entry's bug must fail, `caught_by`), and
+passes every correct one. Each entry goes through vet's whole plan in process (every
+applicable check over the regime's corners, vet's cases and a derandomised search of
+SEARCH_EXAMPLES cases; accuracy per dtype; cost scaling against the entry's claimed growth),
+so the kill table printed at the end of the run names everything that fails each mutant.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import sys
 
 import pytest
 
-from linattn_verify.checks import Implementation
-from linattn_verify.checks.search import run_suite
+from linattn_verify.checks import CHECKS, Implementation
 from linattn_verify.specs import Spec
+from linattn_verify.vet import VetOptions, vet_in_process
 from tests.zoo import ZOO, Entry
 
 
@@ -28,18 +29,20 @@ def _implementation(entry: Entry) -> Implementation:
 
 
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
-def test_zoo_entry_is_judged_right(entry: Entry, record_property):
-    results = run_suite(_implementation(entry))
-    killers = [name for name, result in results.items() if result is not None]
+def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
+    report = vet_in_process(_implementation(entry), VetOptions(cost=entry.cost))
+    killers = [row["name"] for row in report.failed]
     record_property("zoo", {"name": entry.name, "broken": entry.broken, "killed_by": killers})
     if entry.broken:
-        assert killers, f"{entry.name} ({entry.bug}) passed every check: {sorted(results)}"
+        missing = sorted(set(entry.caught_by) - set(killers))
+        assert not missing, f"{entry.name} ({entry.bug}) passed {missing}:\n{report.summary()}"
     else:
-        reports = "\n".join(results[name].report() for name in killers)
-        assert not killers, f"the correct {entry.name} was flagged:\n{reports}"
+        assert not killers, f"the correct {entry.name} was flagged:\n{report.summary()}"
 
 
 def test_the_zoo_is_big_enough():
     broken = [e for e in ZOO if e.broken]
     assert len(broken) >= 15 and len(ZOO) - len(broken) >= 5
     assert len({e.name for e in ZOO}) == len(ZOO)
+    for entry in broken:  # each bug names the checks it must fail, and they exist
+        assert entry.caught_by and set(entry.caught_by) <= set(CHECKS), entry.name

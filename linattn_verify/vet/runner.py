@@ -78,7 +78,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
     cost = options.cost or ("quadratic" if spec.feature_map == "softmax" else "linear")
     steps.append(("scaling", "scaling", {"device": options.device, "expected": cost}))
-    if options.kat:
+    if options.kat and spec.eps == 0:
         steps.append(("known-answers", "known-answers", {"device": options.device}))
     if options.sampler:
         sampler = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
@@ -88,10 +88,13 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     return steps
 
 
-def _report(target: str, description: dict[str, Any]) -> VetReport:
+def _report(target: str, description: dict[str, Any], options: VetOptions) -> VetReport:
     report = VetReport(target, description["name"], str(description["spec"]))
     for name, reason in description["not_applicable"].items():
         report.rows.append({"name": name, "status": "not applicable", "detail": reason})
+    if options.kat and description["spec"].eps != 0:
+        reason = "the known-answer vectors are for eps = 0"
+        report.rows.append({"name": "known-answers", "status": "not applicable", "detail": reason})
     return report
 
 
@@ -102,7 +105,7 @@ def vet(
     a crash restarts the worker once. SpecError when the target cannot be loaded."""
     say = progress or (lambda text: None)
     worker = Worker(target, options.timeout)
-    report = _report(target.target, worker.description)
+    report = _report(target.target, worker.description, options)
     steps = plan(worker.description, options)
     crashes = 0
     try:
@@ -139,7 +142,7 @@ def vet_in_process(
     closure in a test suite): no protection against crashes or hangs."""
     say = progress or (lambda text: None)
     description = describe(impl)
-    report = _report(impl.command, description)
+    report = _report(impl.command, description, options)
     steps = plan(description, options)
     for i, (name, task, task_options) in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {name} ...")

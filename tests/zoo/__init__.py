@@ -17,6 +17,9 @@ class Entry:
 
     stream, if given, is a zero-argument factory of a callable piece(q, k, v) -> out that
     carries the causal state from one piece of a sequence to the next (split and resume).
+    cost: the growth it claims ("linear", or "quadratic" for a quadratic form; None: vet's
+    default). caught_by: for a broken entry, the checks its bug must fail (the right
+    reason), among whatever else it fails.
     """
 
     name: str
@@ -27,6 +30,8 @@ class Entry:
     bug: str
     eps: float = 0.0
     stream: Callable | None = None
+    cost: str | None = None
+    caught_by: tuple[str, ...] = ()
 
 
 # The entry modules import Entry from here, so they come after its definition.

@@ -290,6 +290,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=True,
         bug="the causal mask is tril(1): query i also sees key i + 1",
+        caught_by=("causality",),
     ),
     _broken(
         "anti-causal-mask",
@@ -297,6 +298,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=True,
         bug="the causal mask is triu: query i sees the keys j >= i instead of j <= i",
+        caught_by=("causality",),
     ),
     _broken(
         "missing-normaliser",
@@ -304,6 +306,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="returns sum_j sim_ij v_j without dividing by sum_j sim_ij",
+        caught_by=("reference", "convex-hull"),
     ),
     _broken(
         "bf16-kv-state",
@@ -312,6 +315,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=True,
         bug="the running state S, z of the chunked form is rounded to bfloat16 after each chunk "
         "of 16 (a precision bug: only less accurate, and only beyond the first chunk)",
+        caught_by=("reference",),
     ),
     _broken(
         "elu-without-plus-one",
@@ -319,6 +323,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="phi(x) = elu(x): the + 1 is forgotten, so similarities can be negative",
+        caught_by=("reference",),
     ),
     _broken(
         "oversized-eps",
@@ -326,6 +331,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="adds 1e-3 to the denominator while claiming eps = 0",
+        caught_by=("reference",),
     ),
     _broken(
         "ragged-tail-chunk",
@@ -334,6 +340,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=True,
         bug="chunked (16) form whose within-chunk block is skipped for a partial last chunk: "
         "right when N % 16 == 0",
+        caught_by=("reference",),
     ),
     _broken(
         "batch-mixing",
@@ -341,6 +348,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="the KV state and normaliser are summed over the batch: right only when B == 1",
+        caught_by=("batch-head",),
     ),
     _broken(
         "head-mixing-reshape",
@@ -349,6 +357,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="an adapter to a (B, N, H, d) kernel reshapes instead of transposing: heads and "
         "tokens are interleaved (right only when H == 1 or N == 1)",
+        caught_by=("batch-head",),
     ),
     _broken(
         "causal-numerator-full-denominator",
@@ -356,6 +365,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=True,
         bug="the numerator is masked, the denominator sums over all keys",
+        caught_by=("causality",),
     ),
     _broken(
         "contiguous-stride-assumption",
@@ -363,6 +373,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="reads the inputs' storage with row-major strides: right on contiguous inputs only",
+        caught_by=("layout",),
     ),
     _broken(
         "float32-output-dtype",
@@ -370,6 +381,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="returns its float32 compute dtype for float16 and bfloat16 inputs",
+        caught_by=("contract",),
     ),
     _broken(
         "fp16-normaliser",
@@ -378,6 +390,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="the normaliser sum_j phi(k_j) is accumulated in the input dtype: overflows float16 "
         "for large sums",
+        caught_by=("reference",),
     ),
     _broken(
         "elu-input-dtype-cancellation",
@@ -386,6 +399,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="phi is formed as elu(x) + 1 in the input dtype: cancels to 0 below about -8 in "
         "float16 (-17 in float32), and a row of such values gives 0/0",
+        caught_by=("reference",),
     ),
     _broken(
         "relu-plus-one-for-elu",
@@ -393,6 +407,7 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="phi(x) = relu(x) + 1 where the spec says elu(x) + 1: wrong for negative inputs",
+        caught_by=("reference",),
     ),
     _broken(
         "leftover-position-decay",
@@ -401,6 +416,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="similarities are multiplied by a leftover decay 0.99^|i - j|: not permutation "
         "equivariant",
+        caught_by=("permutation",),
     ),
     _broken(
         "stream-forgets-normaliser",
@@ -410,6 +426,7 @@ ENTRIES: tuple[Entry, ...] = (
         bug="its stream carries S between pieces but restarts z at zero: one piece is right, "
         "split pieces are not",
         stream=_ForgetfulStream,
+        caught_by=("split-resume",),
     ),
     _broken(
         "softmax-no-max-subtraction",
@@ -418,6 +435,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="exp(s) without subtracting the row maximum: overflows (inf/inf) for logits above "
         "88 in float32",
+        caught_by=("positivity",),
     ),
     _broken(
         "softmax-missing-scale",
@@ -425,6 +443,7 @@ ENTRIES: tuple[Entry, ...] = (
         "softmax",
         causal=True,
         bug="softmax of q.k without the 1/sqrt(d): right only when d == 1",
+        caught_by=("reference",),
     ),
     _broken(
         "performer-no-norm-factor",
@@ -432,6 +451,7 @@ ENTRIES: tuple[Entry, ...] = (
         "performer-positive",
         causal=False,
         bug="phi lacks the factor exp(-|x'|^2/2): cancels for queries, reweights the keys",
+        caught_by=("reference",),
     ),
     _broken(
         "performer-no-input-scaling",
@@ -439,6 +459,7 @@ ENTRIES: tuple[Entry, ...] = (
         "performer-positive",
         causal=False,
         bug="x' = x instead of x d^(-1/4): right only when d == 1",
+        caught_by=("reference",),
     ),
     _broken(
         "performer-unstabilised",
@@ -447,6 +468,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="exp(W x' - |x'|^2/2) unshifted and in the input dtype: underflows to 0/0 or "
         "overflows for large norms",
+        caught_by=("positivity",),
     ),
     _broken(
         "cosformer-angle-missing-two",
@@ -455,6 +477,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=False,
         bug="the angle is pi (i - j) / M instead of pi (i - j) / (2M): distant pairs get "
         "negative weights",
+        caught_by=("reference",),
     ),
     _broken(
         "taylor-missing-half",
@@ -462,5 +485,6 @@ ENTRIES: tuple[Entry, ...] = (
         "taylor",
         causal=False,
         bug="1 + s + s^2 instead of 1 + s + s^2/2",
+        caught_by=("reference",),
     ),
 )

@@ -213,6 +213,7 @@ ENTRIES: tuple[Entry, ...] = (
         causal=True,
         how="explicit masked (Nq, Nk) weights in float64, key features scaled by their "
         "running maximum per query",
+        cost="quadratic",
     ),
     _correct(
         "elu-token-recurrence",
@@ -264,5 +265,6 @@ ENTRIES: tuple[Entry, ...] = (
         "taylor",
         causal=False,
         how="quadratic form of ((1 + s)^2 + 1) / 2 in float64",
+        cost="quadratic",
     ),
 )
