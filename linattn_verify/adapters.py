@@ -383,36 +383,22 @@ _ALL = (
         "chunk_size_for(N): the largest divisor of N below N, at most 256.",
         _load_fla_naive_chunk_based,
     ),
-    Adapter(
-        "fla.linear-attn-chunk",
-        "fla-core",
-        "fla.ops.linear_attn.chunk_linear_attn",
-        Spec("relu", causal=True, eps=1e-10),
-        "bnhd",
-        _FLA_LINEAR + " Triton chunk kernel (chunk_simple_gla) with normalize=True.",
-        _fla_triton("linear_attn", "chunk_linear_attn", True, normalize=True),
-        device="cuda",
-    ),
-    Adapter(
-        "fla.linear-attn-fused-chunk",
-        "fla-core",
-        "fla.ops.linear_attn.fused_chunk_linear_attn",
-        Spec("relu", causal=True, eps=1e-10),
-        "bnhd",
-        _FLA_LINEAR + " Triton fused chunk kernel (fused_chunk_simple_gla), normalize=True.",
-        _fla_triton("linear_attn", "fused_chunk_linear_attn", True, normalize=True),
-        device="cuda",
-    ),
-    Adapter(
-        "fla.linear-attn-fused-recurrent",
-        "fla-core",
-        "fla.ops.linear_attn.fused_recurrent_linear_attn",
-        Spec("relu", causal=True, eps=1e-10),
-        "bnhd",
-        _FLA_LINEAR + " Triton recurrent kernel; its normalize defaults to False and is "
-        "passed as True.",
-        _fla_triton("linear_attn", "fused_recurrent_linear_attn", True, normalize=True),
-        device="cuda",
+    *(
+        Adapter(
+            f"fla.linear-attn-{short}",
+            "fla-core",
+            f"fla.ops.linear_attn.{function}",
+            Spec("relu", causal=True, eps=1e-10),
+            "bnhd",
+            _FLA_LINEAR + f" Triton {how}, called with normalize=True.",
+            _fla_triton("linear_attn", function, True, normalize=True),
+            device="cuda",
+        )
+        for short, function, how in (
+            ("chunk", "chunk_linear_attn", "chunk kernel (chunk_simple_gla)"),
+            ("fused-chunk", "fused_chunk_linear_attn", "fused chunk kernel"),
+            ("fused-recurrent", "fused_recurrent_linear_attn", "recurrent kernel"),
+        )
     ),
     Adapter(
         "fla.based-parallel",
