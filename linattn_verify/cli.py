@@ -333,9 +333,10 @@ def cmd_random_features(args: argparse.Namespace) -> int:
         runs = [(args.sampler, load_target(args.sampler), args.claim)]
     else:
         runs = [(f"lv.sample_projection_torch {c}", builtin_sampler(c), c) for c in CLAIMS]
-    for name, value in (("--d", args.d), ("--m", args.m), ("--replicates", args.replicates)):
-        if value < 1:
-            raise UsageError(f"{name} must be >= 1, got {value}")
+    sizes = (("--d", args.d, 1), ("--m", args.m, 1), ("--replicates", args.replicates, 2))
+    for name, value, least in sizes:
+        if value < least:
+            raise UsageError(f"{name} must be >= {least}, got {value}")
     if args.replicates < 1000:
         _progress(
             args.quiet,
@@ -392,6 +393,8 @@ def cmd_vet(args: argparse.Namespace) -> int:
     if adapter is not None:
         if args.feature_map or args.causal or args.eps or args.layout:
             raise UsageError(f"{args.target} is an adapter: its spec and layout are its claim")
+        if adapter.device == "cuda" and not args.device.startswith("cuda"):
+            raise UsageError(f"{args.target} runs on CUDA only: give --device cuda")
         spec = None
     elif args.feature_map is None:
         raise UsageError("vet TARGET needs --feature-map NAME (the spec it claims)")
@@ -401,6 +404,14 @@ def cmd_vet(args: argparse.Namespace) -> int:
         raise UsageError(f"device {args.device!r} asked for, but torch sees no CUDA device")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.sampler:
+        from .target import load_target
+
+        if not (adapter.spec if adapter else spec).info.needs_projection:
+            raise UsageError("--sampler is for the Performer specs, which take a projection")
+        if args.claim is None:
+            raise UsageError("--sampler needs --claim iid or --claim orthogonal")
+        load_target(args.sampler)  # a sampler that cannot be loaded is a usage error here
     options = VetOptions(
         dtypes=tuple(args.dtypes),
         device=args.device,
@@ -594,7 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
     rf.add_argument("--m", type=int, default=64, help="rows per draw (default 64)")
     rf.add_argument("--replicates", type=int, default=4096, help="draws (default 4096)")
     rf.add_argument("--seed", type=int, default=0)
-    rf.add_argument("--plots", help="also write MSE-vs-m and attention-error plots here")
+    rf.add_argument(
+        "--plots", help="also write plots of the project's samplers here (MSE and error vs m)"
+    )
     _add_output_options(rf)
     rf.set_defaults(func=cmd_random_features)
     vt = sub.add_parser(
@@ -625,9 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     vt.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     vt.add_argument("--device", default="cpu")
     vt.add_argument("--sampler", help="module:function drawing W (m, d) from a torch.Generator")
-    vt.add_argument(
-        "--claim", choices=["iid", "orthogonal"], default="iid", help="--sampler's rows"
-    )
+    vt.add_argument("--claim", choices=["iid", "orthogonal"], help="what --sampler's rows are")
     vt.add_argument("--kat", action="store_true", help="also run the known-answer vectors")
     vt.add_argument(
         "--cost",

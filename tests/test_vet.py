@@ -21,11 +21,12 @@ def _vet(name: str, *extra: str) -> int:
 
 def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
     out = tmp_path / "vet.json"
-    assert _vet("elu_linear", "--json", str(out)) == 0
+    assert _vet("elu_linear", "--dtypes", "float16", "float32", "--json", str(out)) == 0
     report = json.loads(out.read_text())
     assert report["verdict"] == "pass"
     names = {c["name"] for c in report["checks"]}
     assert {"contract", "reference", "causality", "scaling", "accuracy float16"} <= names
+    assert "accuracy float64" not in names
     assert all({"name", "status", "detail"} <= set(c) for c in report["checks"])
     assert {c["status"] for c in report["checks"]} <= {"pass", "not applicable"}
     assert report["environment"]["packages"]["torch"]
@@ -56,6 +57,22 @@ def test_a_hanging_implementation_fails_within_the_timeout(capsys):
     assert elapsed < 5 + 30  # the timeout plus starting one worker process
 
 
+def test_a_biased_sampler_fails_the_random_feature_statistics(tmp_path, capsys):
+    out = tmp_path / "vet.json"
+    sampler = "tests.zoo.random_features:unit_norm_rows"
+    args = ["--dtypes", "float32", "--sampler", sampler, "--claim", "iid", "--json", str(out)]
+    assert (
+        main(
+            ["vet", f"{TARGETS}:performer", "--feature-map", "performer-positive", "--quiet", *args]
+        )
+        == 1
+    )
+    rows = {row["name"]: row for row in json.loads(out.read_text())["checks"]}
+    assert rows["sampler unbiasedness"]["status"] == "fail"
+    assert rows["rate"]["status"] == "fail"  # |W| = 1 rows estimate another kernel
+    assert all(rows[name]["status"] == "pass" for name in ("contract", "reference", "scaling"))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -63,6 +80,21 @@ def test_a_hanging_implementation_fails_within_the_timeout(capsys):
         (["vet", f"{TARGETS}:elu_linear"], "needs --feature-map"),
         (["vet"], "needs TARGET"),
         (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--timeout", "0"], "--timeout"),
+        (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--sampler", "a:b"], "Performer"),
+        (
+            [
+                "vet",
+                f"{TARGETS}:performer",
+                "--feature-map",
+                "performer-positive",
+                "--sampler",
+                "no_such_module:draw",
+                "--claim",
+                "iid",
+            ],
+            "cannot import",
+        ),
+        (["vet", "fla.linear-attn-chunk"], "--device cuda"),
     ],
 )
 def test_usage_errors_exit_2(args, message, capsys):

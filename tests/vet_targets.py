@@ -21,3 +21,7 @@ def crashing(q, k, v):
 
 def hanging(q, k, v):
     time.sleep(3600)
+
+
+def performer(q, k, v, projection):
+    return lv.attention(q, k, v, "performer-positive", projection=projection, form="linear")

@@ -34,19 +34,21 @@ def find_failure(
     shrink: bool = False,
     dtypes: tuple[str, ...] = DTYPES,
     extra_cases: Sequence[Case] = (),
+    corners: bool = True,
     **options: Any,
 ) -> CheckResult | None:
     """The first case on which check `name` fails for impl, or None: the regime's corners
-    and `extra_cases` first, then the search, all in `dtypes`. nature=False looks for real
-    failures (the spec's own by-nature violations count as passes); nature=True for a
-    by-nature counterexample."""
+    (unless corners=False) and `extra_cases` first, then the search, all in `dtypes`.
+    nature=False looks for real failures (the spec's own by-nature violations count as
+    passes); nature=True for a by-nature counterexample."""
     check = CHECKS[name]
 
     def fails(case) -> bool:
         result = check(impl, case, **options)
         return not result.passed and bool(result.by_nature) == nature
 
-    for case in [*corner_cases(impl.spec, dtypes, device), *extra_cases]:  # every one
+    fixed = corner_cases(impl.spec, dtypes, device) if corners else []
+    for case in [*fixed, *extra_cases]:  # every one
         if fails(case):
             return check(impl, case, **options)
 

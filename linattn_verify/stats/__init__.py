@@ -9,6 +9,7 @@ from .attention import (
     bound_check,
     fit_rate,
     rate_check,
+    regime_inputs,
     rmse_by_m,
 )
 from .checks import Pair, mse_formula, orthogonal_mse, unbiasedness
@@ -49,6 +50,7 @@ __all__ = [
     "orthogonal_mse",
     "pair_moment",
     "rate_check",
+    "regime_inputs",
     "rmse_by_m",
     "softmax_kernel",
     "unbiasedness",

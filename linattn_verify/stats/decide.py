@@ -6,10 +6,14 @@ may make up to 10^4 such assertions (Bonferroni); the CI profile makes a few hun
 thorough profile a few thousand.
 
 The tests compare the mean of R independent replicates with its exact expected value through
-the studentised statistic z = (mean - expected) / (sd / sqrt R). Its law is taken as normal
-(central limit theorem, R >= 1000 here); the checks keep to a regime where the replicates'
-tails are light enough for that (documented next to each check), and tests/test_stats.py checks
-the calibration: under the null, z over many seeds is standard normal.
+z = (mean - expected) / sqrt(variance / R), with the replicates' exact variance where it is
+known (moments.py: every iid statistic, and the mean of orthogonal rows), else their sample
+variance (the orthogonal MSE). The law of z is taken as normal (central limit theorem, R >=
+1000 here). With skewed replicates the tail at 6.47 is heavier than normal by about a factor
+1 + (g / 6)(z^2 - 1) (Edgeworth; g the skewness of the mean); the regimes next to each check keep
+g <= 0.05, a factor below 1.4. A sample variance makes the tail heavier still when the
+replicates are skewed (a low mean comes with a low variance), so the orthogonal MSE keeps to
+lighter tails (stats/checks.py). tests/test_stats.py checks the calibration at 3 and 4 sd.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import scipy.stats
 
 ALPHA = 1e-10
 Z_TWO_SIDED = float(scipy.stats.norm.isf(ALPHA / 2))  # 6.47
-Z_ONE_SIDED = float(scipy.stats.norm.isf(ALPHA))  # 6.36
+Z_ONE_SIDED = float(scipy.stats.norm.isf(ALPHA))  # 6.36: "below" tests
 ROUNDING = 1e-12  # float64 evaluation of an estimate vs mpmath, when no replicate varies
 
 
@@ -49,13 +53,15 @@ class MeanTest:
         return self.se / abs(self.expected)
 
 
-def mean_test(samples: np.ndarray, expected: float) -> MeanTest:
-    """Studentised test of E[samples] = expected (replicates along the only axis)."""
+def mean_test(samples: np.ndarray, expected: float, variance: float | None = None) -> MeanTest:
+    """Test of E[samples] = expected (replicates along the only axis), with the replicates'
+    exact variance when given, else their sample variance."""
     samples = np.asarray(samples, dtype=np.float64)
     if samples.ndim != 1 or samples.size < 2:
         raise ValueError("mean_test needs a 1-d array of at least two replicates")
     mean = float(samples.mean())
-    se = float(samples.std(ddof=1)) / math.sqrt(samples.size)
+    spread = samples.std(ddof=1) if variance is None else math.sqrt(max(variance, 0.0))
+    se = float(spread) / math.sqrt(samples.size)
     if se > 0:
         z = (mean - expected) / se
     else:  # every replicate equal: only float64 rounding may separate mean and expected

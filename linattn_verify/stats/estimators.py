@@ -40,6 +40,8 @@ def builtin_sampler(kind: str) -> SamplerFn:
 
 def numpy_sampler(kind: str) -> SamplerFn:
     """The project's numpy sampler `kind`, seeded from the torch generator."""
+    if kind not in SAMPLERS:
+        raise SpecError(f"unknown projection sampler {kind!r}; known: {', '.join(SAMPLERS)}")
     draw = SAMPLERS[kind].draw
 
     def sampler(m: int, d: int, generator: torch.Generator) -> np.ndarray:

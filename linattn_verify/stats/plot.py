@@ -13,10 +13,10 @@ import numpy as np
 
 from ..checks.builtin import builtin
 from ..specs import Spec
-from .attention import Sequence1, fit_rate, rmse_by_m
+from .attention import fit_rate, regime_inputs, rmse_by_m
 from .estimators import builtin_sampler, draw_projections, kernel_estimates
 from .moments import KINDS, mse_iid, mse_orthogonal, softmax_kernel
-from .panel import MSE_NORM, panel
+from .panel import panel
 
 THEORY = {"iid": mse_iid, "orthogonal": mse_orthogonal}
 
@@ -68,7 +68,7 @@ def plot_mse_vs_m(
     out: dict[str, Any] = {}
     with _kind_panels(path) as axes:
         for kind in KINDS:
-            pair = panel(kind, d, MSE_NORM[kind])[0]
+            pair = panel(kind, d)[0]
             exact = softmax_kernel(pair.x, pair.y)
             out[kind] = {"m": list(ms)}
             for (name, theory_fn), colour in zip(THEORY.items(), ("C0", "C1")):
@@ -91,15 +91,6 @@ def plot_mse_vs_m(
     return out
 
 
-def _inputs(seed: int, n: int = 8, d: int = 4, dv: int = 3, max_norm: float = 0.5) -> Sequence1:
-    """Gaussian q, k, v with the rows of q and k shrunk to |row| d^(-1/4) <= max_norm."""
-    rng = np.random.default_rng(seed)
-    q, k, v = rng.standard_normal((n, d)), rng.standard_normal((n, d)), rng.standard_normal((n, dv))
-    top = max_norm * d**0.25
-    q, k = (a * np.minimum(1.0, top / np.linalg.norm(a, axis=1, keepdims=True)) for a in (q, k))
-    return Sequence1(q, k, v)
-
-
 def plot_attention_error_vs_m(
     path: str | Path,
     ms: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024),
@@ -110,7 +101,7 @@ def plot_attention_error_vs_m(
     softmax attention on fixed small inputs (N = 8, d = 4, dv = 3, |q| d^(-1/4) <= 0.5), with
     the fitted slope of log RMSE on log m and a dashed m^(-1/2) reference. Returns per kind
     the m, the RMSE, the slope and its standard error."""
-    inputs = _inputs(seed)
+    inputs = regime_inputs(seed)
     sampler = builtin_sampler("iid")
     out: dict[str, Any] = {}
     with _kind_panels(path) as axes:

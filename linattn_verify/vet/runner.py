@@ -23,7 +23,7 @@ class VetOptions:
     dtypes: tuple[str, ...] = DTYPES
     device: str = "cpu"
     sampler: str | None = None  # module:fn of a projection sampler
-    claim: str = "iid"  # what the sampler's rows are: iid or orthogonal
+    claim: str | None = None  # what the sampler's rows are: iid or orthogonal
     kat: bool = False
     thorough: bool = False
     cost: str | None = None  # the claimed growth: None is quadratic for softmax, else linear
@@ -79,12 +79,14 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     cost = options.cost or ("quadratic" if spec.feature_map == "softmax" else "linear")
     steps.append(("scaling", "scaling", {"device": options.device, "expected": cost}))
     if options.kat and spec.eps == 0:
-        steps.append(("known-answers", "known-answers", {"device": options.device}))
+        kat = {"device": options.device, "dtypes": options.dtypes}
+        steps.append(("known-answers", "known-answers", kat))
     if options.sampler:
         sampler = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
         steps.append(("sampler", "sampler", sampler))
     if spec.info.needs_projection:
-        steps.append(("rate", "rate", {"sampler_target": options.sampler, "seed": options.seed}))
+        rate = {"sampler_target": options.sampler, "seed": options.seed}
+        steps.append(("rate", "rate", {**rate, "device": options.device, "dtypes": options.dtypes}))
     return steps
 
 

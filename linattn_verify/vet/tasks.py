@@ -17,15 +17,29 @@ from ..specs import Spec
 Row = dict[str, Any]
 
 
+VET_SHAPES = ((2, 2, 1, 4, 3), (2, 3, 65, 5, 4), (1, 2, 33, 16, 16))  # (B, H, N, d, dv)
+
+
 def vet_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
     """Shapes every check meets besides the regime's corners (B = H = 2, N = 9, d = 3 != dv
-    = 2): N = 1; N = 65 (ragged for chunks of 16 and 64) with B = 2, H = 3, d = 5 != dv = 4;
-    d = dv = m = 16."""
-    m = spec.info.needs_projection
+    = 2, every dtype): N = 1; N = 65 (ragged for chunks of 16 and 64) with B = 2, H = 3, d = 5
+    != dv = 4; d = dv = m = 16. The dtypes take turns."""
+    projection = spec.info.needs_projection
     return [
-        Case(b, h, n, d, dv, dtype, "normal", 1.0, 7, d if m else None, device)
-        for dtype in dtypes
-        for b, h, n, d, dv in ((2, 2, 1, 4, 3), (2, 3, 65, 5, 4), (1, 2, 33, 16, 16))
+        Case(
+            b,
+            h,
+            n,
+            d,
+            dv,
+            dtypes[i % len(dtypes)],
+            "normal",
+            1.0,
+            7,
+            d if projection else None,
+            device,
+        )
+        for i, (b, h, n, d, dv) in enumerate(VET_SHAPES)
     ]
 
 
@@ -46,8 +60,8 @@ def property_check(
 
 
 def accuracy(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
-    """Per dtype, the reference check on vet_cases and the corners: the largest error in
-    units of u s, with the bound and budget at the worst element."""
+    """Per dtype, the reference check on the corners and vet_cases of that dtype: the largest
+    error in units of u s, with the bound and budget at the worst element."""
     from ..strategies import corner_cases
 
     rows = []
@@ -65,12 +79,13 @@ def accuracy(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list
         shown = failed[0] if failed else worst
         row = shown.to_dict()
         row["name"] = f"accuracy {dtype}"
-        row["detail"] = f"{len(failed)} of {len(results)} cases fail; worst: {shown.message}"
+        what = "first failure" if failed else "largest error"
+        row["detail"] = f"{len(failed)} of {len(results)} cases fail; {what}: {shown.message}"
         rows.append(row)
     return rows
 
 
-def scaling(impl: Implementation, device: str, expected: str, max_n: int = 4096) -> list[Row]:
+def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048) -> list[Row]:
     """Counted FLOPs and peak bytes over N = 256 ... max_n (float32, d = dv = 32) grow as
     `expected` ("linear" or "quadratic")."""
     import torch
@@ -123,24 +138,32 @@ def sampler_statistics(sampler_target: str, claim: str, seed: int) -> list[Row]:
     return [_one_row(f"sampler {n}", [r for r in results if r.check == n]) for n in names]
 
 
-def rate(impl: Implementation, sampler_target: str | None, seed: int) -> list[Row]:
+def rate(
+    impl: Implementation,
+    sampler_target: str | None,
+    seed: int,
+    device: str,
+    dtypes: tuple[str, ...],
+) -> list[Row]:
     """The attention error against softmax falls as m^(-1/2) (stats/attention.py), on small
-    inputs in the regime where that holds; with the given sampler, else the project's iid."""
-    from ..stats import Sequence1, builtin_sampler, rate_check
+    inputs in the regime where that holds, in the most precise of `dtypes`; with the given
+    sampler, else the project's iid."""
+    import torch
+
+    from ..stats import builtin_sampler, rate_check, regime_inputs
     from ..target import load_target
 
-    rng = np.random.default_rng(seed)
-    q, k = rng.standard_normal((2, 8, 4))
-    q *= 0.5 * 4**0.25 / np.linalg.norm(q, axis=1, keepdims=True)
-    k *= 0.5 * 4**0.25 * rng.uniform(0.2, 1, (8, 1)) / np.linalg.norm(k, axis=1, keepdims=True)
     sampler = load_target(sampler_target) if sampler_target else builtin_sampler("iid")
-    inputs = Sequence1(q, k, rng.standard_normal((8, 3)))
-    return [rate_check(impl, sampler, inputs, seed=seed).to_dict()]
+    dtype = next(t for t in ("float64", "float32", "bfloat16", "float16") if t in dtypes)
+    result = rate_check(
+        impl, sampler, regime_inputs(seed), seed=seed, dtype=getattr(torch, dtype), device=device
+    )
+    return [result.to_dict()]
 
 
-def known_answers(impl: Implementation, device: str) -> list[Row]:
-    """The known-answer vectors of the spec (references/): the error per vector in units of
-    u s of its dtype, within the a-priori bound."""
+def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
+    """The known-answer vectors of the spec (references/) in `dtypes`: the error per vector
+    in units of u s of its dtype, within the a-priori bound."""
     from ..kat import run_vectors
 
     spec = impl.spec
@@ -150,6 +173,7 @@ def known_answers(impl: Implementation, device: str) -> list[Row]:
         spec.causal,
         device=device,
     )
+    rows = [r for r in rows if r["dtype"] in dtypes]
     bad = [r for r in rows if r.get("problem") or r["outside_bound"]]
     worst = max(rows, key=lambda r: r["max_error_units"])
     detail = f"{len(bad)} of {len(rows)} vectors outside the bound or broken"

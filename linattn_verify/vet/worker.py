@@ -121,7 +121,9 @@ class Worker:
         try:
             kind, payload = self._conn.recv()
         except (EOFError, OSError):
-            raise WorkerDied(f"{what}: the worker process died ({self._exit()})") from None
+            how = self._exit()
+            self.close()
+            raise WorkerDied(f"{what}: the worker process died ({how})") from None
         if kind == "error":
             self.close()
             raise SpecError(payload)
@@ -131,12 +133,21 @@ class Worker:
         self._process.join(5)
         code = self._process.exitcode
         if code is not None and code < 0:
-            return f"killed by signal {signal.Signals(-code).name}"
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:  # a real-time signal has no name
+                return f"killed by signal {-code}"
         return f"exit code {code}"
 
     def run(self, task: str, options: dict[str, Any]) -> list[tasks.Row]:
-        self._conn.send((task, options))
-        return self._receive(options.get("name", task), self.timeout)
+        what = options.get("name", task)
+        try:
+            self._conn.send((task, options))
+        except OSError:  # the worker died between tasks
+            how = self._exit()
+            self.close()
+            raise WorkerDied(f"{what}: the worker process died ({how})") from None
+        return self._receive(what, self.timeout)
 
     def close(self) -> None:
         if self._process.is_alive():

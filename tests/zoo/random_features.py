@@ -1,5 +1,6 @@
-"""Broken random features: samplers whose rows are not N(0, I_d), and Performer attention
-whose error does not fall with m. The statistical checks must reject each (tests/test_stats.py).
+"""Broken random features: samplers whose rows are not N(0, I_d), samplers with unbiased rows
+but the wrong dependence between them, and Performer attention whose error does not fall with
+m. The statistical checks must reject each, for the right reason (tests/test_stats.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,23 @@ def fixed_norm_orthogonal(m: int, d: int, generator: torch.Generator) -> Tensor:
     return lv.sample_projection_torch(m, d, "orthogonal-fixed-norm", generator, torch.float64)
 
 
-BIASED_SAMPLERS = {  # name: (sampler, what it claims)
-    "unit-norm-rows": (unit_norm_rows, "iid"),
-    "rademacher-entries": (rademacher_entries, "iid"),
-    "fixed-norm-orthogonal": (fixed_norm_orthogonal, "orthogonal"),
+def duplicated_rows(m: int, d: int, generator: torch.Generator) -> Tensor:
+    """Every Gaussian row twice: unbiased, but m rows carry the variance of m / 2."""
+    w = torch.randn(-(-m // 2), d, generator=generator, dtype=torch.float64)
+    return w.repeat_interleave(2, dim=0)[:m]
+
+
+def iid_claimed_orthogonal(m: int, d: int, generator: torch.Generator) -> Tensor:
+    """iid Gaussian rows, claimed orthogonal: unbiased, without the variance reduction."""
+    return torch.randn(m, d, generator=generator, dtype=torch.float64)
+
+
+BROKEN_SAMPLERS = {  # name: (sampler, what it claims, the check it must fail)
+    "unit-norm-rows": (unit_norm_rows, "iid", "unbiasedness"),
+    "rademacher-entries": (rademacher_entries, "iid", "unbiasedness"),
+    "fixed-norm-orthogonal": (fixed_norm_orthogonal, "orthogonal", "unbiasedness"),
+    "duplicated-rows": (duplicated_rows, "iid", "mse-formula"),
+    "iid-claimed-orthogonal": (iid_claimed_orthogonal, "orthogonal", "orthogonal-mse"),
 }
 
 TRUNCATED_ROWS = 16
