@@ -350,10 +350,13 @@ def cmd_random_features(args: argparse.Namespace) -> int:
             args.quiet,
             f"{name} (claims {claim}): {args.replicates} draws of ({args.m}, {args.d}) ...",
         )
-        results = check_sampler(sampler, claim, args.d, args.m, args.replicates, args.seed)
+        target = args.sampler if args.sampler else None
+        results = check_sampler(sampler, claim, args.d, args.m, args.replicates, args.seed, target)
         print(f"{name}, claimed {claim}:")
         for r in results:
             print(f"  {'pass' if r.passed else 'FAIL'}  {r.check}: {r.message}")
+            if not r.passed and r.repro:
+                print(f"        reproduce: {r.repro}")
         failed |= not all(r.passed for r in results)
         payload["samplers"].append(
             {"sampler": name, "claim": claim, "checks": [r.to_dict() for r in results]}
@@ -454,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m linattn_verify accuracy\n"
         "  python -m linattn_verify reference --random 1,1,4096,64,64 --feature-map elu --causal\n"
         "  python -m linattn_verify scaling --feature-map elu --causal --time\n"
+        "  python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal\n"
+        "  python -m linattn_verify random-features --sampler mysampler.py:draw --claim iid\n"
         "Run `python -m linattn_verify COMMAND --help` for each command.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -217,6 +217,7 @@ def test_random_features_fails_unit_norm_rows(tmp_path, capsys):
     assert _random_features(tmp_path, "--sampler", target, "--claim", "iid") == 1
     out = capsys.readouterr().out
     assert "FAIL  unbiasedness" in out and "verdict: FAIL" in out
+    assert f"reproduce: python -m linattn_verify random-features --sampler {target}" in out
 
 
 def test_random_features_usage_errors(tmp_path, capsys):

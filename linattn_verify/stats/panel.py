@@ -10,6 +10,8 @@ biased samplers of tests/zoo/samplers.py is given and checked in tests/test_stat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..checks.core import CheckResult
@@ -48,19 +50,28 @@ def check_sampler(
     m: int = DEFAULT_M,
     replicates: int = DEFAULT_REPLICATES,
     seed: int = 0,
+    target: str | None = None,
 ) -> list[CheckResult]:
     """Every kernel-level check for a sampler claiming iid or orthogonal (chi(d)) rows:
     unbiasedness for the three estimators, then the iid MSE formula or the orthogonal MSE.
-    A sampler that raises or returns a wrong shape gives one failed result."""
+    A sampler that raises or returns a wrong shape gives one failed result. With `target`
+    (module:fn), each result carries the command that reruns the panel."""
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {', '.join(CLAIMS)}, got {claim!r}")
     try:
         w = draw_projections(sampler, m, d, replicates, seed)
     except SamplerFailure as err:
-        return [CheckResult("sampler", False, str(err))]
-    second = mse_formula if claim == "iid" else orthogonal_mse
-    results = []
-    for kind in KINDS:
-        results += [unbiasedness(kind, pair, w, claim) for pair in panel(kind, d)]
-        results += [second(kind, pair, w) for pair in panel(kind, d)]
-    return results
+        results = [CheckResult("sampler", False, str(err))]
+    else:
+        second = mse_formula if claim == "iid" else orthogonal_mse
+        results = []
+        for kind in KINDS:
+            results += [unbiasedness(kind, pair, w, claim) for pair in panel(kind, d)]
+            results += [second(kind, pair, w) for pair in panel(kind, d)]
+    if target is None:
+        return results
+    repro = (
+        f"python -m linattn_verify random-features --sampler {target} --claim {claim} "
+        f"--d {d} --m {m} --replicates {replicates} --seed {seed}"
+    )
+    return [replace(r, repro=repro) for r in results]

@@ -133,7 +133,7 @@ def sampler_statistics(sampler_target: str, claim: str, seed: int) -> list[Row]:
     from ..stats import check_sampler
     from ..target import load_target
 
-    results = check_sampler(load_target(sampler_target), claim, seed=seed)
+    results = check_sampler(load_target(sampler_target), claim, seed=seed, target=sampler_target)
     names = dict.fromkeys(r.check for r in results)
     return [_one_row(f"sampler {n}", [r for r in results if r.check == n]) for n in names]
 
