@@ -88,7 +88,7 @@ def test_mse_matches_lemma_2(kind, sampler, data):
 ORF_REGIME = {  # kind: (d range, |x +- y| range, rows per call in units of d: partial blocks
     # (m < d), one block, stacked blocks (m > d))
     "performer-positive": ((16, 32), (0.8, 0.9), (2, 3, 4)),
-    "performer-hyperbolic": ((8, 32), (0.8, 1.0), (1, 2)),
+    "performer-hyperbolic": ((16, 32), (0.7, 0.8), (2,)),
     "performer-trig": ((4, 32), (0.8, 1.5), (0.5, 1, 2)),
 }
 

@@ -119,12 +119,13 @@ def test_orthogonal_mse_is_iid_without_pairs():
 
 
 @pytest.mark.parametrize("statistic", ["mean", "squared-error"])
-def test_z_is_calibrated_at_the_edge_of_the_regime(statistic):
+@pytest.mark.parametrize("kind", ["performer-positive", "performer-hyperbolic"])
+def test_z_is_calibrated_at_the_edge_of_the_regime(kind, statistic):
     """z of unbiasedness and of mse-formula (exact variances) at the heaviest edge of their
-    regime (positive, |x + y| = 1, m = 16) over 2000 runs of R = 2048 iid replicates: the
+    regime (|x + y| = 1, m = 16) over 2000 runs of R = 2048 iid replicates: the
     count beyond 3 sd must stay below the Binomial(2000, 0.0027) quantile at 1e-8, which a
     tail 3x heavier than normal exceeds with probability 0.99 (false failure 1e-8)."""
-    kind, m, runs, replicates = "performer-positive", 16, 2000, 2048
+    m, runs, replicates = 16, 2000, 2048
     pair = Pair(np.array([0.6, 0.0]), np.array([0.4, 0.0]))
     sm, mse = softmax_kernel(pair.x, pair.y), mse_iid(kind, pair.x, pair.y, m)
     rng = np.random.default_rng(0)

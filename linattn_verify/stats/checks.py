@@ -5,8 +5,9 @@ measured ratio to theory, the z statistic and the false-failure probability (dec
 Regimes (where the statements hold and the normal approximation of decide.py is good, R >=
 1000): for the positive and hyperbolic estimators one row's term is log-normal with log-sd
 |x + y|; |x + y| <= 1 with m >= 16 keeps the skewness of a mean of 2048 replicates below 0.05.
-The trig terms are bounded (|x - y| <= 2). The orthogonal MSE, tested with a sample variance,
-keeps to |x + y| <= 0.9, m >= 2 d >= 32 (positive), |x + y| <= 1, m >= d >= 8 (hyperbolic).
+The trig terms are bounded (|x - y| <= 2). The orthogonal MSE keeps to |x + y| <= 0.9, m >= 2d
+>= 32 (positive) and |x + y| <= 0.8, m = 2d >= 32 (hyperbolic; at d = m = 8, |x + y| = 1 its
+mean squared error had a right tail of 7 sd in 600 runs, against 0.8 sd here).
 """
 
 from __future__ import annotations
@@ -108,22 +109,27 @@ def below_iid_applies(kind: str, pair: Pair, m: int, replicates: int) -> bool:
 
 
 def orthogonal_mse(kind: str, pair: Pair, w: np.ndarray) -> CheckResult:
-    """Orthogonal rows with chi(d) norms: the empirical MSE matches the exact orthogonal MSE
-    (moments.py; sample variance, so in the lighter-tailed regime of the module docstring)
-    and, where below_iid_applies, lies below the iid MSE."""
+    """Orthogonal rows with chi(d) norms: where below_iid_applies, the empirical MSE lies
+    below the iid MSE; for trig it also matches the exact orthogonal MSE (moments.py), the
+    variance of the squared error taken as SE_RATIO_BOUND^2 times the exact iid one. For the
+    log-normal kinds the match is reported, not asserted: their squared errors leave the
+    mean a right tail several times heavier than normal at 3-5 sd (measured over 300-600
+    runs), so a level of 1e-10 is not established there."""
     replicates, m, _ = w.shape
     theory = mse_orthogonal(kind, pair.x, pair.y, m)
     iid = mse_iid(kind, pair.x, pair.y, m)
-    test = mean_test(_squared_errors(kind, pair, w), theory)
+    variance = SE_RATIO_BOUND**2 * squared_error_variance(kind, pair.x, pair.y, m)
+    test = mean_test(_squared_errors(kind, pair, w), theory, variance)
     applies = below_iid_applies(kind, pair, m, replicates)
     below = test.mean < iid
     if applies:
         verdict = "below" if below else "NOT below"
     else:
         verdict = "not asserted (gain too small for the replicates) against"
+    matches = test.consistent or kind != "performer-trig"
     return CheckResult(
         "orthogonal-mse",
-        test.consistent and (below or not applies),
+        matches and (below or not applies),
         f"{kind}: empirical MSE / orthogonal theory = {test.ratio:.4f} (z = {test.z:+.2f}, "
         f"allowed |z| <= {Z_TWO_SIDED:.2f}); {verdict} the iid MSE (ratio "
         f"{test.mean / iid:.4f}, theory {theory / iid:.4f}) over {replicates} replicates of "
