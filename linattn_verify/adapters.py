@@ -426,14 +426,6 @@ ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in _ALL}
 assert len(ADAPTERS) == len(_ALL), "adapter names must be unique"
 
 
-def get_adapter(name: str) -> Adapter:
-    """The adapter called `name`, or a SpecError listing the known ones."""
-    try:
-        return ADAPTERS[name]
-    except (KeyError, TypeError):
-        raise SpecError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}") from None
-
-
 def adapter_implementation(adapter: Adapter) -> Implementation:
     """The adapter as an Implementation (loads its library; AdapterUnavailable if it cannot)."""
     return Implementation(
