@@ -65,6 +65,32 @@ def test_a_quadratic_impostor_is_caught_by_flops_and_bytes():
     assert "FLOPs grow as N^2.00" in check.message and "faster than N" in check.message
 
 
+def _cumsum_linear(q, k, v):
+    """Causal linear attention from cumsum and broadcasting: no op FlopCounterMode counts."""
+    phi_q, phi_k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    s = torch.cumsum(phi_k.unsqueeze(-1) * v.unsqueeze(-2), dim=2)
+    z = torch.cumsum(phi_k, dim=2)
+    return (phi_q.unsqueeze(-1) * s).sum(-2) / (phi_q * z).sum(-1, keepdim=True)
+
+
+def _broadcast_quadratic(q, k, v):
+    """The (N, N) weights by broadcasting, no matmul: quadratic, and only bytes show it."""
+    a = (
+        (torch.nn.functional.elu(q) + 1).unsqueeze(-2)
+        * (torch.nn.functional.elu(k) + 1).unsqueeze(-3)
+    ).sum(-1)
+    return (a.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2) / a.sum(-1, keepdim=True)
+
+
+def test_without_counted_flops_the_bytes_alone_judge():
+    linear = check_growth(cost_curve(_cumsum_linear, NS[:3], d=8, dv=8), "linear")
+    assert linear.flops is None and linear.passed
+    assert linear.message.startswith("no FLOPs counted (no matmul-like op), peak bytes ~ N^1.0")
+    quadratic = check_growth(cost_curve(_broadcast_quadratic, NS[:3], d=8, dv=8), "linear")
+    assert quadratic.flops is None and not quadratic.passed
+    assert "peak bytes grow as N^2.00, faster than N^1" in quadratic.message
+
+
 def test_the_built_in_linear_form_passes():
     impl = lambda q, k, v: lv.attention(q, k, v, "elu", False, "linear")  # noqa: E731
     check = check_growth(cost_curve(impl, NS, d=16, dv=16), "linear")

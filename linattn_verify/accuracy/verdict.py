@@ -94,6 +94,7 @@ def judge(
     spec: Spec,
     ref: np.ndarray,
     golden: Any = None,
+    bounds: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> AccuracyVerdict:
     """Judge `out` (same shape as ref, any float dtype) against the exact `ref`.
 
@@ -101,14 +102,21 @@ def judge(
     implementation's output in the same dtype, or a list of them (its forms): the budget
     is K_BUDGET times the largest of their errors, so any form as accurate as one of the
     careful ones is within budget (the feature expansion of taylor is inherently less
-    accurate than 1 + s + s^2/2, and both are legitimate).
+    accurate than 1 + s + s^2/2, and both are legitimate). bounds, if given, caches the
+    scale and bound per dtype for outputs judged on the same (x, spec, ref): the bound is
+    the costly part, and every form of a spec shares it.
     """
     dtype = dtype_name(out)
     u = UNIT_ROUNDOFF.get(dtype)
     if u is None:
         raise SpecError(f"output dtype {dtype} has no unit roundoff; expected a float dtype")
     out64 = _output(out, ref.shape, "output")
-    scale, bound = scale_and_bound(x, spec, ref, u, SMALLEST_SUBNORMAL[dtype])
+    if bounds is not None and dtype in bounds:
+        scale, bound = bounds[dtype]
+    else:
+        scale, bound = scale_and_bound(x, spec, ref, u, SMALLEST_SUBNORMAL[dtype])
+        if bounds is not None:
+            bounds[dtype] = scale, bound
     defined = ~np.isnan(ref)
     e = np.where(defined, error_units(out64, ref, scale, u), 0.0)
     worst = np.unravel_index(int(np.argmax(e)), e.shape)

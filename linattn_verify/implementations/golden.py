@@ -65,7 +65,7 @@ def golden_attention(
 
     # sim_ij = exp(shift_i) * (computed weight_ij): the shift cancels in num / den, not in eps
     if form == "quadratic":
-        weights, shift = _quadratic_weights(qc, kc, spec, w)
+        weights, shift = quadratic_weights(qc, kc, spec, w)
         num = weights @ vc
         den = weights.sum(dim=-1, keepdim=True)
     else:
@@ -110,7 +110,7 @@ def _check_call(
 # --------------------------------------------------------------------- quadratic form
 
 
-def _quadratic_weights(
+def quadratic_weights(
     q: torch.Tensor, k: torch.Tensor, spec: Spec, w: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weights, shift): sim_ij = exp(shift_i) * weights_ij, masked (zero) where j > i.

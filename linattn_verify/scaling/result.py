@@ -27,7 +27,7 @@ class ScalingResult:
         out = {
             "name": self.name,
             "expected": self.growth.expected,
-            "flops_slope": self.growth.flops.slope,
+            "flops_slope": self.growth.flops and self.growth.flops.slope,
             "bytes_slope": self.growth.bytes.slope,
             "cost_passed": self.growth.passed,
             "cost_message": self.growth.message,

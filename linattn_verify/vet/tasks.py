@@ -110,7 +110,10 @@ def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048)
         dv=d,
         device=device,
     )
-    figures = {"flops_slope": result.growth.flops.slope, "bytes_slope": result.growth.bytes.slope}
+    figures = {
+        "flops_slope": result.growth.flops and result.growth.flops.slope,
+        "bytes_slope": result.growth.bytes.slope,
+    }
     return [
         CheckResult(
             "scaling", result.growth.passed, result.growth.message, figures=figures

@@ -1,0 +1,128 @@
+"""The report's accuracy sweep: every form of every spec in every dtype against the exact
+reference, judged by the accuracy model (error in units of u s, bound, budget), and the
+denominator margins of the same inputs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..accuracy.bound import gamma
+from ..accuracy.verdict import judge
+from ..checks import Implementation
+from ..checks.core import ImplementationFailure
+from ..implementations.golden import GOLDEN_FORMS, golden_attention, quadratic_weights
+from ..inputs import UNIT_ROUNDOFF, validate
+from ..reference import exact
+from ..sampling import sample_projection
+from ..specs import Spec
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What the accuracy sweep runs: heads of shape (B, H, N, d, dv) for each N, m = d rows
+    of W for the Performer maps, every dtype, on `device`."""
+
+    ns: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    device: str
+    b: int = 1
+    h: int = 2
+    d: int = 16
+    dv: int = 16
+    seed: int = 0
+
+
+def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
+    """Seeded N(0, 1) q, k, v and an orthogonal W: the same float64 draws for every dtype and
+    spec (so dtypes and specs are compared on the same numbers), rounded to `dtype`."""
+    rng = np.random.default_rng([sweep.seed, n])
+    shapes = [(sweep.b, sweep.h, n, sweep.d)] * 2 + [(sweep.b, sweep.h, n, sweep.dv)]
+    t = getattr(torch, dtype)
+    q, k, v = (torch.tensor(rng.standard_normal(s)).to(t).to(sweep.device) for s in shapes)
+    w = None
+    if spec.info.needs_projection:
+        w = torch.tensor(sample_projection(sweep.d, sweep.d, "orthogonal", sweep.seed))
+        w = w.to(t).to(sweep.device)
+    return q, k, v, w
+
+
+def accuracy_rows(
+    spec: Spec,
+    impls: dict[str, Implementation],
+    sweep: Sweep,
+    step: Callable[[str], None],
+) -> tuple[list[Row], list[Row]]:
+    """Judge each implementation (by form name) of `spec` at every N and dtype of the sweep;
+    the bound is computed once per input and shared by the forms. Returns (accuracy rows,
+    margin rows); an implementation that raises gets a failed row with its message."""
+    rows, margins = [], []
+    for n in sweep.ns:
+        for dtype in sweep.dtypes:
+            q, k, v, w = sweep_inputs(spec, sweep, n, dtype)
+            x = validate(q, k, v, spec, w)
+            ref = exact(x, spec)
+            forms = GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
+            golden = [golden_attention(q, k, v, spec, w, f) for f in forms]
+            bounds: dict = {}
+            where = {"device": sweep.device, "spec": str(spec), "n": n, "dtype": dtype}
+            for form, impl in impls.items():
+                try:
+                    verdict = judge(impl(q, k, v, w), x, spec, ref, golden, bounds)
+                except ImplementationFailure as err:
+                    rows.append({**where, "form": form, "passed": False, "error": str(err)})
+                    continue
+                rows.append({**where, "form": form, **_plain(verdict.to_dict())})
+            if n == max(sweep.ns):
+                margins.append({**where, **denominator_margins(q, k, spec, w)})
+            step(f"{spec} N={n} {dtype}")
+    return rows, margins
+
+
+def _plain(verdict: Row) -> Row:
+    """A verdict's dict for JSON: no infinities (a vacuous bound is null)."""
+    return {
+        key: None if isinstance(value, float) and math.isinf(value) else value
+        for key, value in verdict.items()
+        if key not in ("spec", "dtype")
+    }
+
+
+MARGIN_EDGES = tuple(np.linspace(-1.0, 1.0, 41).tolist())  # histogram bins of r
+
+
+def denominator_margins(
+    q: torch.Tensor, k: torch.Tensor, spec: Spec, w: torch.Tensor | None
+) -> Row:
+    """The relative margin r_i = D_i / sum_j |a_ij| of each row's denominator (eps = 0),
+    from the inputs (already rounded to their dtype) evaluated in float64: 1 when every
+    similarity is positive, 0/0 where none is (relu, cosformer), below 1 when signed
+    similarities cancel (performer-trig). Rounding in the inputs' dtype, of unit roundoff
+    u, can flip the sign of a computed denominator only where r_i < gamma_N(u) (Higham eq.
+    3.5, a sum of N terms), and never where r_i = 1 (terms of one sign): those rows are "at
+    risk". Returns counts, quantiles and a
+    histogram of r over MARGIN_EDGES."""
+    w64 = None if w is None else w.double()
+    weights, _ = quadratic_weights(q.double(), k.double(), spec, w64)  # rows scaled by e^shift
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (weights.sum(dim=-1) / weights.abs().sum(dim=-1)).cpu().numpy().ravel()
+    defined = r[~np.isnan(r)]
+    threshold = gamma(k.shape[-2], UNIT_ROUNDOFF[str(q.dtype).removeprefix("torch.")])
+    levels = (0.01, 0.1, 0.5) if defined.size else ()
+    return {
+        "rows": int(r.size),
+        "zero_over_zero": int(np.isnan(r).sum()),
+        "non_positive": int(np.sum(defined <= 0)),
+        "at_risk": int(np.sum((defined > 0) & (defined < min(threshold, 1.0)))),
+        "risk_threshold": None if math.isinf(threshold) else threshold,
+        "min": float(defined.min()) if defined.size else None,
+        "quantiles": {f"p{round(100 * p)}": float(np.quantile(defined, p)) for p in levels},
+        "histogram": np.histogram(defined, bins=MARGIN_EDGES)[0].tolist(),
+    }

@@ -1,0 +1,148 @@
+"""--compare OLD.json: what got less accurate, slower or broken since an earlier report.
+
+Thresholds (a regression is reported, and the command exits 1, beyond them):
+- ERROR_FACTOR: a max error (units of u s) more than 2x the old one, the old one taken as
+  at least 1 unit (below that the output's own rounding decides). The inputs are the same
+  seeded numbers, so on one machine the error is reproduced exactly; 2x is one bit lost.
+- TIME_FACTOR: the median over the common N of new / old median times above 1.5, only
+  when both curves passed the noise gate on the same device and torch; the gate itself
+  lets the repeats at one N spread by 1.25x (scaling/timing.py).
+- SLOPE_FACTOR: a counted FLOP or byte slope up by more than SLOPE_TOLERANCE (counts are
+  exact, so any growth of the order shows);
+- any pass that became a fail (accuracy, cost growth, a sampler's statistics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..scaling import SLOPE_TOLERANCE
+from ..specs import SpecError
+
+ERROR_FACTOR = 2.0
+TIME_FACTOR = 1.5
+
+
+@dataclass
+class Comparison:
+    against: str
+    regressions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    compared: int = 0  # figures compared
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "against": self.against,
+            "regressions": self.regressions,
+            "notes": self.notes,
+            "compared": self.compared,
+            "thresholds": {"error_factor": ERROR_FACTOR, "time_factor": TIME_FACTOR,
+                           "slope_tolerance": SLOPE_TOLERANCE},
+        }  # fmt: skip
+
+    def markdown(self) -> list[str]:
+        head = [
+            f"## Regressions against {self.against}",
+            "",
+            f"{len(self.regressions)} regression(s) in {self.compared} figures compared "
+            f"(errors beyond {ERROR_FACTOR:g}x, times beyond {TIME_FACTOR:g}x, slopes beyond "
+            f"+{SLOPE_TOLERANCE:g}, any pass turned fail).",
+            "",
+        ]
+        return head + [f"- **{r}**" for r in self.regressions] + [f"- {n}" for n in self.notes]
+
+
+def _accuracy_key(row: dict[str, Any]) -> tuple:
+    return row["device"], row["spec"], row["form"], row["dtype"], row["n"]
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], against: str) -> Comparison:
+    """Regressions of `new` against `old` (two report.json documents)."""
+    if old.get("schema") != new["schema"]:
+        raise SpecError(
+            f"{against} is not a {new['schema']!r} document (schema {old.get('schema')!r})"
+        )
+    result = Comparison(against)
+    _compare_accuracy(old, new, result)
+    _compare_scaling(old, new, result)
+    old_samplers = {s["sampler"]: s for s in old["random_features"].get("samplers", [])}
+    for sampler in new["random_features"].get("samplers", []):
+        before = old_samplers.get(sampler["sampler"])
+        if before is not None:
+            result.compared += 1
+            if before["passed"] and not sampler["passed"]:
+                result.regressions.append(f"{sampler['sampler']}: its statistics now fail")
+    return result
+
+
+def _compare_accuracy(old: dict[str, Any], new: dict[str, Any], result: Comparison) -> None:
+    before = {_accuracy_key(r): r for r in old["accuracy"]["rows"]}
+    for row in new["accuracy"]["rows"]:
+        prior = before.pop(_accuracy_key(row), None)
+        if prior is None:
+            continue
+        result.compared += 1
+        where = "{1} {2} {3} N={4} ({0})".format(*_accuracy_key(row))
+        if prior["passed"] and not row["passed"]:
+            result.regressions.append(
+                f"{where}: passed, now fails: " + row.get("error", row.get("message", ""))
+            )
+            continue
+        new_error, old_error = row.get("max_error"), prior.get("max_error")  # None: infinite
+        known = new_error is not None and old_error is not None
+        if known and new_error > ERROR_FACTOR * max(old_error, 1.0):
+            result.regressions.append(f"{where}: max error {old_error:.3g} -> {new_error:.3g} u s")
+    if before:
+        result.notes.append(
+            f"{len(before)} accuracy figure(s) of the old report are not in this one"
+        )
+
+
+def _compare_scaling(old: dict[str, Any], new: dict[str, Any], result: Comparison) -> None:
+    env_old, env_new = old["environment"], new["environment"]
+    same_machine = all(
+        env_old.get(k) == env_new.get(k) for k in ("device_name", "packages", "platform")
+    )
+    before = {(r["implementation"], r["device"]): r for r in old["scaling"]["rows"]}
+    timed = False
+    for row in new["scaling"]["rows"]:
+        prior = before.get((row["implementation"], row["device"]))
+        if prior is None:
+            continue
+        name = row["implementation"] + ("" if row["device"] == "cpu" else f" [{row['device']}]")
+        result.compared += 1
+        if prior["cost_passed"] and not row["cost_passed"]:
+            result.regressions.append(f"{name}: cost growth now fails: {row['cost_message']}")
+        for what in ("flops_slope", "bytes_slope"):
+            if None not in (row[what], prior[what]) and row[what] > prior[what] + SLOPE_TOLERANCE:
+                label = what.replace("_slope", "")
+                result.regressions.append(
+                    f"{name}: {label} ~ N^{prior[what]:.3f} -> N^{row[what]:.3f}"
+                )
+        ratio = _time_ratio(prior, row)
+        if ratio is not None and same_machine:
+            timed = True
+            result.compared += 1
+            if ratio > TIME_FACTOR:
+                result.regressions.append(f"{name}: {ratio:.2f}x slower (median over common N)")
+    if not same_machine and any("seconds" in r for r in new["scaling"]["rows"]):
+        result.notes.append(
+            "timings not compared: the old report was made on another machine or software"
+        )
+    elif not timed and any("seconds" in r for r in new["scaling"]["rows"]):
+        result.notes.append(
+            "timings not compared: no pair of curves passed the noise gate in both reports"
+        )
+
+
+def _time_ratio(old: dict[str, Any], new: dict[str, Any]) -> float | None:
+    """Median over the common N of new / old time, when both curves are trustworthy."""
+    if old.get("time_status") != "ok" or new.get("time_status") != "ok":
+        return None
+    common = sorted(set(old["seconds"]) & set(new["seconds"]), key=int)
+    if not common:
+        return None
+    return float(np.median([new["seconds"][n] / old["seconds"][n] for n in common]))

@@ -1,0 +1,78 @@
+"""The report's scaling section: counted FLOPs and peak bytes of each implementation over N
+(exact, fitted log-log), and wall time of the timed ones against torch's SDPA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..checks import Implementation
+from ..implementations.projection import sample_projection_torch
+from ..scaling import ScalingResult, scaling_result
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    """Counted cost over cost_ns, time over time_ns (float32, d = dv = `d`, on device)."""
+
+    cost_ns: tuple[int, ...]
+    time_ns: tuple[int, ...]
+    device: str
+    d: int = 32
+    repeats: int = 5
+    seed: int = 0
+
+
+def measure(
+    impl: Implementation, expected: str, plan: ScalingPlan, timed: bool
+) -> tuple[dict[str, Any], ScalingResult]:
+    """The cost of one implementation, checked to grow as `expected` ("linear" or
+    "quadratic"), and if timed its time against SDPA: a JSON row and the ScalingResult the
+    plot draws."""
+    w = None
+    if impl.spec.info.needs_projection:
+        gen = torch.Generator().manual_seed(plan.seed)
+        w = sample_projection_torch(plan.d, plan.d, "orthogonal", gen).to(plan.device)
+    result = scaling_result(
+        impl.name,
+        lambda q, k, v: impl(q, k, v, w),
+        expected,
+        plan.cost_ns,
+        plan.time_ns if timed else None,
+        impl.spec.causal,
+        plan.repeats,
+        d=plan.d,
+        dv=plan.d,
+        device=plan.device,
+    )
+    row = {
+        "spec": str(impl.spec),
+        "implementation": impl.name,
+        "device": plan.device,
+        **result.summary(),
+        "costs": [{"n": c.n, "flops": c.flops, "peak_bytes": c.peak_bytes} for c in result.costs],
+    }
+    if result.sdpa_timing is not None:
+        t = result.sdpa_timing
+        row["sdpa_seconds"] = dict(zip(t.ns, t.seconds, strict=True))
+    return row, result
+
+
+def scaling_rows(
+    impls: list[tuple[Implementation, str, bool]],
+    plan: ScalingPlan,
+    step: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], dict[str, ScalingResult]]:
+    """measure() each (implementation, expected growth, timed); the results of the timed
+    ones by name."""
+    rows, timed_results = [], {}
+    for impl, expected, timed in impls:
+        row, result = measure(impl, expected, plan, timed)
+        rows.append(row)
+        if timed:
+            timed_results[impl.name] = result
+        step(f"scaling {impl.name}")
+    return rows, timed_results

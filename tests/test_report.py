@@ -1,0 +1,392 @@
+"""`python -m linattn_verify report`: the JSON schema, the Markdown, the atomic write,
+--compare and the bad inputs. The runs here are shrunk (two N, two dtypes, short scaling
+and random-feature sweeps) by patching the sweep constants; the default run's size and time
+are the README's."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import linattn_verify.report.build as build
+import linattn_verify.report.random_features as report_rf
+from linattn_verify.cli import main
+from linattn_verify.report import ERROR_FACTOR, TIME_FACTOR, compare
+from linattn_verify.specs import SpecError
+from linattn_verify.stats.plot import plot_mse_vs_m
+
+TARGETS = Path(__file__).parent / "vet_targets.py"
+SPECS = ("elu", "performer-trig")
+DTYPES = ("float16", "float32")
+FORMS = {False: ("quadratic", "linear"), True: ("quadratic", "recurrent", "chunked")}
+
+
+@pytest.fixture(scope="module")
+def small_sweep():
+    """The sweep constants shrunk for the duration of this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(build, "DEFAULT_NS", (8, 16))
+        mp.setattr(build, "COST_NS", (256, 512))
+        mp.setattr(build, "TIME_NS", (256, 512))
+        mp.setattr(
+            report_rf,
+            "plot_mse_vs_m",
+            functools.partial(plot_mse_vs_m, ms=(1, 2, 4), replicates=256),
+        )
+        yield mp
+
+
+def _report(tmp: Path, *extra: str) -> tuple[int, Path]:
+    out = tmp / "latest"
+    code = main(["report", "--out", str(out), "--quiet", "--device", "cpu", *extra])
+    return code, out
+
+
+@pytest.fixture(scope="module")
+def report(small_sweep, tmp_path_factory):
+    """One shrunk built-in report: (exit code, output folder, document)."""
+    tmp = tmp_path_factory.mktemp("report")
+    code, out = _report(tmp, "--specs", *SPECS, "--dtypes", *DTYPES)
+    return code, out, json.loads((out / "report.json").read_text())
+
+
+# ------------------------------------------------------------------------- schema
+
+
+def test_the_document_has_the_documented_top_level_keys(report):
+    code, _, doc = report
+    assert code == 0 and doc["verdict"] == "pass"
+    assert set(doc) == {
+        "schema",
+        "verdict",
+        "environment",
+        "accuracy",
+        "scaling",
+        "random_features",
+    }
+    assert doc["schema"] == build.SCHEMA
+
+
+def test_every_form_spec_dtype_and_n_is_judged_once(report):
+    rows = report[2]["accuracy"]["rows"]
+    keys = [(r["spec"], r["form"], r["dtype"], r["n"]) for r in rows]
+    expected = {
+        (f"{name} ({'causal' if causal else 'non-causal'})", form, dtype, n)
+        for name in SPECS
+        for causal in (False, True)
+        for form in FORMS[causal]
+        for dtype in DTYPES
+        for n in (8, 16)
+    }
+    assert len(keys) == len(set(keys)) and set(keys) == expected
+    for r in rows:
+        assert r["device"] == "cpu" and r["passed"] is True
+        assert 0 <= r["p99_error"] <= r["max_error"] <= r["budget"]
+        assert r["budget"] == pytest.approx(4 * max(r["golden_max_error"], 1.0))
+        assert r["unit_roundoff"] == {"float16": 2**-11, "float32": 2**-24}[r["dtype"]]
+
+
+def test_margins_count_the_rows_of_the_largest_n(report):
+    margins = report[2]["accuracy"]["margins"]
+    assert {(m["spec"].split()[0], m["dtype"]) for m in margins} == {
+        (s, t) for s in SPECS for t in DTYPES
+    }
+    for m in margins:
+        assert m["n"] == 16 and m["rows"] == 1 * 1 * 16 == sum(m["histogram"]) + m["zero_over_zero"]
+        if m["spec"].startswith("elu"):  # positive similarities: r = 1 on every row
+            assert m["min"] == pytest.approx(1.0) and m["non_positive"] == m["at_risk"] == 0
+        else:  # signed: somewhere below 1
+            assert m["min"] < 1
+
+
+def test_scaling_and_random_features_carry_their_figures(report):
+    _, out, doc = report
+    rows = doc["scaling"]["rows"]
+    assert {r["implementation"].split(" form=")[1].split()[0] for r in rows} == {
+        "linear",
+        "chunked",
+    }
+    for r in rows:
+        assert r["cost_passed"] and abs(r["flops_slope"] - 1) < 0.05
+        assert [c["n"] for c in r["costs"]] == [256, 512]
+    timed = [r for r in rows if "seconds" in r]
+    assert {r["spec"] for r in timed} == {"elu (non-causal)", "elu (causal)"}
+    assert all(set(r["seconds"]) == {"256", "512"} and "sdpa_seconds" in r for r in timed)
+    samplers = doc["random_features"]["samplers"]
+    assert [s["claim"] for s in samplers] == ["iid", "orthogonal"]
+    assert all(s["passed"] and len(s["checks"]) == 12 for s in samplers)
+    assert set(doc["random_features"]["mse_vs_m"]) == {
+        "performer-positive", "performer-hyperbolic", "performer-trig"
+    }  # fmt: skip
+    plots = {
+        **doc["accuracy"]["plots"],
+        **doc["scaling"]["plots"],
+        **doc["random_features"]["plots"],
+    }
+    assert set(plots) == {"error_vs_n", "margins", "scaling", "mse_vs_m"}
+    for name in plots.values():
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_environment_names_what_the_figures_depend_on(report):
+    env = report[2]["environment"]
+    for key in (
+        "packages",
+        "git",
+        "device",
+        "torch_threads",
+        "float32_matmul_precision",
+        "cuda_matmul_allow_tf32",
+        "fp16_reduced_precision_reduction",
+        "seed",
+        "seconds",
+    ):
+        assert key in env  # fmt: skip
+    assert env["seed"] == 0 and env["packages"]["torch"] == torch.__version__
+    assert env["sweep"]["accuracy"]["ns"] == [8, 16]
+
+
+# ----------------------------------------------------------------------- Markdown
+
+
+def test_markdown_opens_with_the_summary_at_the_largest_n(report):
+    _, out, doc = report
+    md = (out / "report.md").read_text()
+    lines = md.splitlines()
+    assert lines[0] == "# linattn-verify report"
+    table = lines[lines.index(next(line for line in lines if line.startswith("| spec |"))) :]
+    assert table[0] == "| spec | form | float16 | float32 | verdict |"
+    assert md.index("| spec | form |") < md.index("## Accuracy vs N")
+    row = next(r for r in doc["accuracy"]["rows"] if r["spec"] == "elu (causal)"
+               and r["form"] == "chunked" and r["dtype"] == "float32" and r["n"] == 16)  # fmt: skip
+    cell = f"{row['max_error']:.3g} / {row['p99_error']:.3g} ({row['budget']:.3g})"
+    line = next(x for x in table if x.startswith("| elu (causal) | chunked | "))
+    assert line.split(" | ")[3] == cell  # the float32 column, at N = 16 (not 8)
+    for section in (
+        "## Accuracy vs N",
+        "## Positivity margins",
+        "## Random features",
+        "## Scaling",
+        "## Environment",
+    ):
+        assert section in md  # fmt: skip
+    for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
+        assert (out / image).is_file()
+
+
+# --------------------------------------------------------------------- atomic write
+
+
+def test_a_crash_leaves_the_previous_report_as_it_was(small_sweep, tmp_path, monkeypatch):
+    out = tmp_path / "latest"
+    out.mkdir()
+    (out / "report.md").write_text("the previous report")
+    json_path = tmp_path / "r.json"
+    json_path.write_text("{}")
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed half-way")
+
+    monkeypatch.setattr(build, "random_features", crash)
+    with pytest.raises(RuntimeError, match="half-way"):
+        main(["report", "--out", str(out), "--quiet", "--specs", "elu", "--dtypes", "float32",
+              "--json", str(json_path)])  # fmt: skip
+    assert [p.name for p in out.iterdir()] == ["report.md"]
+    assert (out / "report.md").read_text() == "the previous report"
+    assert json_path.read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "r.json"]  # no staging left
+
+
+def test_a_new_report_replaces_the_whole_folder(report, tmp_path):
+    from linattn_verify.report import publish, staging
+
+    out = tmp_path / "latest"
+    out.mkdir()
+    (out / "stale.png").write_text("from an older run")
+    with staging(out) as folder:
+        (folder / "report.md").write_text("new")
+        publish(folder, out)
+    assert [p.name for p in out.iterdir()] == ["report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+
+
+# ------------------------------------------------------------------------ --compare
+
+
+def _rows(doc, **match):
+    return [r for r in doc["accuracy"]["rows"] if all(r[k] == v for k, v in match.items())]
+
+
+def test_a_report_has_no_regression_against_itself(report):
+    result = compare(report[2], report[2], "same.json")
+    assert result.regressions == [] and result.compared > len(report[2]["accuracy"]["rows"])
+
+
+def test_an_error_beyond_the_factor_is_a_regression_and_one_within_is_not(report):
+    doc = report[2]
+    old = copy.deepcopy(doc)
+    row = next(r for r in _rows(old, dtype="float32") if r["max_error"] > 2)
+    twin = next(r for r in _rows(old, dtype="float32") if r["max_error"] > 2 and r is not row)
+    row["max_error"] /= ERROR_FACTOR * 1.1  # the new error is 2.2x the old
+    twin["max_error"] /= ERROR_FACTOR * 0.9  # 1.8x
+    result = compare(old, doc, "old.json")
+    assert len(result.regressions) == 1
+    assert row["spec"] in result.regressions[0] and row["form"] in result.regressions[0]
+
+
+def test_errors_below_one_unit_are_not_compared_as_ratios(report):
+    doc = report[2]
+    old = copy.deepcopy(doc)
+    small = [r for r in _rows(old, dtype="float16") if r["max_error"] < 1]
+    for r in small:
+        r["max_error"] /= 10  # up 10x, but still below the 1-unit floor of the output rounding
+    assert small and compare(old, doc, "old.json").regressions == []
+
+
+def test_pass_turned_fail_is_a_regression_whatever_the_figures(report):
+    new = copy.deepcopy(report[2])
+    row = new["accuracy"]["rows"][3]
+    row["passed"] = False
+    new["scaling"]["rows"][0]["cost_passed"] = False
+    new["random_features"]["samplers"][1]["passed"] = False
+    regressions = compare(report[2], new, "old.json").regressions
+    assert len(regressions) == 3
+    assert "now fails" in regressions[0] and "cost growth now fails" in regressions[1]
+    assert "orthogonal: its statistics now fail" in regressions[2]
+
+
+def test_slower_is_a_regression_only_on_the_same_machine(report):
+    doc = copy.deepcopy(report[2])
+    for r in doc["scaling"]["rows"]:
+        if "seconds" in r:
+            r["time_status"] = "ok"  # as if both runs had passed the noise gate
+    old = copy.deepcopy(doc)
+    timed = [r for r in old["scaling"]["rows"] if "seconds" in r]
+    for r in timed:
+        r["seconds"] = {n: t / (TIME_FACTOR * 1.2) for n, t in r["seconds"].items()}
+    result = compare(old, doc, "old.json")
+    assert len(result.regressions) == len(timed)
+    assert all("slower" in r for r in result.regressions)
+    old["environment"]["device_name"] = "another machine"
+    result = compare(old, doc, "old.json")
+    assert result.regressions == [] and "another machine" in result.notes[0]
+    for r in doc["scaling"]["rows"]:
+        r["time_status"] = "too noisy"
+    old["environment"]["device_name"] = doc["environment"]["device_name"]
+    result = compare(old, doc, "old.json")
+    assert result.regressions == [] and "noise gate" in result.notes[0]
+
+
+def test_a_higher_cost_slope_is_a_regression(report):
+    old = copy.deepcopy(report[2])
+    old["scaling"]["rows"][0]["flops_slope"] -= 0.1
+    (regression,) = compare(old, report[2], "old.json").regressions
+    assert "flops ~ N^0.9" in regression
+
+
+def test_a_document_of_another_kind_cannot_be_compared(report):
+    with pytest.raises(SpecError, match="schema"):
+        compare({"schema": "something else"}, report[2], "x.json")
+
+
+def test_compare_on_the_command_line_exits_1_and_writes_the_regressions(
+    small_sweep, report, tmp_path
+):
+    old = copy.deepcopy(report[2])
+    for r in old["scaling"]["rows"]:
+        r["time_status"] = "too noisy"  # timings are not compared: this run's may differ
+        if r["spec"] == "elu (causal)":
+            r["flops_slope"] -= 0.2  # as if the chunked form had grown as N^0.8
+    old_path = tmp_path / "old.json"
+    old_path.write_text(json.dumps(old))
+    code, out = _report(
+        tmp_path, "--specs", "elu", "--dtypes", "float32", "--compare", str(old_path)
+    )
+    assert code == 1
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["verdict"] == "pass"
+    (regression,) = doc["comparison"]["regressions"]
+    assert regression.startswith("lv.attention elu (causal) form=chunked") and "flops" in regression
+    assert "missing" not in regression and doc["comparison"]["notes"]  # specs left out: noted
+    assert f"**{regression}**" in (out / "report.md").read_text()
+
+
+# ----------------------------------------------------------------------- --impl
+
+
+def test_a_third_party_implementation_is_reported_and_its_failure_shown(small_sweep, tmp_path):
+    target = f"{TARGETS}:bf16_state_elu"
+    code, out = _report(tmp_path, "--impl", target, "--feature-map", "elu", "--causal",
+                        "--dtypes", "float32")  # fmt: skip
+    assert code == 1
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["verdict"] == "fail" and "skipped" in doc["random_features"]
+    (row,) = [r for r in doc["accuracy"]["rows"] if r["n"] == 16]
+    assert row["form"] == "impl" and row["passed"] is False and row["max_error"] > 1000
+    assert "FAIL" in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--specs", "nonsense"], "invalid choice: 'nonsense'"),
+        (["--dtypes", "float8"], "invalid choice: 'float8'"),
+    ],
+)
+def test_unknown_names_are_usage_errors(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as stop:
+        _report(tmp_path, *args)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "latest").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--feature-map", "elu"], "--feature-map describes --impl"),
+        (["--impl", f"{TARGETS}:elu_linear"], "--impl needs --feature-map"),
+        (["--impl", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--specs", "elu"], "--specs"),
+        (["--impl", "no_such_module:fn", "--feature-map", "elu"], "no_such_module"),
+        (["--compare", "/nonexistent/old.json"], "cannot read a report"),
+        (["--json", "/nonexistent/dir/r.json"], "cannot write a file there"),
+    ],
+)
+def test_bad_arguments_exit_2_before_any_work(tmp_path, capsys, args, message):
+    code, out = _report(tmp_path, *args)
+    assert code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_compare_file_that_is_not_a_report_is_refused(tmp_path, capsys):
+    (tmp_path / "other.json").write_text('{"verdict": "pass"}')
+    code, _ = _report(tmp_path, "--compare", str(tmp_path / "other.json"))
+    assert code == 2 and "not a report.json of this tool" in capsys.readouterr().err
+
+
+def test_an_unwritable_output_folder_fails_before_any_work(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    code = main(["report", "--out", str(tmp_path / "a_file" / "latest"), "--quiet"])
+    assert code == 2 and "cannot write a report under" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_asked_for_but_absent(tmp_path, capsys):
+    code = main(["report", "--out", str(tmp_path / "r"), "--device", "cuda", "--quiet"])
+    assert code == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+def test_an_implementation_that_raises_fails_by_name_and_writes_nothing(tmp_path, capsys):
+    code, out = _report(tmp_path, "--impl", f"{TARGETS}:raising", "--feature-map", "elu")
+    err = capsys.readouterr().err
+    assert code == 1 and "raising raised ValueError: this kernel always fails" in err
+    assert "no report written" in err and not out.exists()
+    assert list(tmp_path.iterdir()) == []
