@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: run test lint bench
-run: $(VENV)/.installed  ## the main job: judge the golden implementation, every spec and dtype
-	$(PY) -m linattn_verify accuracy
+run: $(VENV)/.installed  ## the main job: the report (accuracy, random features, scaling)
+	$(PY) -m linattn_verify report
 
 test: $(VENV)/.installed  ## the test suite (what CI runs)
 	$(PY) -m pytest -q -n auto

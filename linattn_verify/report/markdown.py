@@ -142,7 +142,7 @@ def _random_features(document: dict[str, Any]) -> list[str]:
         "## Random features",
         "",
         "The project's projection samplers through the sampler panel (stats/panel.py): each "
-        f"assertion is a z-test at false-failure probability {ALPHA:g} (|z| <= {Z_TWO_SIDED:g}).",
+        f"assertion is a z-test at false-failure probability {ALPHA:g} (|z| <= {Z_TWO_SIDED:.3g}).",
         "",
         *_table(["sampler", "check", "passed", "max abs z"], body, right=2),
         "",
