@@ -16,10 +16,14 @@ import numpy as np
 from .specs import FEATURE_MAPS, Spec, SpecError
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-# the names of linattn_verify.checks.CHECKS, listed here so that --help does not import torch
+# the names of linattn_verify.checks.CHECKS and GRAD_CHECKS, listed here so that --help
+# does not import torch
 CHECK_NAMES = (
     "contract", "reference", "associativity", "positivity", "convex-hull", "v-affine",
     "permutation", "causality", "batch-head", "layout", "split-resume",
+)  # fmt: skip
+GRAD_CHECK_NAMES = (
+    "gradient", "gradient-causality", "gradient-associativity", "gradient-finite",
 )  # fmt: skip
 
 
@@ -224,7 +228,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from .adapters import ADAPTERS, adapter_implementation
     from .cases import Case
-    from .checks import CHECKS, builtin, external, not_applicable
+    from .checks import ALL_CHECKS, CHECKS, builtin, external, not_applicable
     from .checks.search import find_failure
     from .implementations.forms import FORMS
 
@@ -263,7 +267,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{name}: not applicable: {reason}")
             rows.append({"name": name, "status": "not applicable", "detail": reason})
         elif case is not None:
-            results.append(CHECKS[name](impl, case))
+            results.append(ALL_CHECKS[name](impl, case))
         else:
             _progress(args.quiet, f"{name}: the regime's corners, then {args.examples} cases ...")
             found = find_failure(name, impl, args.device, args.examples, shrink=True)
@@ -422,6 +426,7 @@ def cmd_vet(args: argparse.Namespace) -> int:
         sampler=args.sampler,
         claim=args.claim,
         kat=args.kat,
+        grad=args.grad,
         thorough=args.thorough,
         seed=args.seed,
         timeout=args.timeout,
@@ -684,10 +689,19 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m linattn_verify check all --impl mykernels.py:attn --feature-map elu\n"
         "  python -m linattn_verify check reference --form linear --feature-map elu \\\n"
         '      --case \'{"b":1,"h":2,"n":7,"d":4,"dv":3,"dtype":"float16"}\'\n'
-        "Checks: " + ", ".join(CHECK_NAMES) + ".",
+        "Checks: "
+        + ", ".join(CHECK_NAMES)
+        + "; of the backward: "
+        + ", ".join(GRAD_CHECK_NAMES)
+        + ".",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    chk.add_argument("name", choices=[*CHECK_NAMES, "all"], metavar="NAME", help="check or all")
+    chk.add_argument(
+        "name",
+        choices=[*CHECK_NAMES, *GRAD_CHECK_NAMES, "all"],
+        metavar="NAME",
+        help="a check, or all (the forward checks)",
+    )
     which = chk.add_mutually_exclusive_group()
     which.add_argument("--impl", help="module:function or path.py:function under test")
     which.add_argument(
@@ -768,7 +782,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m linattn_verify vet mypkg.ops:favor --feature-map performer-positive \\\n"
         "      --sampler mypkg.ops:draw_w --claim orthogonal --json vet.json\n"
         "  python -m linattn_verify vet --list\n"
-        "  python -m linattn_verify vet fast-transformers.linear --kat\n",
+        "  python -m linattn_verify vet fast-transformers.linear --kat\n"
+        "  python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal --grad\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     vt.add_argument("target", nargs="?", help="module:function, path.py:function or adapter")
@@ -782,6 +797,11 @@ def build_parser() -> argparse.ArgumentParser:
     vt.add_argument("--sampler", help="module:function drawing W (m, d) from a torch.Generator")
     vt.add_argument("--claim", choices=["iid", "orthogonal"], help="what --sampler's rows are")
     vt.add_argument("--kat", action="store_true", help="also run the known-answer vectors")
+    vt.add_argument(
+        "--grad",
+        action="store_true",
+        help="also the gradient checks of its backward (" + ", ".join(GRAD_CHECK_NAMES) + ")",
+    )
     vt.add_argument(
         "--cost",
         choices=["linear", "quadratic"],

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, settings, target
 from hypothesis import strategies as st
 
-from linattn_verify.checks import CHECKS, CheckResult, Implementation
+from linattn_verify.checks import ALL_CHECKS, CheckResult, Implementation
 from linattn_verify.strategies import cases
 
 # A fifth of the profile's examples per test (ci: 20, thorough: 200): the suite runs every
@@ -28,7 +28,7 @@ def run_check(
     An option given as a callable is called with (impl, case) for its value."""
     case = data.draw(cases(impl.spec, device=device), label="case")
     options = {k: o(impl, case) if callable(o) else o for k, o in options.items()}
-    result = CHECKS[name](impl, case, **options)
+    result = ALL_CHECKS[name](impl, case, **options)
     event(f"kind={case.kind} dtype={case.dtype}")
     for key in ("max_error", "units"):
         value = result.figures.get(key)

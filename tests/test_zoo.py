@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from linattn_verify.checks import CHECKS, Implementation
+from linattn_verify.checks import ALL_CHECKS, GRAD_CHECKS, Implementation
 from linattn_verify.specs import Spec
 from linattn_verify.vet import VetOptions, vet_in_process
 from tests.zoo import ZOO, Entry
@@ -30,12 +30,14 @@ def _implementation(entry: Entry) -> Implementation:
 
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
 def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
-    report = vet_in_process(_implementation(entry), VetOptions(cost=entry.cost))
+    report = vet_in_process(_implementation(entry), VetOptions(cost=entry.cost, grad=entry.grad))
     killers = [row["name"] for row in report.failed]
     record_property("zoo", {"name": entry.name, "broken": entry.broken, "killed_by": killers})
     if entry.broken:
         missing = sorted(set(entry.caught_by) - set(killers))
         assert not missing, f"{entry.name} ({entry.bug}) passed {missing}:\n{report.summary()}"
+        if entry.grad:  # a backward bug under a right forward: only the gradient checks see it
+            assert set(killers) <= set(GRAD_CHECKS), report.summary()
     else:
         assert not killers, f"the correct {entry.name} was flagged:\n{report.summary()}"
 
@@ -45,4 +47,8 @@ def test_the_zoo_is_big_enough():
     assert len(broken) >= 15 and len(ZOO) - len(broken) >= 5
     assert len({e.name for e in ZOO}) == len(ZOO)
     for entry in broken:  # each bug names the checks it must fail, and they exist
-        assert entry.caught_by and set(entry.caught_by) <= set(CHECKS), entry.name
+        assert entry.caught_by and set(entry.caught_by) <= set(ALL_CHECKS), entry.name
+    assert (
+        sum(e.grad and e.broken for e in ZOO) >= 3
+        and sum(e.grad and not e.broken for e in ZOO) >= 2
+    )

@@ -11,6 +11,7 @@ from .builtin import builtin, external, forms_of
 from .causality import causality, split_resume
 from .contract import contract
 from .core import CheckResult, Implementation, ImplementationFailure
+from .gradients import gradient, gradient_associativity, gradient_causality, gradient_finite
 from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
 
@@ -32,6 +33,15 @@ CHECKS = {
 }
 
 
+# The backward pass (vet --grad, properties/test_gradients.py): opt-in, each case costs an
+# exact gradient (reference/grad.py).
+GRAD_CHECKS = {
+    fn.check_name: fn
+    for fn in (gradient, gradient_causality, gradient_associativity, gradient_finite)
+}
+ALL_CHECKS = CHECKS | GRAD_CHECKS
+
+
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
     spec = impl.spec
@@ -43,7 +53,7 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return "causal specs depend on the order of tokens"
     if name == "permutation" and spec.feature_map == "cosformer":
         return "cosformer weights depend on token positions"
-    if name == "causality" and not spec.causal:
+    if name in ("causality", "gradient-causality") and not spec.causal:
         return "non-causal spec"
     if name == "split-resume" and (not spec.causal or impl.stream is None):
         return "no state API" if spec.causal else "non-causal spec"
@@ -51,7 +61,9 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
 
 
 __all__ = [
+    "ALL_CHECKS",
     "CHECKS",
+    "GRAD_CHECKS",
     "CheckResult",
     "Implementation",
     "ImplementationFailure",
@@ -63,6 +75,10 @@ __all__ = [
     "convex_hull",
     "external",
     "forms_of",
+    "gradient",
+    "gradient_associativity",
+    "gradient_causality",
+    "gradient_finite",
     "layout",
     "not_applicable",
     "permutation",

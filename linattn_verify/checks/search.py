@@ -16,7 +16,7 @@ from hypothesis.errors import NoSuchExample
 
 from ..cases import Case
 from ..strategies import DTYPES, cases, corner_cases
-from . import CHECKS, not_applicable
+from . import ALL_CHECKS, CHECKS, not_applicable
 from .core import CheckResult, Implementation
 
 # Cases searched per check after the regime's corners: a runtime budget (the zoo runs 33
@@ -41,7 +41,7 @@ def find_failure(
     (unless corners=False) and `extra_cases` first, then the search, all in `dtypes`.
     nature=False looks for real failures (the spec's own by-nature violations count as
     passes); nature=True for a by-nature counterexample."""
-    check = CHECKS[name]
+    check = ALL_CHECKS[name]
 
     def fails(case) -> bool:
         result = check(impl, case, **options)

@@ -25,6 +25,7 @@ class VetOptions:
     sampler: str | None = None  # module:fn of a projection sampler
     claim: str | None = None  # what the sampler's rows are: iid or orthogonal
     kat: bool = False
+    grad: bool = False  # also the gradient checks (checks.GRAD_CHECKS)
     thorough: bool = False
     cost: str | None = None  # the claimed growth: None is quadratic for softmax, else linear
     seed: int = 0
@@ -65,14 +66,14 @@ class VetReport:
 
 def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, str, dict]]:
     """(row name, task, options) in order: contract first, so a broken contract shows first."""
-    from ..checks import CHECKS
+    from ..checks import CHECKS, GRAD_CHECKS
 
     spec = description["spec"]
     examples = THOROUGH_EXAMPLES if options.thorough else SEARCH_EXAMPLES
     search = {"device": options.device, "examples": examples, "dtypes": options.dtypes}
     steps = [
         (name, "check", {"name": name, **search})
-        for name in CHECKS
+        for name in [*CHECKS, *(GRAD_CHECKS if options.grad else ())]
         if name not in description["not_applicable"]
     ]
     steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
@@ -92,8 +93,11 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
 
 def _report(target: str, description: dict[str, Any], options: VetOptions) -> VetReport:
     report = VetReport(target, description["name"], str(description["spec"]))
+    from ..checks import GRAD_CHECKS
+
     for name, reason in description["not_applicable"].items():
-        report.rows.append({"name": name, "status": "not applicable", "detail": reason})
+        if options.grad or name not in GRAD_CHECKS:
+            report.rows.append({"name": name, "status": "not applicable", "detail": reason})
     if options.kat and description["spec"].eps != 0:
         reason = "the known-answer vectors are for eps = 0"
         report.rows.append({"name": "known-answers", "status": "not applicable", "detail": reason})

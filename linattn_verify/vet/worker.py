@@ -54,12 +54,12 @@ class Target:
 
 def describe(impl) -> dict[str, Any]:
     """The implementation's name, spec, and the checks that do not apply (with why)."""
-    from ..checks import CHECKS, not_applicable
+    from ..checks import ALL_CHECKS, not_applicable
 
     return {
         "name": impl.name,
         "spec": impl.spec,
-        "not_applicable": {n: r for n in CHECKS if (r := not_applicable(n, impl))},
+        "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
 
 

@@ -19,7 +19,8 @@ class Entry:
     carries the causal state from one piece of a sequence to the next (split and resume).
     cost: the growth it claims ("linear", or "quadratic" for a quadratic form; None: vet's
     default). caught_by: for a broken entry, the checks its bug must fail (the right
-    reason), among whatever else it fails.
+    reason), among whatever else it fails. grad: vet it with the gradient checks too
+    (`vet --grad`); a broken entry with grad fails those alone (its forward is right).
     """
 
     name: str
@@ -32,11 +33,12 @@ class Entry:
     stream: Callable | None = None
     cost: str | None = None
     caught_by: tuple[str, ...] = ()
+    grad: bool = False
 
 
 # The entry modules import Entry from here, so they come after its definition.
-from . import broken, correct  # noqa: E402
+from . import backward, broken, correct  # noqa: E402
 
-ZOO: tuple[Entry, ...] = broken.ENTRIES + correct.ENTRIES
+ZOO: tuple[Entry, ...] = broken.ENTRIES + correct.ENTRIES + backward.ENTRIES
 
 __all__ = ["ZOO", "Entry"]

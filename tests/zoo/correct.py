@@ -244,6 +244,7 @@ ENTRIES: tuple[Entry, ...] = (
         "softmax",
         causal=True,
         how="exp(s - logsumexp(s)) on -inf-masked logits in float64, renormalised",
+        grad=True,  # its autograd backward, vetted with the gradient checks
     ),
     _correct(
         "performer-feature-shifts",
@@ -258,6 +259,7 @@ ENTRIES: tuple[Entry, ...] = (
         "cosformer",
         causal=True,
         how="cos/sin decomposition with cumsum prefix states in float64",
+        grad=True,  # its autograd backward, vetted with the gradient checks
     ),
     _correct(
         "taylor-completed-square",
@@ -265,6 +267,7 @@ ENTRIES: tuple[Entry, ...] = (
         "taylor",
         causal=False,
         how="quadratic form of ((1 + s)^2 + 1) / 2 in float64",
+        grad=True,  # its autograd backward, vetted with the gradient checks
         cost="quadratic",
     ),
 )

@@ -1,0 +1,154 @@
+"""Judging gradients against the exact reference gradients: errors in units of u s, an
+a-priori bound, a budget (DESIGN "Accuracy", applied to the backward pass).
+
+For the loss L = sum(out * g), each exact gradient element comes with its magnitude M
+(reference/grad.py): the sum of the absolute values of everything it is computed from,
+propagated through the chain rule to first order, so it grows with every cancellation
+(in dL/da_ij = g_i . (v_j - out_i) / D_i above all). M is the scale s of a gradient
+element, as s_ic is for an output element.
+
+- bound: any evaluation in precision u whose every operation obeys the standard model
+  (Higham, "Accuracy and Stability of Numerical Algorithms", sec. 2.2; no underflow or
+  overflow, elementary functions within C_LIB units) errs by at most n u M to first order
+  (the first-order form of Lemma 3.1 for a chain of n roundings applied to M), n the
+  roundings on the longest path (reference/grad.py `roundings`): gamma_n / u units of u M,
+  infinite where n u >= 1 (then only the budget judges). M is floored at the dtype's
+  smallest subnormal over u (`effective_scale`): a result that small is rounded on the
+  subnormal grid, whatever its own magnitude (M may even underflow float64).
+- budget: K_BUDGET times the largest error of the golden forms' backward (autograd through
+  implementations/golden.py, wide accumulation) on the same inputs and loss, at least
+  BUDGET_FLOOR units: the same rule as for outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..inputs import SMALLEST_SUBNORMAL
+from .bound import gamma
+from .verdict import BUDGET_FLOOR, K_BUDGET, error_units
+
+NAMES = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class GradientVerdict:
+    """The figures of one gradient judgement: per tensor (q, k, v) the largest error in
+    units of u M, and the worst place overall."""
+
+    dtype: str
+    bound: float  # units of u M (inf: vacuous)
+    max_error: dict[str, float]
+    golden_max_error: float | None
+    budget: float | None
+    violations: int  # elements above the bound, or non-finite where the exact one is finite
+    worst: tuple[str, tuple[int, ...]]
+
+    @property
+    def within_budget(self) -> bool | None:
+        if self.budget is None:
+            return None
+        return max(self.max_error.values()) <= self.budget
+
+    @property
+    def passed(self) -> bool:
+        return self.violations == 0 and self.within_budget is not False
+
+    @property
+    def message(self) -> str:
+        errors = ", ".join(f"d{n} {e:.3g}" for n, e in self.max_error.items())
+        name, at = self.worst
+        parts = [f"gradient errors (units of u M) {errors}; worst at d{name}{list(at)}"]
+        parts.append(
+            "the bound is vacuous (n u >= 1): only the budget judges"
+            if self.bound == float("inf")
+            else f"bound {self.bound:.3g}"
+        )
+        if self.violations:
+            parts.append(f"{self.violations} element(s) above the bound or non-finite")
+        if self.budget is not None:
+            parts.append(
+                f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
+                + ("" if self.within_budget else " EXCEEDED")
+            )
+        return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
+
+
+def gradient_bound(roundings: int, u: float) -> float:
+    """The a-priori bound in units of u M: gamma_n / u (inf where n u >= 1)."""
+    return gamma(roundings, u) / u
+
+
+def effective_scale(magnitude: np.ndarray, dtype: str, u: float) -> np.ndarray:
+    """M, at least the dtype's smallest subnormal over u (NaN stays NaN)."""
+    return np.fmax(magnitude, SMALLEST_SUBNORMAL[dtype] / u) + 0 * magnitude
+
+
+def allowance(magnitude: np.ndarray, dtype: str, u: float, roundings: int) -> np.ndarray:
+    """|error| allowed by the bound per element: gamma_n M (inf where n u >= 1)."""
+    bound = gradient_bound(roundings, u)
+    return bound * u * effective_scale(magnitude, dtype, u)
+
+
+def _errors(
+    grads: Mapping[str, np.ndarray],
+    exact: Mapping[str, np.ndarray],
+    scale: Mapping[str, np.ndarray],
+    dtype: str,
+    u: float,
+) -> dict[str, np.ndarray]:
+    """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row)."""
+    return {
+        n: np.where(
+            np.isnan(exact[n]),
+            0.0,
+            error_units(grads[n], exact[n], effective_scale(scale[n], dtype, u), u),
+        )
+        for n in NAMES
+    }
+
+
+def judge_gradients(
+    grads: Mapping[str, np.ndarray],
+    exact: Mapping[str, np.ndarray],
+    scale: Mapping[str, np.ndarray],
+    dtype: str,
+    u: float,
+    roundings: int,
+    golden: Sequence[Mapping[str, np.ndarray]] = (),
+) -> GradientVerdict:
+    """Judge float64 copies of an implementation's dq, dk, dv (dtype `dtype`, unit roundoff
+    u) against the exact ones and their magnitudes M."""
+    bound = gradient_bound(roundings, u)
+    errors = _errors(grads, exact, scale, dtype, u)
+    top = float(torch.finfo(getattr(torch, dtype)).max)
+    violations = 0
+    for n in NAMES:
+        finite_exact = np.isfinite(exact[n]) & (np.abs(exact[n]) <= top)  # fits the dtype
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(grads[n] - exact[n])
+            above = finite_exact & ~(diff <= allowance(scale[n], dtype, u, roundings))
+        violations += int(above.sum())
+    worst_name = max(NAMES, key=lambda n: errors[n].max(initial=0.0))
+    worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
+    golden_max = budget = None
+    if golden:
+        golden_max = max(
+            float(np.max(np.where(np.isfinite(e), e, 0.0), initial=0.0))
+            for g in golden
+            for e in _errors(g, exact, scale, dtype, u).values()
+        )
+        budget = K_BUDGET * max(golden_max, BUDGET_FLOOR)
+    return GradientVerdict(
+        dtype=dtype,
+        bound=bound,
+        max_error={n: float(errors[n].max(initial=0.0)) for n in NAMES},
+        golden_max_error=golden_max,
+        budget=budget,
+        violations=violations,
+        worst=(worst_name, tuple(int(t) for t in worst_at)),
+    )

@@ -1,0 +1,230 @@
+"""Gradient checks: the backward pass of an implementation (its autograd graph, or its own
+torch.autograd.Function) for the loss L = sum(out * G), G seeded per case.
+
+- gradient: dL/dq, dL/dk, dL/dv against the exact reference gradients (reference/grad.py),
+  judged by accuracy/gradient.py: the a-priori bound, and the budget set by the golden
+  forms' backward in the same dtype;
+- gradient-causality (causal specs): dL/dk_j and dL/dv_j do not depend on G_i for i < j;
+  rows 0 .. t-1 of G are redrawn and rows t .. N-1 of dk and dv must not move beyond the
+  bound;
+- gradient-associativity: the gradients agree with both golden forms' ((phi(Q) phi(K)^T) V
+  and phi(Q) (phi(K)^T V), or softmax's one) within the sum of their bounds;
+- gradient-finite: no NaN or inf in a gradient where the exact one is finite and fits the
+  dtype (the forward's finiteness is the positivity check's).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from ..accuracy.gradient import NAMES, allowance, judge_gradients
+from ..cases import Case
+from ..implementations.golden import GOLDEN_FORMS, golden_attention
+from ..inputs import UNIT_ROUNDOFF
+from ..reference.arb import arb_denominator_signs
+from ..reference.grad import exact_gradients, gradient_magnitudes, roundings
+from ..specs import Spec
+from .core import (
+    Implementation,
+    ImplementationFailure,
+    Outcome,
+    as_array,
+    case_generator,
+    check,
+    inputs_of,
+)
+
+Grads = dict[str, np.ndarray]
+
+
+def loss_weights(case: Case, q: torch.Tensor, v: torch.Tensor, salt: int = 11) -> torch.Tensor:
+    """G of the output's shape and the inputs' dtype and device: N(0, 1) from the case's
+    seed, rounded to the dtype."""
+    b, h, n, dv = (*q.shape[:3], v.shape[-1])
+    g = torch.randn(b, h, n, dv, generator=case_generator(case, salt), dtype=torch.float64)
+    return g.to(dtype=q.dtype, device=q.device)
+
+
+def autograd_gradients(fn, q, k, v, w, g: torch.Tensor) -> Grads:
+    """dL/dq, dL/dk, dL/dv of L = sum(fn(q, k, v, w) * g) through torch.autograd, as float64
+    arrays; a gradient that does not exist (the output does not depend on it) is 0.
+    ImplementationFailure when fn's output has no backward, the backward raises, or a
+    gradient has the wrong shape or dtype."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        out = fn(*leaves, w)
+        if not out.requires_grad:
+            raise ImplementationFailure("returned an output with no backward (requires_grad off)")
+        try:
+            grads = torch.autograd.grad(out, leaves, grad_outputs=g, allow_unused=True)
+        except Exception as err:  # the backward's failure is a finding
+            raise ImplementationFailure(
+                f"backward raised {type(err).__name__}: {err}"
+            ) from None  # fmt: skip
+    result = {}
+    for name, leaf, grad in zip(NAMES, leaves, grads, strict=True):
+        if grad is None:
+            grad = torch.zeros_like(leaf)
+        if grad.shape != leaf.shape or grad.dtype != leaf.dtype:
+            raise ImplementationFailure(
+                f"d{name} has shape {tuple(grad.shape)} and dtype {grad.dtype}, expected "
+                f"{tuple(leaf.shape)} and {leaf.dtype}"
+            )
+        result[name] = as_array(grad)
+    return result
+
+
+def golden_gradients(q, k, v, w, g, spec) -> list[Grads]:
+    """The golden forms' gradients on the same inputs and loss."""
+    forms = GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
+    return [
+        autograd_gradients(
+            lambda q, k, v, w, form=form: golden_attention(q, k, v, spec, w, form), q, k, v, w, g
+        )
+        for form in forms
+    ]
+
+
+class UndefinedLoss(Exception):
+    """A row's exact denominator is 0 (relu, cosformer): out is 0/0 there, so the loss and
+    every gradient an implementation computes from it are undefined (torch's 0 * inf = NaN
+    reaches every key): no gradient check judges such a case."""
+
+
+def judged(body):
+    """Run a gradient check body, passing (unjudged) where the loss is undefined."""
+
+    def run(impl: Implementation, case: Case) -> Outcome:
+        try:
+            return body(impl, case)
+        except UndefinedLoss as err:
+            return Outcome(True, f"not judged: {err}")
+
+    run.__name__, run.__doc__ = body.__name__, body.__doc__
+    return run
+
+
+@functools.lru_cache(maxsize=64)
+def _exact(case: Case, spec: Spec) -> tuple[Grads, Grads, int] | str:
+    """The exact gradients, their magnitudes and n for the case's loss, or why the loss is
+    undefined; cached, since every gradient check of a case needs them."""
+    (q, _, v, _), x = inputs_of(case, spec)
+    zero = arb_denominator_signs(x, spec) == 0
+    if zero.any():
+        at = tuple(int(t) for t in np.argwhere(zero)[0])
+        return f"the exact denominator of row (b, h, i) = {at} is 0"
+    g = as_array(loss_weights(case, q, v))
+    return exact_gradients(x, spec, g), gradient_magnitudes(x, spec, g), roundings(x, spec)
+
+
+def _setup(impl: Implementation, case: Case):
+    """Inputs, G, the exact gradients and magnitudes, n and the implementation's grads;
+    UndefinedLoss where some exact denominator is 0."""
+    exact = _exact(case, impl.spec)
+    if isinstance(exact, str):
+        raise UndefinedLoss(exact)
+    (q, k, v, w), _ = inputs_of(case, impl.spec)
+    g = loss_weights(case, q, v)
+    return (q, k, v, w, g), *exact, autograd_gradients(impl, q, k, v, w, g)
+
+
+@check("gradient")
+@judged
+def gradient(impl: Implementation, case: Case) -> Outcome:
+    """dq, dk, dv within the a-priori bound of the exact ones and within K_BUDGET times the
+    golden forms' error."""
+    (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
+    golden = golden_gradients(q, k, v, w, g, impl.spec)
+    u = UNIT_ROUNDOFF[case.dtype]
+    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, golden)
+    figures = {f"max_error_d{name}": e for name, e in verdict.max_error.items()}
+    figures["max_error"] = max(verdict.max_error.values())
+    figures["bound"] = verdict.bound
+    if verdict.budget is not None:
+        figures["budget"] = verdict.budget
+    return Outcome(verdict.passed, verdict.message, figures)
+
+
+def _allowance(magnitude: Mapping[str, np.ndarray], n: int, dtype: str, times: float) -> Grads:
+    """times the bound's allowance per element (two evaluations: times = 2)."""
+    u = UNIT_ROUNDOFF[dtype]
+    return {name: times * allowance(m, dtype, u, n) for name, m in magnitude.items()}
+
+
+def _disagreement(
+    a: Grads, b: Grads, allowance: Grads, exact: Grads, start: int = 0, names=NAMES
+) -> str | None:
+    """Where a and b differ beyond the allowance in rows start.. of `names` (where the
+    exact gradient is defined), or None."""
+    for name in names:
+        x, y, limit, ref = (
+            t[..., start:, :] for t in (a[name], b[name], allowance[name], exact[name])
+        )
+        with np.errstate(invalid="ignore"):
+            same = (x == y) | (np.isnan(x) & np.isnan(y))  # non-finite: gradient-finite's
+            bad = ~np.isnan(ref) & ~same & ~(np.abs(x - y) <= limit)
+        if bad.any():
+            at = tuple(int(t) for t in np.argwhere(bad)[0])
+            where = [*at[:2], at[2] + start, at[3]]
+            return (
+                f"d{name}: {int(bad.sum())} element(s) differ beyond the bound, e.g. at "
+                f"{where}: {x[at]:.6g} against {y[at]:.6g}"
+            )
+    return None
+
+
+@check("gradient-causality")
+@judged
+def gradient_causality(impl: Implementation, case: Case) -> Outcome:
+    """Redrawing G_i for i < t leaves dk_j and dv_j, j >= t, unchanged (within the bound)."""
+    if case.n < 2:
+        return Outcome(True, "N = 1: there is no earlier row of G to change")
+    (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
+    t = 1 + int(torch.randint(case.n - 1, (1,), generator=case_generator(case, 12)))
+    other = loss_weights(case, q, v, salt=13)
+    g2 = torch.cat([other[..., :t, :], g[..., t:, :]], dim=-2)
+    grads2 = autograd_gradients(impl, q, k, v, w, g2)
+    allowance = _allowance(magnitude, n, case.dtype, times=2.0)  # each run within its bound
+    found = _disagreement(grads, grads2, allowance, exact, start=t, names=("k", "v"))
+    if found is None:
+        return Outcome(True, f"dk and dv of rows {t}.. unchanged when G of rows 0..{t - 1} changed")
+    return Outcome(False, f"after G of rows 0..{t - 1} changed, " + found)
+
+
+@check("gradient-associativity")
+@judged
+def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
+    """The gradients agree with each golden form's within the sum of their bounds."""
+    (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
+    allowance = _allowance(magnitude, n, case.dtype, times=2.0)
+    forms = GOLDEN_FORMS if impl.spec.info.kernelised else ("quadratic",)
+    for form, golden in zip(forms, golden_gradients(q, k, v, w, g, impl.spec), strict=True):
+        found = _disagreement(grads, golden, allowance, exact)
+        if found is not None:
+            return Outcome(False, f"against the golden {form} form's backward: " + found)
+    return Outcome(True, f"the gradients agree with the golden {' and '.join(forms)} forms'")
+
+
+@check("gradient-finite")
+@judged
+def gradient_finite(impl: Implementation, case: Case) -> Outcome:
+    """No NaN or inf where the exact gradient is finite and fits the dtype."""
+    (q, _, _, _, _), exact, _, _, grads = _setup(impl, case)
+    top = float(torch.finfo(q.dtype).max)
+    for name in NAMES:
+        with np.errstate(invalid="ignore"):
+            bad = (
+                np.isfinite(exact[name]) & (np.abs(exact[name]) <= top) & ~np.isfinite(grads[name])
+            )
+        if bad.any():
+            at = tuple(int(t) for t in np.argwhere(bad)[0])
+            return Outcome(
+                False,
+                f"d{name} is {grads[name][at]} at {list(at)} ({int(bad.sum())} element(s)) "
+                f"where the exact gradient is {exact[name][at]:.6g}",
+            )
+    return Outcome(True, "every gradient is finite where the exact one is finite and fits")
