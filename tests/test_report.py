@@ -67,6 +67,7 @@ def test_the_document_has_the_documented_top_level_keys(report):
         "verdict",
         "environment",
         "accuracy",
+        "gradients",
         "scaling",
         "random_features",
     }
@@ -90,6 +91,16 @@ def test_every_form_spec_dtype_and_n_is_judged_once(report):
         assert 0 <= r["p99_error"] <= r["max_error"] <= r["budget"]
         assert r["budget"] == pytest.approx(4 * max(r["golden_max_error"], 1.0))
         assert r["unit_roundoff"] == {"float16": 2**-11, "float32": 2**-24}[r["dtype"]]
+
+
+def test_every_form_spec_and_dtype_has_its_gradients_judged(report):
+    rows = report[2]["gradients"]["rows"]
+    keys = {(r["spec"], r["form"], r["dtype"]) for r in rows}
+    assert len(keys) == len(rows) == 2 * 5 * len(DTYPES)  # 2 + 3 forms per spec
+    for r in rows:
+        assert r["n"] == 16 and r["passed"] and set(r["max_error"]) == {"q", "k", "v"}
+        assert max(r["max_error"].values()) <= r["budget"]
+        assert r["bound"] is None or r["bound"] > 1  # None: vacuous (n u >= 1)
 
 
 def test_margins_count_the_rows_of_the_largest_n(report):
@@ -171,6 +182,7 @@ def test_markdown_opens_with_the_summary_at_the_largest_n(report):
     for section in (
         "## Accuracy vs N",
         "## Positivity margins",
+        "## Gradients",
         "## Random features",
         "## Scaling",
         "## Environment",
@@ -247,6 +259,14 @@ def test_errors_below_one_unit_are_not_compared_as_ratios(report):
     for r in small:
         r["max_error"] /= 10  # up 10x, but still below the 1-unit floor of the output rounding
     assert small and compare(old, doc, "old.json").regressions == []
+
+
+def test_a_gradient_error_beyond_the_factor_is_a_regression(report):
+    old = copy.deepcopy(report[2])
+    row = next(r for r in old["gradients"]["rows"] if max(r["max_error"].values()) > 0.5)
+    row["max_error"] = {n: e / 10 for n, e in row["max_error"].items()}
+    (regression,) = compare(old, report[2], "old.json").regressions
+    assert row["spec"] in regression and regression.endswith("u M")
 
 
 def test_pass_turned_fail_is_a_regression_whatever_the_figures(report):

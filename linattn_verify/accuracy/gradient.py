@@ -16,8 +16,12 @@ element, as s_ic is for an output element.
   smallest subnormal over u (`effective_scale`): a result that small is rounded on the
   subnormal grid, whatever its own magnitude (M may even underflow float64).
 - budget: K_BUDGET times the largest error of the golden forms' backward (autograd through
-  implementations/golden.py, wide accumulation) on the same inputs and loss, at least
-  BUDGET_FLOOR units: the same rule as for outputs.
+  implementations/golden.py, wide accumulation) on the same inputs and loss, and at least
+  K_BUDGET times the error of rounding the exact gradients once (max |g| / M, the
+  `rounding_floor`): the rule for outputs, whose floor BUDGET_FLOOR is that rounding with
+  |out| <= s. Here M can exceed |g| by orders of magnitude (the Performer maps: exponents
+  with large arguments, trig's cancelling features), so a floor of 1 unit of u M would
+  admit errors thousands of times the golden one.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class GradientVerdict:
     bound: float  # units of u M (inf: vacuous)
     max_error: dict[str, float]
     golden_max_error: float | None
+    rounding_floor: float  # one correct rounding of the exact gradients, in units of u M
     budget: float | None
     violations: int  # elements above the bound, or non-finite where the exact one is finite
     worst: tuple[str, tuple[int, ...]]
@@ -94,6 +99,16 @@ def allowance(magnitude: np.ndarray, dtype: str, u: float, roundings: int) -> np
     return bound * u * effective_scale(magnitude, dtype, u)
 
 
+def rounding_floor(exact: Mapping[str, np.ndarray], scale, dtype: str, u: float) -> float:
+    """The error of one correct rounding of the exact gradients, in units of u M: the
+    largest |g| / M (BUDGET_FLOOR where every exact gradient is 0: no scale to go by)."""
+    ratios = [
+        np.nanmax(np.abs(exact[n]) / effective_scale(scale[n], dtype, u), initial=0.0)
+        for n in NAMES
+    ]
+    return float(max(ratios)) or BUDGET_FLOOR
+
+
 def _errors(
     grads: Mapping[str, np.ndarray],
     exact: Mapping[str, np.ndarray],
@@ -135,6 +150,7 @@ def judge_gradients(
         violations += int(above.sum())
     worst_name = max(NAMES, key=lambda n: errors[n].max(initial=0.0))
     worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
+    floor = rounding_floor(exact, scale, dtype, u)
     golden_max = budget = None
     if golden:
         golden_max = max(
@@ -142,12 +158,13 @@ def judge_gradients(
             for g in golden
             for e in _errors(g, exact, scale, dtype, u).values()
         )
-        budget = K_BUDGET * max(golden_max, BUDGET_FLOOR)
+        budget = K_BUDGET * max(golden_max, floor)
     return GradientVerdict(
         dtype=dtype,
         bound=bound,
         max_error={n: float(errors[n].max(initial=0.0)) for n in NAMES},
         golden_max_error=golden_max,
+        rounding_floor=floor,
         budget=budget,
         violations=violations,
         worst=(worst_name, tuple(int(t) for t in worst_at)),

@@ -106,6 +106,12 @@ def _absorb(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
     return replace(state, s=s, z=state.z + phi_k.sum(dim=-2), position=state.position + v.shape[-2])
 
 
+def _absorb_token(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
+    """_absorb for one token, as an outer product (no sum over a length-1 axis)."""
+    s = state.s + phi_k.transpose(-2, -1) * v
+    return replace(state, s=s, z=state.z + phi_k[..., 0, :], position=state.position + 1)
+
+
 def _quotient(num, den, spec: Spec, shift_q, shift_k) -> torch.Tensor:
     return num / (den + scaled_eps(spec.eps, add_shifts(shift_q, shift_k)))
 
@@ -159,7 +165,7 @@ def _recurrent(q, k, v, spec: Spec, w, n_pos: int, state: State) -> tuple[torch.
         if shifts is not None:
             state = _rescaled(state, shifts[..., i : i + 1, :])
             phi = phi * exp(scale[..., i : i + 1, :] - state.shift)
-        state = _absorb(state, phi, v[..., i : i + 1, :])
+        state = _absorb_token(state, phi, v[..., i : i + 1, :])
         pq = phi_q[..., i : i + 1, :]
         num, den = pq @ state.s, pq @ state.z.unsqueeze(-1)
         sq = None if shift_q is None else shift_q[..., i : i + 1, :]

@@ -14,6 +14,7 @@ from ..environment import environment
 from ..scaling import plot_scaling
 from ..specs import Spec
 from .accuracy import Sweep, accuracy_rows
+from .gradients import GRADIENT_N, gradient_rows
 from .plots import plot_error_vs_n, plot_margins
 from .random_features import random_features
 from .scaling import ScalingPlan, scaling_rows
@@ -86,7 +87,7 @@ def make_plan(options: ReportOptions) -> Plan:
 def units(options: ReportOptions, plan: Plan) -> int:
     """Progress units of the run."""
     ns = FULL_NS if options.full else DEFAULT_NS
-    accuracy = len(plan.groups) * len(ns) * len(options.dtypes) * len(options.devices)
+    accuracy = len(plan.groups) * (len(ns) + 1) * len(options.dtypes) * len(options.devices)
     random = 0 if options.impl else 3 + options.full
     return accuracy + len(plan.scaled) * len(options.devices) + random
 
@@ -97,6 +98,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
     plan = make_plan(options)
     ns = FULL_NS if options.full else DEFAULT_NS
     accuracy: dict[str, Any] = {"rows": [], "margins": [], "plots": {}}
+    gradients: dict[str, Any] = {"rows": []}
     scaling: dict[str, Any] = {"rows": [], "plots": {}}
     timed_all: dict[str, Any] = {}
     costs_all: dict[str, Any] = {}
@@ -106,6 +108,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
             rows, margins = accuracy_rows(spec, impls, sweep, step)
             accuracy["rows"] += rows
             accuracy["margins"] += margins
+            gradients["rows"] += gradient_rows(spec, impls, sweep, step)
         scaling_plan = ScalingPlan(
             FULL_COST_NS if options.full else COST_NS,
             FULL_TIME_NS if options.full else TIME_NS,
@@ -145,11 +148,16 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                     "inputs": "N(0, 1) from numpy PCG64([seed, N]), rounded to each dtype",
                     "projection": "orthogonal rows with chi(d) norms, m = d, PCG64(seed)",
                 },
+                "gradients": {
+                    "n": GRADIENT_N,
+                    "loss": "sum(out * G), G N(0, 1) from PCG64([seed, N, 1]), in the dtype",
+                },
                 "scaling": {**asdict(scaling_plan), "inputs": "float32", "torch_threads": 1},
             },
             "seconds": time.perf_counter() - start,
         },
         "accuracy": accuracy,
+        "gradients": gradients,
         "scaling": scaling,
         "random_features": random,
     }
@@ -174,6 +182,7 @@ def _accuracy_plots(
 def verdict(document: dict[str, Any]) -> str:
     """ "pass" when every accuracy judgement, every cost growth and every sampler passes."""
     failed = [r for r in document["accuracy"]["rows"] if not r["passed"]]
+    failed += [r for r in document["gradients"]["rows"] if not r["passed"]]
     failed += [r for r in document["scaling"]["rows"] if not r["cost_passed"]]
     failed += [s for s in document["random_features"].get("samplers", []) if not s["passed"]]
     return "fail" if failed else "pass"

@@ -1,8 +1,9 @@
 """--compare OLD.json: what got less accurate, slower or broken since an earlier report.
 
 Thresholds (a regression is reported, and the command exits 1, beyond them):
-- ERROR_FACTOR: a max error (units of u s) more than 2x the old one, the old one taken as
-  at least 1 unit (below that the output's own rounding decides). The inputs are the same
+- ERROR_FACTOR: a max error more than 2x the old one, the old one taken as at least one
+  rounding of the result (below that the output's own rounding decides): 1 unit of u s
+  for outputs, the row's `rounding_floor` in units of u M for gradients. The inputs are the same
   seeded numbers, so on one machine the error is reproduced exactly; 2x is one bit lost.
 - TIME_FACTOR: the median over the common N of new / old median times above 1.5, only
   when both curves passed the noise gate on the same device and torch; the gate itself
@@ -66,7 +67,10 @@ def compare(old: dict[str, Any], new: dict[str, Any], against: str) -> Compariso
             f"{against} is not a {new['schema']!r} document (schema {old.get('schema')!r})"
         )
     result = Comparison(against)
-    _compare_accuracy(old, new, result)
+    _compare_errors(old["accuracy"]["rows"], new["accuracy"]["rows"], "u s", result)
+    _compare_errors(
+        old.get("gradients", {}).get("rows", []), new["gradients"]["rows"], "u M", result
+    )
     _compare_scaling(old, new, result)
     old_samplers = {s["sampler"]: s for s in old["random_features"].get("samplers", [])}
     for sampler in new["random_features"].get("samplers", []):
@@ -78,9 +82,18 @@ def compare(old: dict[str, Any], new: dict[str, Any], against: str) -> Compariso
     return result
 
 
-def _compare_accuracy(old: dict[str, Any], new: dict[str, Any], result: Comparison) -> None:
-    before = {_accuracy_key(r): r for r in old["accuracy"]["rows"]}
-    for row in new["accuracy"]["rows"]:
+def _largest(row: dict[str, Any]) -> float | None:
+    """A row's max error: a number (None: infinite), or the largest of dq, dk, dv."""
+    error = row.get("max_error")
+    return max(error.values()) if isinstance(error, dict) else error
+
+
+def _compare_errors(
+    old_rows: list[dict], new_rows: list[dict], units: str, result: Comparison
+) -> None:
+    """Accuracy or gradient rows: pass turned fail, or an error beyond ERROR_FACTOR."""
+    before = {_accuracy_key(r): r for r in old_rows}
+    for row in new_rows:
         prior = before.pop(_accuracy_key(row), None)
         if prior is None:
             continue
@@ -91,13 +104,15 @@ def _compare_accuracy(old: dict[str, Any], new: dict[str, Any], result: Comparis
                 f"{where}: passed, now fails: " + row.get("error", row.get("message", ""))
             )
             continue
-        new_error, old_error = row.get("max_error"), prior.get("max_error")  # None: infinite
+        new_error, old_error = _largest(row), _largest(prior)  # None: infinite
         known = new_error is not None and old_error is not None
-        if known and new_error > ERROR_FACTOR * max(old_error, 1.0):
-            result.regressions.append(f"{where}: max error {old_error:.3g} -> {new_error:.3g} u s")
+        if known and new_error > ERROR_FACTOR * max(old_error, row.get("rounding_floor", 1.0)):
+            result.regressions.append(
+                f"{where}: max error {old_error:.3g} -> {new_error:.3g} {units}"
+            )
     if before:
         result.notes.append(
-            f"{len(before)} accuracy figure(s) of the old report are not in this one"
+            f"{len(before)} figure(s) in {units} of the old report are not in this one"
         )
 
 

@@ -122,6 +122,37 @@ def _margins(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _gradients(document: dict[str, Any]) -> list[str]:
+    rows = document["gradients"]["rows"]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    device = rows[0]["device"]
+    cells = {(r["spec"], r["form"], r["dtype"]): r for r in rows if r["device"] == device}
+    body = []
+    for spec, form in dict.fromkeys((r["spec"], r["form"]) for r in rows):
+        line = [spec, form]
+        for dtype in dtypes:
+            r = cells.get((spec, form, dtype))
+            if r is None or "error" in r:
+                line.append("–" if r is None else f"**{r['error']}**")
+                continue
+            errors = " / ".join(_num(r["max_error"][n]) for n in ("q", "k", "v"))
+            text = f"{errors} ({_num(r['budget'])})"
+            line.append(text if r["passed"] else f"**{text} FAIL**")
+        body.append(line)
+    n = rows[0]["n"]
+    return [
+        "## Gradients",
+        "",
+        f"The backward of every form for L = sum(out * G) at N = {n} ({device}), against the "
+        "exact reference gradients: max error of dq / dk / dv in units of u M (M: the "
+        "magnitude of what each gradient element is computed from), and the budget (K x "
+        "the golden forms' backward). The a-priori bound gamma_n is vacuous in bfloat16 "
+        "at these sizes (n u >= 1): there only the budget judges.",
+        "",
+        *_table(["spec", "form", *dtypes], body),
+    ]
+
+
 def _random_features(document: dict[str, Any]) -> list[str]:
     rf = document["random_features"]
     if "skipped" in rf:
@@ -252,6 +283,7 @@ def render(document: dict[str, Any], comparison: list[str] | None = None) -> str
     ]
     if comparison:
         lines += [*comparison, ""]
-    for section in (_accuracy_vs_n, _margins, _random_features, _scaling, _environment):
+    sections = (_accuracy_vs_n, _margins, _gradients, _random_features, _scaling, _environment)
+    for section in sections:
         lines += [*section(document), ""]
     return "\n".join(lines)

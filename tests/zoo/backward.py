@@ -55,7 +55,7 @@ class _HandWritten(torch.autograd.Function):
 
 
 def hand_written(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-    """The bug-free backward (tests/test_gradients.py: it is right on moderate inputs; at
+    """The bug-free backward (tests/test_gradient_checks.py: it is right on moderate inputs; at
     the regime's extremes its plain float64 features give 0/0, so it is not a zoo entry)."""
     return _HandWritten.apply(q, k, v, causal, None)
 

@@ -117,10 +117,22 @@ def test_a_magnitude_below_the_subnormal_range_is_floored():
 def test_a_vacuous_bound_leaves_the_budget_to_judge():
     exact, m = _exact()
     u = 2.0**-8
-    grads = {name: exact[name] + 2 * u * m[name] for name in NAMES}
+    grads = {name: exact[name] + 0.5 * u * m[name] for name in NAMES}
     verdict = judge_gradients(grads, exact, m, "bfloat16", u, 300, [exact])
     assert verdict.bound == float("inf") and verdict.violations == 0
-    assert verdict.budget == 4 and verdict.passed and "vacuous" in verdict.message
+    floor = max(float(np.max(np.abs(exact[n]) / m[n])) for n in NAMES)  # one rounding
+    assert verdict.budget == pytest.approx(4 * floor) and verdict.passed
+    assert "vacuous" in verdict.message
+
+
+def test_the_budget_floor_is_one_rounding_of_the_gradient_not_one_unit_of_u_m():
+    exact, m = _exact()
+    m = {n: 1000 * np.abs(e) for n, e in exact.items()}  # M >> |g|, as for the Performer maps
+    u = 2.0**-24
+    grads = {name: exact[name] * (1 + 10 * u) for name in NAMES}  # 10 roundings off
+    verdict = judge_gradients(grads, exact, m, "float32", u, 50, [exact])
+    assert max(verdict.max_error.values()) == pytest.approx(0.01, rel=1e-3)
+    assert verdict.budget == pytest.approx(4 / 1000) and not verdict.passed
 
 
 # ------------------------------------------------------------- failures by name

@@ -1,0 +1,67 @@
+"""The report's gradient section: each form's backward for L = sum(out * G) against the exact
+reference gradients, per dtype, judged in units of u M (accuracy/gradient.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..accuracy.gradient import judge_gradients
+from ..checks import Implementation
+from ..checks.core import ImplementationFailure, as_array
+from ..checks.gradients import autograd_gradients, golden_gradients
+from ..inputs import UNIT_ROUNDOFF, validate
+from ..reference.grad import exact_gradients, gradient_magnitudes, roundings
+from ..specs import Spec
+from .accuracy import Sweep, sweep_inputs
+
+Row = dict[str, Any]
+GRADIENT_N = 16  # exact gradients cost O(N^2 (d + dv) m) mpf operations each
+
+
+def gradient_rows(
+    spec: Spec, impls: dict[str, Implementation], sweep: Sweep, step: Callable[[str], None]
+) -> list[Row]:
+    """Judge each implementation's gradients at N = GRADIENT_N in every dtype of the sweep
+    (its inputs, and G from numpy PCG64([seed, N, 1]) rounded to the dtype)."""
+    rows = []
+    for dtype in sweep.dtypes:
+        q, k, v, w = sweep_inputs(spec, sweep, GRADIENT_N, dtype)
+        x = validate(q, k, v, spec, w)
+        rng = np.random.default_rng([sweep.seed, GRADIENT_N, 1])
+        g = torch.tensor(rng.standard_normal((*q.shape[:3], v.shape[-1]))).to(q.dtype)
+        g = g.to(q.device)
+        g64 = as_array(g)
+        exact, magnitude = exact_gradients(x, spec, g64), gradient_magnitudes(x, spec, g64)
+        golden = golden_gradients(q, k, v, w, g, spec)
+        n = roundings(x, spec)
+        where = {"device": sweep.device, "spec": str(spec), "n": GRADIENT_N, "dtype": dtype}
+        for form, impl in impls.items():
+            try:
+                grads = autograd_gradients(impl, q, k, v, w, g)
+            except ImplementationFailure as err:
+                rows.append({**where, "form": form, "passed": False, "error": str(err)})
+                continue
+            verdict = judge_gradients(
+                grads, exact, magnitude, dtype, UNIT_ROUNDOFF[dtype], n, golden
+            )
+            rows.append(
+                {
+                    **where,
+                    "form": form,
+                    "max_error": verdict.max_error,
+                    "bound": None if math.isinf(verdict.bound) else verdict.bound,
+                    "golden_max_error": verdict.golden_max_error,
+                    "rounding_floor": verdict.rounding_floor,
+                    "budget": verdict.budget,
+                    "violations": verdict.violations,
+                    "passed": verdict.passed,
+                    "message": verdict.message,
+                }
+            )
+        step(f"gradients {spec} {dtype}")
+    return rows
