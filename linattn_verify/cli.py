@@ -466,15 +466,22 @@ def _report_options(args: argparse.Namespace) -> Any:
     """ReportOptions from the arguments; UsageError for a bad combination."""
     import torch
 
+    from .adapters import ADAPTERS
     from .report import ReportOptions
 
+    claims = [f for f in ("feature_map", "causal", "eps", "layout") if getattr(args, f)]
     if args.impl is None:
-        given = [f for f in ("feature_map", "causal", "eps", "layout", "cost") if getattr(args, f)]
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} describes --impl, which is not given")
+        if claims or args.cost:
+            name = (claims or ["cost"])[0].replace("_", "-")
+            raise UsageError(f"--{name} describes --impl, which is not given")
+    elif args.impl in ADAPTERS:
+        if claims:
+            raise UsageError(f"{args.impl} is an adapter: its spec and layout are its claim")
+        if ADAPTERS[args.impl].device == "cuda" and args.device != "cuda":
+            raise UsageError(f"{args.impl} runs on CUDA only: give --device cuda")
     elif args.feature_map is None:
         raise UsageError("--impl needs --feature-map NAME (the spec it claims)")
-    elif args.specs is not None:
+    if args.impl is not None and args.specs is not None:
         raise UsageError("--specs chooses built-in specs; --impl reports its own (--feature-map)")
     if args.device is None:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
@@ -828,7 +835,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m linattn_verify report --specs elu performer-positive --dtypes float16\n"
         "  python -m linattn_verify report --compare reports/baseline/report.json\n"
         "  python -m linattn_verify report --impl mykernels.py:attn --feature-map elu \\\n"
-        "      --causal --out reports/mykernel\n",
+        "      --causal --out reports/mykernel\n"
+        "  python -m linattn_verify report --impl fla.based-naive --out reports/fla-based\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     rp.add_argument("--full", action="store_true", help="the wide sweep (N to 1024, all timed)")
@@ -836,7 +844,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="built-in specs to report (default: all)")  # fmt: skip
     rp.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), metavar="DTYPE")
     rp.add_argument("--device", help="cpu or cuda (default: cpu, and cuda when present)")
-    rp.add_argument("--impl", help="module:function or path.py:function to report on")
+    rp.add_argument(
+        "--impl", help="module:function, path.py:function or adapter (vet --list) to report on"
+    )
     rp.add_argument("--feature-map", choices=list(FEATURE_MAPS), help="the spec --impl claims")
     rp.add_argument("--causal", action="store_true", help="--impl is causal")
     rp.add_argument("--eps", type=float, default=0.0, help="--impl's denominator eps")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..adapters import ADAPTERS, adapter_implementation
 from ..checks import Implementation, builtin, external, forms_of
 from ..environment import environment
 from ..scaling import plot_scaling
@@ -37,7 +38,8 @@ class ReportOptions:
     devices: tuple[str, ...]
     full: bool = False
     seed: int = 0
-    impl: str | None = None  # module:fn; then feature_map, causal, eps, layout, cost apply
+    impl: str | None = None  # module:fn (then feature_map, causal, eps, layout apply) or an
+    # adapter of adapters.ADAPTERS (its spec and layout are its claim)
     feature_map: str | None = None
     causal: bool = False
     eps: float = 0.0
@@ -66,9 +68,15 @@ def make_plan(options: ReportOptions) -> Plan:
     """Every form of every spec (causal and not), or the one --impl; SpecError if the
     target cannot be loaded."""
     if options.impl:
-        spec = Spec(options.feature_map, causal=options.causal, eps=options.eps)
-        impl = external(options.impl, spec, options.layout)
-        cost = options.cost or ("linear" if spec.info.kernelised else "quadratic")
+        adapter = ADAPTERS.get(options.impl)
+        if adapter is not None:  # a third-party library: its spec and layout are its claim
+            impl = adapter_implementation(adapter)
+        else:
+            spec = Spec(options.feature_map, causal=options.causal, eps=options.eps)
+            impl = external(options.impl, spec, options.layout)
+        spec = impl.spec
+        claimed = adapter.cost if adapter is not None else None
+        cost = options.cost or claimed or ("linear" if spec.info.kernelised else "quadratic")
         return Plan([(spec, {"impl": impl})], [(impl, cost, True)], {str(spec): "impl"})
     plan = Plan([], [])
     timed_map = TIMED_MAP if TIMED_MAP in options.specs else options.specs[0]
