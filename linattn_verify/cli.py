@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .jsonable import dumps, jsonable
 from .specs import FEATURE_MAPS, Spec, SpecError
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -48,7 +49,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def _write_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
-        Path(path).write_text(json.dumps(payload, indent=2, default=float) + "\n")
+        Path(path).write_text(dumps(payload))
 
 
 def _random_inputs(shape: Sequence[int], seed: int, m: int | None) -> dict[str, np.ndarray]:
@@ -490,7 +491,7 @@ def _report_options(args: argparse.Namespace) -> Any:
     else:
         devices = (args.device,)
     return ReportOptions(
-        specs=tuple(args.specs or FEATURE_MAPS),
+        specs=tuple(dict.fromkeys(args.specs or FEATURE_MAPS)),
         dtypes=tuple(dict.fromkeys(args.dtypes)),
         devices=devices,
         full=args.full,
@@ -501,12 +502,14 @@ def _report_options(args: argparse.Namespace) -> Any:
         eps=args.eps,
         layout=args.layout or "bhnd",
         cost=args.cost,
+        grad=not args.no_grad,
     )
 
 
-def _probe(plan: Any) -> None:
-    """One small float32 call of --impl before the run: a target that fails at all fails
-    here, by name, and no report is written."""
+def _probe(plan: Any, device: str) -> None:
+    """One small float32 call of --impl on `device` before the run, at the sweep's head
+    size (N = 16, d = dv = 16): a target that fails at all fails here, by name, and no
+    report is written."""
     import torch
 
     from .checks.core import ImplementationFailure
@@ -517,9 +520,10 @@ def _probe(plan: Any) -> None:
     (impl,) = impls.values()
     w = None
     if spec.info.needs_projection:
-        w = sample_projection_torch(4, 4, "orthogonal", torch.Generator().manual_seed(0))
+        w = sample_projection_torch(16, 16, "orthogonal", torch.Generator().manual_seed(0))
+        w = w.to(device)
     try:
-        impl(*attention_inputs(8, d=4, dv=3), w)
+        impl(*attention_inputs(16, d=16, dv=16, device=device), w)
     except ImplementationFailure as err:
         raise ReportTargetFailed(f"{impl.name} {err}; no report written") from None
 
@@ -533,6 +537,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from .report import (
         compare,
+        counts,
         make_plan,
         publish,
         render,
@@ -549,7 +554,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     plan = make_plan(options)
     if options.impl:
         try:
-            _probe(plan)
+            _probe(plan, options.devices[0])
         except ReportTargetFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
@@ -562,21 +567,18 @@ def cmd_report(args: argparse.Namespace) -> int:
                 bar.update()
 
             document = run_report(options, folder, step)
-        document = json.loads(json.dumps(document))  # the form --compare reads back
+        document = jsonable(document)  # the form --compare reads back
         comparison = compare(old, document, args.compare) if old is not None else None
         if comparison is not None:
             document["comparison"] = comparison.to_dict()
-        (folder / "report.json").write_text(json.dumps(document, indent=2) + "\n")
+        (folder / "report.json").write_text(dumps(document))
         (folder / "report.md").write_text(render(document, comparison and comparison.markdown()))
         publish(folder, out)
     if args.json:
         write_json_atomically(Path(args.json), document)
-    rows = document["accuracy"]["rows"]
-    failed = sum(not r["passed"] for r in rows)
     print(
         f"report: {out / 'report.md'} (+ report.json, plots); verdict {document['verdict']}: "
-        f"{len(rows) - failed} of {len(rows)} accuracy judgements pass; "
-        f"{document['environment']['seconds']:.0f} s"
+        f"{counts(document)}; {document['environment']['seconds']:.0f} s"
     )
     regressed = bool(comparison and comparison.regressions)
     if comparison is not None:
@@ -854,6 +856,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--cost", choices=["linear", "quadratic"], help="the growth --impl claims")
     rp.add_argument("--out", default="reports/latest", help="folder (default reports/latest)")
     rp.add_argument("--compare", metavar="OLD.json", help="report regressions against it")
+    rp.add_argument(
+        "--no-grad", action="store_true", help="skip the gradients (a forward-only --impl)"
+    )
     rp.add_argument("--seed", type=int, default=0, help="seed of every input (default 0)")
     _add_output_options(rp)
     rp.set_defaults(func=cmd_report)

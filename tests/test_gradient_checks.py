@@ -68,6 +68,15 @@ def test_a_backward_that_ignores_the_mask_breaks_gradient_causality():
     assert GRAD_CHECKS["gradient-causality"](correct, _case("float64")).passed
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gradient_causality_bites_where_the_bound_is_vacuous(dtype):
+    impl = _impl(backward.backward_ignores_mask, causal=True)
+    case = Case(1, 2, 16, 8, 4, dtype, "normal", 1.0, 3, None, "cpu")  # n u >= 1 in bfloat16
+    assert not GRAD_CHECKS["gradient-causality"](impl, case).passed
+    correct = builtin(Spec("elu", causal=True), "chunked")
+    assert GRAD_CHECKS["gradient-causality"](correct, case).passed
+
+
 # ---------------------------------------------------------------- the judgement
 
 
@@ -84,8 +93,9 @@ def test_errors_are_measured_in_units_of_u_m():
     golden = {name: exact[name] + 1 * u * m[name] for name in NAMES}
     verdict = judge_gradients(off, exact, m, "float32", u, n, [golden])
     assert all(e == pytest.approx(3, rel=1e-6) for e in verdict.max_error.values())
-    assert verdict.golden_max_error == pytest.approx(1, rel=1e-6)
-    assert verdict.budget == pytest.approx(4, rel=1e-6)
+    for name in NAMES:
+        assert verdict.golden_max_error[name] == pytest.approx(1, rel=1e-6)
+        assert verdict.budget[name] == pytest.approx(4, rel=1e-6)
     assert verdict.passed and verdict.bound == pytest.approx(n / (1 - n * u))
     worse = {name: exact[name] + 5 * u * m[name] for name in NAMES}
     assert not judge_gradients(worse, exact, m, "float32", u, n, [golden]).passed
@@ -120,8 +130,10 @@ def test_a_vacuous_bound_leaves_the_budget_to_judge():
     grads = {name: exact[name] + 0.5 * u * m[name] for name in NAMES}
     verdict = judge_gradients(grads, exact, m, "bfloat16", u, 300, [exact])
     assert verdict.bound == float("inf") and verdict.violations == 0
-    floor = max(float(np.max(np.abs(exact[n]) / m[n])) for n in NAMES)  # one rounding
-    assert verdict.budget == pytest.approx(4 * floor) and verdict.passed
+    for n in NAMES:  # one rounding of each exact tensor
+        assert verdict.rounding_floor[n] == pytest.approx(np.max(np.abs(exact[n]) / m[n]))
+        assert verdict.budget[n] == pytest.approx(4 * verdict.rounding_floor[n])
+    assert verdict.passed
     assert "vacuous" in verdict.message
 
 
@@ -132,7 +144,22 @@ def test_the_budget_floor_is_one_rounding_of_the_gradient_not_one_unit_of_u_m():
     grads = {name: exact[name] * (1 + 10 * u) for name in NAMES}  # 10 roundings off
     verdict = judge_gradients(grads, exact, m, "float32", u, 50, [exact])
     assert max(verdict.max_error.values()) == pytest.approx(0.01, rel=1e-3)
-    assert verdict.budget == pytest.approx(4 / 1000) and not verdict.passed
+    assert verdict.budget == pytest.approx(dict.fromkeys(NAMES, 4 / 1000))
+    assert not verdict.passed
+
+
+def test_each_gradient_has_its_own_budget():
+    """dq with M = 1e6 |dq| next to dv with M = |dv| (the Performer maps): dq off by 100
+    roundings is 1e-4 units, far below dv's budget, and must still fail."""
+    exact, _ = _exact()
+    m = {"q": 1e6 * np.abs(exact["q"]), "k": np.abs(exact["k"]), "v": np.abs(exact["v"])}
+    u = 2.0**-24
+    golden = {n: exact[n] * (1 + (n == "v") * u) for n in NAMES}  # one rounding in dv
+    grads = {n: exact[n] * (1 + 100 * u * (n == "q")) for n in NAMES}
+    verdict = judge_gradients(grads, exact, m, "float32", u, 50, [golden])
+    assert verdict.max_error["q"] == pytest.approx(1e-4, rel=1e-3)
+    assert verdict.budget["v"] == pytest.approx(4) and verdict.budget["q"] == pytest.approx(4e-6)
+    assert verdict.over_budget == ["q"] and not verdict.passed
 
 
 # ------------------------------------------------------------- failures by name

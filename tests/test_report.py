@@ -99,7 +99,7 @@ def test_every_form_spec_and_dtype_has_its_gradients_judged(report):
     assert len(keys) == len(rows) == 2 * 5 * len(DTYPES)  # 2 + 3 forms per spec
     for r in rows:
         assert r["n"] == 16 and r["passed"] and set(r["max_error"]) == {"q", "k", "v"}
-        assert max(r["max_error"].values()) <= r["budget"]
+        assert all(r["max_error"][n] <= r["budget"][n] for n in "qkv")
         assert r["bound"] is None or r["bound"] > 1  # None: vacuous (n u >= 1)
 
 
@@ -163,6 +163,24 @@ def test_the_environment_names_what_the_figures_depend_on(report):
     assert env["sweep"]["accuracy"]["ns"] == [8, 16]
 
 
+def test_the_json_is_strict_json(report):
+    def refuse(token):
+        raise AssertionError(f"{token} is not JSON")
+
+    text = (report[1] / "report.json").read_text()
+    assert json.loads(text, parse_constant=refuse) == report[2]
+
+
+def test_a_gradient_case_with_a_0_over_0_row_is_reported_not_judged(small_sweep, tmp_path):
+    # seed 411: the N = 16 inputs of causal relu have a row with no positive similarity
+    code, out = _report(tmp_path, "--specs", "relu", "--dtypes", "float32", "--seed", "411")
+    doc = json.loads((out / "report.json").read_text())
+    skipped = [r for r in doc["gradients"]["rows"] if "skipped" in r]
+    assert code == 0 and skipped and all(r["spec"] == "relu (causal)" for r in skipped)
+    assert skipped[0]["skipped"].startswith("not judged: the exact denominator of row")
+    assert "not judged" in (out / "report.md").read_text()
+
+
 # ----------------------------------------------------------------------- Markdown
 
 
@@ -172,7 +190,7 @@ def test_markdown_opens_with_the_summary_at_the_largest_n(report):
     lines = md.splitlines()
     assert lines[0] == "# linattn-verify report"
     table = lines[lines.index(next(line for line in lines if line.startswith("| spec |"))) :]
-    assert table[0] == "| spec | form | float16 | float32 | verdict |"
+    assert table[0] == "| spec | form | float16 | float32 | verdict | gradients |"
     assert md.index("| spec | form |") < md.index("## Accuracy vs N")
     row = next(r for r in doc["accuracy"]["rows"] if r["spec"] == "elu (causal)"
                and r["form"] == "chunked" and r["dtype"] == "float32" and r["n"] == 16)  # fmt: skip
@@ -199,6 +217,7 @@ def test_a_crash_leaves_the_previous_report_as_it_was(small_sweep, tmp_path, mon
     out = tmp_path / "latest"
     out.mkdir()
     (out / "report.md").write_text("the previous report")
+    (out / "report.json").write_text(json.dumps({"schema": build.SCHEMA}))
     json_path = tmp_path / "r.json"
     json_path.write_text("{}")
 
@@ -209,7 +228,7 @@ def test_a_crash_leaves_the_previous_report_as_it_was(small_sweep, tmp_path, mon
     with pytest.raises(RuntimeError, match="half-way"):
         main(["report", "--out", str(out), "--quiet", "--specs", "elu", "--dtypes", "float32",
               "--json", str(json_path)])  # fmt: skip
-    assert [p.name for p in out.iterdir()] == ["report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
     assert (out / "report.md").read_text() == "the previous report"
     assert json_path.read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "r.json"]  # no staging left
@@ -221,6 +240,7 @@ def test_a_new_report_replaces_the_whole_folder(report, tmp_path):
     out = tmp_path / "latest"
     out.mkdir()
     (out / "stale.png").write_text("from an older run")
+    (out / "report.json").write_text(json.dumps({"schema": build.SCHEMA}))
     with staging(out) as folder:
         (folder / "report.md").write_text("new")
         publish(folder, out)
@@ -262,11 +282,14 @@ def test_errors_below_one_unit_are_not_compared_as_ratios(report):
 
 
 def test_a_gradient_error_beyond_the_factor_is_a_regression(report):
-    old = copy.deepcopy(report[2])
-    row = next(r for r in old["gradients"]["rows"] if max(r["max_error"].values()) > 0.5)
-    row["max_error"] = {n: e / 10 for n, e in row["max_error"].items()}
-    (regression,) = compare(old, report[2], "old.json").regressions
-    assert row["spec"] in regression and regression.endswith("u M")
+    new = copy.deepcopy(report[2])
+    row = new["gradients"]["rows"][5]
+    old_dk = row["max_error"]["k"]
+    row["max_error"]["k"] = 2.1 * max(old_dk, row["rounding_floor"]["k"])
+    row["max_error"]["q"] = 1.9 * max(row["max_error"]["q"], row["rounding_floor"]["q"])
+    (regression,) = compare(report[2], new, "old.json").regressions
+    assert row["spec"] in regression and "dk max error" in regression
+    assert regression.endswith("u M")
 
 
 def test_pass_turned_fail_is_a_regression_whatever_the_figures(report):
@@ -352,6 +375,27 @@ def test_a_third_party_implementation_is_reported_and_its_failure_shown(small_sw
     assert "FAIL" in (out / "report.md").read_text()
 
 
+def test_an_implementation_that_fails_while_measured_gets_a_failed_scaling_row(
+    small_sweep, tmp_path
+):
+    target = f"{TARGETS}:small_heads_only"  # the accuracy sweep has d = 16, scaling d = 32
+    code, out = _report(tmp_path, "--impl", target, "--feature-map", "elu", "--dtypes", "float32")
+    doc = json.loads((out / "report.json").read_text())
+    (row,) = doc["scaling"]["rows"]
+    assert code == 1 and not row["cost_passed"] and "head dimension 32 > 16" in row["error"]
+    assert all(r["passed"] for r in doc["accuracy"]["rows"] + doc["gradients"]["rows"])
+
+
+def test_a_forward_only_implementation_is_reported_with_no_grad(small_sweep, tmp_path):
+    args = ["--impl", f"{TARGETS}:forward_only", "--feature-map", "elu", "--dtypes", "float32"]
+    code, out = _report(tmp_path, *args)
+    doc = json.loads((out / "report.json").read_text())
+    assert code == 1 and "no backward" in doc["gradients"]["rows"][0]["error"]
+    code, out = _report(tmp_path / "again", *args, "--no-grad")
+    doc = json.loads((out / "report.json").read_text())
+    assert code == 0 and doc["gradients"]["rows"] == [] and doc["verdict"] == "pass"
+
+
 # ---------------------------------------------------------------------- bad input
 
 
@@ -391,6 +435,15 @@ def test_a_compare_file_that_is_not_a_report_is_refused(tmp_path, capsys):
     (tmp_path / "other.json").write_text('{"verdict": "pass"}')
     code, _ = _report(tmp_path, "--compare", str(tmp_path / "other.json"))
     assert code == 2 and "not a report.json of this tool" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    code = main(["report", "--out", str(precious), "--quiet"])
+    assert code == 2 and "not a report of this tool" in capsys.readouterr().err
+    assert [p.name for p in precious.iterdir()] == ["notes.txt"]
 
 
 def test_an_unwritable_output_folder_fails_before_any_work(tmp_path, capsys):

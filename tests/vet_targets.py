@@ -37,3 +37,18 @@ def bf16_state_elu(q, k, v):
     z = torch.cumsum(fk, dim=2).bfloat16().float()
     num = (fq.unsqueeze(-1) * s).sum(dim=-2)
     return (num / (fq * z).sum(dim=-1, keepdim=True)).to(q.dtype)
+
+
+def small_heads_only(q, k, v):
+    """elu linear attention for heads of d <= 16 only (as some fused kernels are)."""
+    if q.shape[-1] > 16:
+        raise ValueError(f"head dimension {q.shape[-1]} > 16 is not supported")
+    return lv.attention(q, k, v, "elu", form="linear")
+
+
+def forward_only(q, k, v):
+    """elu linear attention computed without a backward."""
+    import torch
+
+    with torch.no_grad():
+        return lv.attention(q, k, v, "elu", form="linear")

@@ -1,10 +1,10 @@
-"""`python -m linattn_verify report`: accuracy, positivity margins, random features and
-scaling in one Markdown + JSON report with plots (build.py runs it, markdown.py renders it,
-compare.py diffs two, output.py writes atomically)."""
+"""`python -m linattn_verify report`: accuracy, positivity margins, gradients, random
+features and scaling in one Markdown + JSON report with plots (build.py runs it,
+markdown.py renders it, compare.py diffs two, output.py writes atomically)."""
 
 from .build import SCHEMA, ReportOptions, make_plan, run_report, units
 from .compare import ERROR_FACTOR, TIME_FACTOR, Comparison, compare
-from .markdown import render
+from .markdown import counts, render
 from .output import OutputError, publish, staging, write_json_atomically
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "OutputError",
     "ReportOptions",
     "compare",
+    "counts",
     "make_plan",
     "publish",
     "render",

@@ -79,20 +79,13 @@ def accuracy_rows(
                 except ImplementationFailure as err:
                     rows.append({**where, "form": form, "passed": False, "error": str(err)})
                     continue
-                rows.append({**where, "form": form, **_plain(verdict.to_dict())})
+                figures = verdict.to_dict()
+                del figures["spec"], figures["dtype"]  # in `where` already
+                rows.append({**where, "form": form, **figures})
             if n == max(sweep.ns):
                 margins.append({**where, **denominator_margins(q, k, spec, w)})
             step(f"{spec} N={n} {dtype}")
     return rows, margins
-
-
-def _plain(verdict: Row) -> Row:
-    """A verdict's dict for JSON: no infinities (a vacuous bound is null)."""
-    return {
-        key: None if isinstance(value, float) and math.isinf(value) else value
-        for key, value in verdict.items()
-        if key not in ("spec", "dtype")
-    }
 
 
 MARGIN_EDGES = tuple(np.linspace(-1.0, 1.0, 41).tolist())  # histogram bins of r

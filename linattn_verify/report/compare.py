@@ -3,13 +3,15 @@
 Thresholds (a regression is reported, and the command exits 1, beyond them):
 - ERROR_FACTOR: a max error more than 2x the old one, the old one taken as at least one
   rounding of the result (below that the output's own rounding decides): 1 unit of u s
-  for outputs, the row's `rounding_floor` in units of u M for gradients. The inputs are the same
-  seeded numbers, so on one machine the error is reproduced exactly; 2x is one bit lost.
+  for outputs, each gradient's `rounding_floor` in units of u M for dq, dk and dv. The
+  inputs are the same seeded numbers (a report made with another seed or sweep is not
+  compared figure by figure), so on one machine the error is reproduced exactly; 2x is
+  one bit lost.
 - TIME_FACTOR: the median over the common N of new / old median times above 1.5, only
   when both curves passed the noise gate on the same device and torch; the gate itself
   lets the repeats at one N spread by 1.25x (scaling/timing.py).
-- SLOPE_FACTOR: a counted FLOP or byte slope up by more than SLOPE_TOLERANCE (counts are
-  exact, so any growth of the order shows);
+- a counted FLOP or byte slope up by more than SLOPE_TOLERANCE (counts are exact, so any
+  growth of the order shows);
 - any pass that became a fail (accuracy, cost growth, a sampler's statistics).
 """
 
@@ -67,6 +69,13 @@ def compare(old: dict[str, Any], new: dict[str, Any], against: str) -> Compariso
             f"{against} is not a {new['schema']!r} document (schema {old.get('schema')!r})"
         )
     result = Comparison(against)
+    inputs = ("seed", "sweep")
+    if any(old["environment"].get(k) != new["environment"].get(k) for k in inputs):
+        result.notes.append(
+            "not compared: the old report drew other inputs (its seed or sweep differs); "
+            "rerun it with the same options"
+        )
+        return result
     _compare_errors(old["accuracy"]["rows"], new["accuracy"]["rows"], "u s", result)
     _compare_errors(
         old.get("gradients", {}).get("rows", []), new["gradients"]["rows"], "u M", result
@@ -82,16 +91,21 @@ def compare(old: dict[str, Any], new: dict[str, Any], against: str) -> Compariso
     return result
 
 
-def _largest(row: dict[str, Any]) -> float | None:
-    """A row's max error: a number (None: infinite), or the largest of dq, dk, dv."""
+def _errors(row: dict[str, Any]) -> list[tuple[str, float | None, float]]:
+    """(what, max error, the error of one rounding) of a row: the output's, in units of u s
+    (one rounding: at most 1), or each of dq, dk, dv in units of u M (its rounding_floor).
+    None: infinite; no entry for a row that was not judged."""
     error = row.get("max_error")
-    return max(error.values()) if isinstance(error, dict) else error
+    if isinstance(error, dict):
+        return [(f"d{n} ", error[n], row["rounding_floor"][n]) for n in error]
+    return [] if "max_error" not in row else [("", error, 1.0)]
 
 
 def _compare_errors(
     old_rows: list[dict], new_rows: list[dict], units: str, result: Comparison
 ) -> None:
-    """Accuracy or gradient rows: pass turned fail, or an error beyond ERROR_FACTOR."""
+    """Accuracy or gradient rows: pass turned fail, or an error beyond ERROR_FACTOR times
+    the old one (taken as at least one rounding)."""
     before = {_accuracy_key(r): r for r in old_rows}
     for row in new_rows:
         prior = before.pop(_accuracy_key(row), None)
@@ -104,12 +118,15 @@ def _compare_errors(
                 f"{where}: passed, now fails: " + row.get("error", row.get("message", ""))
             )
             continue
-        new_error, old_error = _largest(row), _largest(prior)  # None: infinite
-        known = new_error is not None and old_error is not None
-        if known and new_error > ERROR_FACTOR * max(old_error, row.get("rounding_floor", 1.0)):
-            result.regressions.append(
-                f"{where}: max error {old_error:.3g} -> {new_error:.3g} {units}"
-            )
+        old_errors = {what: error for what, error, _ in _errors(prior)}
+        for what, new_error, floor in _errors(row):
+            old_error = old_errors.get(what)
+            if None in (new_error, old_error):  # infinite: the pass/fail flip judges
+                continue
+            if new_error > ERROR_FACTOR * max(old_error, floor):
+                result.regressions.append(
+                    f"{where}: {what}max error {old_error:.3g} -> {new_error:.3g} {units}"
+                )
     if before:
         result.notes.append(
             f"{len(before)} figure(s) in {units} of the old report are not in this one"
@@ -130,12 +147,14 @@ def _compare_scaling(old: dict[str, Any], new: dict[str, Any], result: Compariso
         name = row["implementation"] + ("" if row["device"] == "cpu" else f" [{row['device']}]")
         result.compared += 1
         if prior["cost_passed"] and not row["cost_passed"]:
-            result.regressions.append(f"{name}: cost growth now fails: {row['cost_message']}")
+            why = row.get("error") or row["cost_message"]
+            result.regressions.append(f"{name}: cost growth now fails: {why}")
         for what in ("flops_slope", "bytes_slope"):
-            if None not in (row[what], prior[what]) and row[what] > prior[what] + SLOPE_TOLERANCE:
+            new_slope, old_slope = row.get(what), prior.get(what)  # None: not measured
+            if None not in (new_slope, old_slope) and new_slope > old_slope + SLOPE_TOLERANCE:
                 label = what.replace("_slope", "")
                 result.regressions.append(
-                    f"{name}: {label} ~ N^{prior[what]:.3f} -> N^{row[what]:.3f}"
+                    f"{name}: {label} ~ N^{old_slope:.3f} -> N^{new_slope:.3f}"
                 )
         ratio = _time_ratio(prior, row)
         if ratio is not None and same_machine:

@@ -32,8 +32,9 @@ def _cell(row: Row) -> str:
     return text if row["passed"] else f"**{text} FAIL**"
 
 
-def summary_table(rows: list[Row]) -> list[str]:
-    """spec x form rows, one column per dtype, at the largest N of each device."""
+def summary_table(rows: list[Row], gradients: list[Row]) -> list[str]:
+    """spec x form rows, one column per dtype, at the largest N of each device; the
+    gradients' verdict over the dtypes in the last column."""
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     keys = list(dict.fromkeys((r["device"], r["spec"], r["form"]) for r in rows))
     top = {device: max(r["n"] for r in rows if r["device"] == device) for device, _, _ in keys}
@@ -48,9 +49,14 @@ def summary_table(rows: list[Row]) -> list[str]:
         cells = [by_key.get((device, spec, form, t)) for t in dtypes]
         failed = [t for t, c in zip(dtypes, cells, strict=True) if c and not c["passed"]]
         verdict = "FAIL (" + ", ".join(failed) + ")" if failed else "pass"
+        judged = [
+            g for g in gradients if (g["device"], g["spec"], g["form"]) == (device, spec, form)
+        ]
+        bad = [g["dtype"] for g in judged if not g["passed"]]
+        grads = "–" if not judged else ("**FAIL (" + ", ".join(bad) + ")**" if bad else "pass")
         name = [f"{spec} [{device}]" if devices else spec, form]
-        body.append(name + [_cell(c) if c else "–" for c in cells] + [verdict])
-    return _table(["spec", "form", *dtypes, "verdict"], body)
+        body.append(name + [_cell(c) if c else "–" for c in cells] + [verdict, grads])
+    return _table(["spec", "form", *dtypes, "verdict", "gradients"], body)
 
 
 def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
@@ -124,6 +130,8 @@ def _margins(document: dict[str, Any]) -> list[str]:
 
 def _gradients(document: dict[str, Any]) -> list[str]:
     rows = document["gradients"]["rows"]
+    if not rows:
+        return ["## Gradients", "", "Not run (--no-grad)."]
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     device = rows[0]["device"]
     cells = {(r["spec"], r["form"], r["dtype"]): r for r in rows if r["device"] == device}
@@ -132,11 +140,16 @@ def _gradients(document: dict[str, Any]) -> list[str]:
         line = [spec, form]
         for dtype in dtypes:
             r = cells.get((spec, form, dtype))
-            if r is None or "error" in r:
-                line.append("–" if r is None else f"**{r['error']}**")
+            if r is None or "error" in r or "skipped" in r:
+                line.append("–" if r is None else r.get("skipped") or f"**{r['error']}**")
                 continue
-            errors = " / ".join(_num(r["max_error"][n]) for n in ("q", "k", "v"))
-            text = f"{errors} ({_num(r['budget'])})"
+            errors = [r["max_error"][n] for n in "qkv"]
+            share = max(
+                float("inf") if e is None else e / r["budget"][n]
+                for n, e in zip("qkv", errors, strict=True)
+            )
+            text = " / ".join("inf" if e is None else _num(e) for e in errors)
+            text += f" ({share:.2f} of budget)"
             line.append(text if r["passed"] else f"**{text} FAIL**")
         body.append(line)
     n = rows[0]["n"]
@@ -145,9 +158,10 @@ def _gradients(document: dict[str, Any]) -> list[str]:
         "",
         f"The backward of every form for L = sum(out * G) at N = {n} ({device}), against the "
         "exact reference gradients: max error of dq / dk / dv in units of u M (M: the "
-        "magnitude of what each gradient element is computed from), and the budget (K x "
-        "the golden forms' backward). The a-priori bound gamma_n is vacuous in bfloat16 "
-        "at these sizes (n u >= 1): there only the budget judges.",
+        "magnitude of what each gradient element is computed from), and the largest share "
+        f"of its budget ({K_BUDGET:g} x the golden forms' error in that tensor, at least "
+        f"{K_BUDGET:g} roundings of it) any of the three uses. The a-priori bound gamma_n is "
+        "vacuous in bfloat16 at these sizes (n u >= 1): there only the budget judges.",
         "",
         *_table(["spec", "form", *dtypes], body),
     ]
@@ -208,13 +222,17 @@ def _scaling(document: dict[str, Any]) -> list[str]:
     scaling = document["scaling"]
     body = []
     for r in scaling["rows"]:
+        name = r["implementation"] + ("" if r["device"] == "cpu" else f" [{r['device']}]")
+        if "error" in r:
+            body.append([name, r["expected"], f"**{r['error']}**", "–", "–", "–", "**FAIL**"])
+            continue
         time = "–"
         if "time_slope" in r:
             time = f"N^{r['time_slope']:.2f} ({r['time_status']})"
         crossover = r.get("crossover_vs_sdpa")
         body.append(
             [
-                r["implementation"] + ("" if r["device"] == "cpu" else f" [{r['device']}]"),
+                name,
                 r["expected"],
                 "not counted" if r["flops_slope"] is None else f"N^{r['flops_slope']:.3f}",
                 f"N^{r['bytes_slope']:.3f}",
@@ -223,11 +241,12 @@ def _scaling(document: dict[str, Any]) -> list[str]:
                 "pass" if r["cost_passed"] else "**FAIL**",
             ]
         )
+    ns = document["environment"]["sweep"]["scaling"]["cost_ns"]
     lines = [
         "## Scaling",
         "",
         "FLOPs and peak live bytes counted exactly (torch dispatch) over N = "
-        + ", ".join(str(c["n"]) for c in scaling["rows"][0]["costs"])
+        + ", ".join(map(str, ns))
         + ", slopes fitted on the larger half; wall time on one torch thread (median of the "
         "repeats, with a noise gate), and the N from which the form beats torch's SDPA.",
         "",
@@ -266,19 +285,28 @@ def _environment(document: dict[str, Any]) -> list[str]:
     ]
 
 
+def counts(document: dict[str, Any]) -> str:
+    """How many accuracy and gradient judgements pass."""
+    parts = []
+    for key, what in (("accuracy", "accuracy"), ("gradients", "gradient")):
+        rows = document[key]["rows"]
+        failed = sum(not r["passed"] for r in rows)
+        parts.append(f"{len(rows) - failed} of {len(rows)} {what} judgements pass")
+    return "; ".join(parts)
+
+
 def render(document: dict[str, Any], comparison: list[str] | None = None) -> str:
     """The whole report.md."""
-    rows = document["accuracy"]["rows"]
-    failed = sum(not r["passed"] for r in rows)
+    rows, gradients = document["accuracy"]["rows"], document["gradients"]["rows"]
     lines = [
         "# linattn-verify report",
         "",
-        f"Verdict: **{document['verdict']}**. {len(rows) - failed} of {len(rows)} accuracy "
-        "judgements pass. Errors are in units of u s (DESIGN 'Accuracy'): each cell is "
-        f"max / p99 (budget = {K_BUDGET:g} x the golden implementation's error) at the "
-        "largest N.",
+        f"Verdict: **{document['verdict']}**. {counts(document)}. Errors are in units of "
+        "u s (DESIGN 'Accuracy'): each cell is max / p99 (budget = "
+        f"{K_BUDGET:g} x the golden implementation's error) at the largest N; the last "
+        "column is the gradients' verdict (see Gradients).",
         "",
-        *summary_table(rows),
+        *summary_table(rows, gradients),
         "",
     ]
     if comparison:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..checks import Implementation
+from ..checks import Implementation, ImplementationFailure
 from ..implementations.projection import sample_projection_torch
 from ..scaling import ScalingResult, scaling_result
 
@@ -31,27 +31,30 @@ def measure(
 ) -> tuple[dict[str, Any], ScalingResult]:
     """The cost of one implementation, checked to grow as `expected` ("linear" or
     "quadratic"), and if timed its time against SDPA: a JSON row and the ScalingResult the
-    plot draws."""
+    plot draws (None, and a failed row with its error, when the implementation raised)."""
     w = None
     if impl.spec.info.needs_projection:
         gen = torch.Generator().manual_seed(plan.seed)
         w = sample_projection_torch(plan.d, plan.d, "orthogonal", gen).to(plan.device)
-    result = scaling_result(
-        impl.name,
-        lambda q, k, v: impl(q, k, v, w),
-        expected,
-        plan.cost_ns,
-        plan.time_ns if timed else None,
-        impl.spec.causal,
-        plan.repeats,
-        d=plan.d,
-        dv=plan.d,
-        device=plan.device,
-    )
+    row = {"spec": str(impl.spec), "implementation": impl.name, "device": plan.device}
+    try:
+        result = scaling_result(
+            impl.name,
+            lambda q, k, v: impl(q, k, v, w),
+            expected,
+            plan.cost_ns,
+            plan.time_ns if timed else None,
+            impl.spec.causal,
+            plan.repeats,
+            d=plan.d,
+            dv=plan.d,
+            device=plan.device,
+        )
+    except ImplementationFailure as err:  # e.g. a kernel for d <= 16 only, measured at 32
+        message = f"{impl.name} {err} while measured (d = dv = {plan.d})"
+        return {**row, "expected": expected, "cost_passed": False, "error": message}, None
     row = {
-        "spec": str(impl.spec),
-        "implementation": impl.name,
-        "device": plan.device,
+        **row,
         **result.summary(),
         "costs": [{"n": c.n, "flops": c.flops, "peak_bytes": c.peak_bytes} for c in result.costs],
     }
@@ -72,7 +75,7 @@ def scaling_rows(
     for impl, expected, timed in impls:
         row, result = measure(impl, expected, plan, timed)
         rows.append(row)
-        if timed:
+        if timed and result is not None:
             timed_results[impl.name] = result
         step(f"scaling {impl.name}")
     return rows, timed_results

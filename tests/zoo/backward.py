@@ -72,6 +72,29 @@ def no_normaliser_derivative(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return _HandWritten.apply(q, k, v, True, "no-normaliser-derivative")
 
 
+class _HalfDqDk(torch.autograd.Function):
+    """Performer-positive whose backward rounds dq and dk through float16 (a kernel that
+    keeps its query and key gradients in half precision), dv left as it is."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w):
+        ctx.save_for_backward(q, k, v, w)
+        return lv.attention(q, k, v, "performer-positive", projection=w, form="linear")
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, w = ctx.saved_tensors
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            out = lv.attention(*leaves, "performer-positive", projection=w, form="linear")
+            dq, dk, dv = torch.autograd.grad(out, leaves, g)
+        return dq.half().to(q.dtype), dk.half().to(k.dtype), dv, None
+
+
+def half_dq_dk(q: Tensor, k: Tensor, v: Tensor, projection: Tensor) -> Tensor:
+    return _HalfDqDk.apply(q, k, v, projection)
+
+
 ENTRIES: tuple[Entry, ...] = (
     Entry(
         "backward-dk-transposed",
@@ -82,6 +105,16 @@ ENTRIES: tuple[Entry, ...] = (
         bug="dphi(K) = dA phi(Q) instead of dA^T phi(Q): the wrong dk term",
         grad=True,
         cost="quadratic",
+        caught_by=("gradient",),
+    ),
+    Entry(
+        "backward-half-precision-dq-dk",
+        half_dq_dk,
+        "performer-positive",
+        False,
+        broken=True,
+        bug="dq and dk rounded through float16 in a float32/float64 backward (dv exact)",
+        grad=True,
         caught_by=("gradient",),
     ),
     Entry(
