@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -559,6 +560,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
     out = Path(args.out)
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C: the staging folder is removed and
+    # the previous report stays as it was
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with staging(out) as folder:
         with tqdm(total=units(options, plan), disable=args.quiet, file=sys.stderr) as bar:
 

@@ -9,6 +9,10 @@ import copy
 import functools
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,6 +236,25 @@ def test_a_crash_leaves_the_previous_report_as_it_was(small_sweep, tmp_path, mon
     assert (out / "report.md").read_text() == "the previous report"
     assert json_path.read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "r.json"]  # no staging left
+
+
+def test_a_killed_run_leaves_the_previous_report_and_no_staging(tmp_path):
+    out = tmp_path / "latest"
+    out.mkdir()
+    (out / "report.json").write_text(json.dumps({"schema": build.SCHEMA}))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "linattn_verify", "report", "--specs", "elu", "--dtypes",
+         "float32", "--out", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".latest.") for p in tmp_path.iterdir()):
+        assert run.poll() is None and time.monotonic() < deadline, "no staging folder seen"
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)  # mid-run: the staging folder exists
+    assert run.wait(timeout=60) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+    assert [p.name for p in out.iterdir()] == ["report.json"]
 
 
 def test_a_new_report_replaces_the_whole_folder(report, tmp_path):
