@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .jsonable import dumps, jsonable
+from .jsonable import dumps
 from .specs import FEATURE_MAPS, Spec, SpecError
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -571,7 +571,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 bar.update()
 
             document = run_report(options, folder, step)
-        document = jsonable(document)  # the form --compare reads back
+        document = json.loads(dumps(document))  # the form --compare reads back (str keys)
         comparison = compare(old, document, args.compare) if old is not None else None
         if comparison is not None:
             document["comparison"] = comparison.to_dict()
