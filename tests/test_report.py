@@ -356,6 +356,15 @@ def test_a_higher_cost_slope_is_a_regression(report):
     assert "flops ~ N^0.9" in regression
 
 
+def test_a_report_of_other_inputs_is_not_compared_figure_by_figure(report):
+    old = copy.deepcopy(report[2])
+    old["environment"]["seed"] = 7
+    for r in old["accuracy"]["rows"]:
+        r["max_error"] = 1e-3  # would be regressions everywhere, were the inputs the same
+    result = compare(old, report[2], "old.json")
+    assert result.regressions == [] and result.notes[0].startswith("not compared")
+
+
 def test_a_document_of_another_kind_cannot_be_compared(report):
     with pytest.raises(SpecError, match="schema"):
         compare({"schema": "something else"}, report[2], "x.json")
