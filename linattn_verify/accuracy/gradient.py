@@ -94,7 +94,8 @@ def gradient_bound(roundings: int, u: float) -> float:
 
 def effective_scale(magnitude: np.ndarray, dtype: str, u: float) -> np.ndarray:
     """M, at least the dtype's smallest subnormal over u (NaN stays NaN)."""
-    return np.fmax(magnitude, SMALLEST_SUBNORMAL[dtype] / u) + 0 * magnitude
+    floored = np.fmax(magnitude, SMALLEST_SUBNORMAL[dtype] / u)
+    return np.where(np.isnan(magnitude), np.nan, floored)
 
 
 def allowance(magnitude: np.ndarray, dtype: str, u: float, roundings: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from ..accuracy.gradient import (
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
 from ..implementations.golden import GOLDEN_FORMS, golden_attention
-from ..inputs import UNIT_ROUNDOFF
+from ..inputs import UNIT_ROUNDOFF, AttentionInputs
 from ..reference.arb import arb_denominator_signs
 from ..reference.grad import exact_gradients, gradient_magnitudes, roundings
 from ..specs import Spec
@@ -115,17 +115,24 @@ def judged(body):
     return run
 
 
-@functools.lru_cache(maxsize=64)
-def _exact(case: Case, spec: Spec) -> tuple[Grads, Grads, int] | str:
-    """The exact gradients, their magnitudes and n for the case's loss, or why the loss is
-    undefined; cached, since every gradient check of a case needs them."""
-    (q, _, v, _), x = inputs_of(case, spec)
+def exact_judgement_inputs(
+    x: AttentionInputs, spec: Spec, g: np.ndarray
+) -> tuple[Grads, Grads, int] | str:
+    """The exact gradients, their magnitudes M and the rounding count n for the loss
+    sum(out * g), or why the loss is undefined (an exact denominator is 0)."""
     zero = arb_denominator_signs(x, spec) == 0
     if zero.any():
         at = tuple(int(t) for t in np.argwhere(zero)[0])
         return f"the exact denominator of row (b, h, i) = {at} is 0"
-    g = as_array(loss_weights(case, q, v))
     return exact_gradients(x, spec, g), gradient_magnitudes(x, spec, g), roundings(x, spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _exact(case: Case, spec: Spec) -> tuple[Grads, Grads, int] | str:
+    """exact_judgement_inputs for the case's loss; cached, since every gradient check of a
+    case needs them (callers must not modify the arrays)."""
+    (q, _, v, _), x = inputs_of(case, spec)
+    return exact_judgement_inputs(x, spec, as_array(loss_weights(case, q, v)))
 
 
 def _setup(impl: Implementation, case: Case):

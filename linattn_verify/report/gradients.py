@@ -12,10 +12,8 @@ import torch
 from ..accuracy.gradient import judge_gradients
 from ..checks import Implementation
 from ..checks.core import ImplementationFailure, as_array
-from ..checks.gradients import autograd_gradients, golden_gradients
+from ..checks.gradients import autograd_gradients, exact_judgement_inputs, golden_gradients
 from ..inputs import UNIT_ROUNDOFF, validate
-from ..reference.arb import arb_denominator_signs
-from ..reference.grad import exact_gradients, gradient_magnitudes, roundings
 from ..specs import Spec
 from .accuracy import Sweep, sweep_inputs
 
@@ -37,16 +35,14 @@ def gradient_rows(
         g = g.to(q.device)
         g64 = as_array(g)
         where = {"device": sweep.device, "spec": str(spec), "n": GRADIENT_N, "dtype": dtype}
-        zero = arb_denominator_signs(x, spec) == 0
-        if zero.any():  # the loss is 0/0 there: nothing to judge (checks/gradients.py)
-            at = tuple(int(t) for t in np.argwhere(zero)[0])
-            reason = f"not judged: the exact denominator of row (b, h, i) = {at} is 0"
+        judgement = exact_judgement_inputs(x, spec, g64)
+        if isinstance(judgement, str):  # the loss is 0/0: nothing to judge
+            reason = f"not judged: {judgement}"
             rows += [{**where, "form": form, "passed": True, "skipped": reason} for form in impls]
             step(f"gradients {spec} {dtype}")
             continue
-        exact, magnitude = exact_gradients(x, spec, g64), gradient_magnitudes(x, spec, g64)
+        exact, magnitude, n = judgement
         golden = golden_gradients(q, k, v, w, g, spec)
-        n = roundings(x, spec)
         for form, impl in impls.items():
             try:
                 grads = autograd_gradients(impl, q, k, v, w, g)
