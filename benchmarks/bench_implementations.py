@@ -8,13 +8,17 @@ tick and flattens the curves), B=1, H=4, d=dv=64, elu feature map. Per N: the me
 ratio to this machine's fp32 matmul peak measured in the same run (best of square
 products), the ratio of SDPA's time (same causality) and each peer's time to ours, and the
 peak bytes of tensors alive at once during our call (a dispatch mode that tracks every
-tensor an op creates until it is freed).
+tensor an op creates until it is freed). The header names whether the elu features came
+from the C kernel (implementations/native.c) and whether torch gave large tensors huge
+pages (THP_MEM_ALLOC_ENABLE=1 in the environment): on a virtual machine whose page faults
+are slow, the first touch of a fresh 64 MiB output alone can take 40 ms.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from peers import available_peers
 from timing import median_seconds
 
 import linattn_verify as lv
+from linattn_verify.implementations import native
 from linattn_verify.scaling import measure_cost
 
 B, H, D = 1, 4, 64
@@ -86,7 +91,11 @@ def main() -> None:
             rows.append(row)
             print(f"N={n} {form}: {row['ms']:.1f} ms", file=sys.stderr)
         n *= 2
-    print(f"fp32, one thread, B={B}, H={H}, d=dv={D}, elu; matmul peak {peak:.1f} GFLOP/s\n")
+    thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
+    print(
+        f"fp32, one thread, B={B}, H={H}, d=dv={D}, elu; matmul peak {peak:.1f} GFLOP/s; "
+        f"THP_MEM_ALLOC_ENABLE={thp}; C kernel {native.status().split(' (')[0]}\n"
+    )
     names = sorted({name for r in rows for name in r["vs"]})
     print(
         "| N | form | ms | GFLOP/s | / peak | peak MiB | "
@@ -101,7 +110,8 @@ def main() -> None:
             f"{r['peak_ratio']:.2f} | {r['peak_bytes'] / 2**20:.1f} | {ratios} |"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"peak_gflops": peak, "rows": rows}, indent=2))
+        meta = {"peak_gflops": peak, "thp": thp, "native": native.status()}
+        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""What a result was measured on: versions, device, threads and the matmul precision flags
-that change low-precision results (TF32, reduced-precision reductions)."""
+"""What a result was measured on: versions, device, threads, the matmul precision flags
+that change low-precision results (TF32, reduced-precision reductions), and whether the
+built-in forms' C kernel is in use."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .implementations import native
 
 PACKAGES = ("linattn-verify", "torch", "numpy", "scipy", "mpmath", "python-flint", "hypothesis")
 
@@ -48,6 +51,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         if device.startswith("cuda") and cuda
         else platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
+        "native_kernel": native.status(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,

@@ -156,6 +156,7 @@ def test_the_environment_names_what_the_figures_depend_on(report):
         "git",
         "device",
         "torch_threads",
+        "native_kernel",
         "float32_matmul_precision",
         "cuda_matmul_allow_tf32",
         "fp16_reduced_precision_reduction",

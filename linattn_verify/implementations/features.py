@@ -14,6 +14,7 @@ import math
 import torch
 
 from ..specs import Spec, SpecError
+from . import native
 
 # Maps whose features are exp(a(x) + c(x)): evaluated as log-features, shifted before exp.
 EXP_FEATURES = ("performer-positive", "performer-hyperbolic")
@@ -123,11 +124,7 @@ def trig_parts(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def plain_features(x: torch.Tensor, name: str, n_pos: int, start: int = 0) -> torch.Tensor:
     """phi(x) for the maps that need no shift: elu, relu, cosformer, taylor."""
     if name == "elu":
-        # Katharopoulos et al. 2020, eq. 7: elu(x) + 1 = exp(min(x, 0)) + max(x, 0), i.e.
-        # x + 1 or exp(x) with no cancellation; in place when no gradient is recorded.
-        if x.requires_grad:
-            return exp(torch.clamp(x, max=0.0)) + torch.relu(x)
-        return exp(torch.clamp(x, max=0.0)).add_(torch.relu(x))
+        return elu_features(x)
     if name == "relu":
         return torch.relu(x)
     if name == "cosformer":
@@ -145,6 +142,23 @@ def plain_features(x: torch.Tensor, name: str, n_pos: int, start: int = 0) -> to
         outer = (xs.unsqueeze(-1) * xs.unsqueeze(-2)).flatten(-2) * 0.5**0.5
         return torch.cat([torch.ones_like(xs[..., :1]), xs, outer], dim=-1)
     raise SpecError(f"feature map {name!r} has no plain feature expansion")  # pragma: no cover
+
+
+def elu_features(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1 = exp(min(x, 0)) + max(x, 0) (Katharopoulos et al. 2020, eq. 7): x + 1 or
+    exp(x), with no cancellation, for x >= ELU_SHIFT_BELOW. On the CPU in float32 without
+    autograd from native.c (one pass, about one unit in the last place); elsewhere in
+    torch (in place when no gradient is recorded). Golden and fast forms alike take their
+    features from here, so that on one machine they round them alike."""
+    recording = torch.is_grad_enabled() and x.requires_grad
+    if not recording and native.usable(x) and x.dim() >= 2:
+        out = torch.empty(x.shape, dtype=x.dtype)
+        rows = (-1, *x.shape[-2:])
+        if native.elu_features(x.reshape(rows), out.view(rows), native.DOMAIN_MIN):
+            return out
+    if recording:
+        return exp(torch.clamp(x, max=0.0)) + torch.relu(x)
+    return exp(torch.clamp(x, max=0.0)).add_(torch.relu(x))
 
 
 def add_shifts(shift_q: torch.Tensor | None, shift_k: torch.Tensor | None) -> torch.Tensor | None:

@@ -280,6 +280,7 @@ def _environment(document: dict[str, Any]) -> list[str]:
         f"- devices: {', '.join(env['devices'])} ({env['device_name']}); torch threads "
         f"{env['torch_threads']} (timings: 1)",
         f"- {flags}",
+        f"- elu features' C kernel (native.c): {env['native_kernel']}",
         f"- Python {env['python']} on {env['platform']}; {packages}",
         f"- git {env['git'] or 'unknown'}; seed {env['seed']}; run took {env['seconds']:.0f} s",
     ]
