@@ -32,6 +32,22 @@ def test_a_known_matmul_is_counted_exactly():
     assert cost.peak_bytes == 3 * 5 * 11 * 4  # the product, float32
 
 
+def test_products_torch_does_not_count_are_counted():
+    """In place (a state updated with baddbmm_ or addmm_), addbmm and matrix-vector."""
+    a, b, s = torch.randn(3, 5, 7), torch.randn(3, 7, 11), torch.zeros(3, 5, 11)
+    x, y = torch.randn(7), torch.zeros(5)
+    cases = {
+        "baddbmm_": (lambda: s.baddbmm_(a, b), 2 * 3 * 5 * 7 * 11),
+        "addmm_": (lambda: s[0].addmm_(a[0], b[0]), 2 * 5 * 7 * 11),
+        "addbmm": (lambda: torch.addbmm(s[0], a, b), 2 * 3 * 5 * 7 * 11),
+        "addbmm_": (lambda: s[0].addbmm_(a, b), 2 * 3 * 5 * 7 * 11),
+        "mv": (lambda: a[0] @ x, 2 * 5 * 7),
+        "addmv_": (lambda: y.addmv_(a[0], x), 2 * 5 * 7),
+    }
+    for name, (fn, flops) in cases.items():
+        assert measure_cost(fn, n=5).flops == flops, name
+
+
 def test_peak_live_bytes_follows_allocation_and_release():
     a = torch.randn(100, 100)  # 40 kB
     with PeakLiveBytes() as mode:
