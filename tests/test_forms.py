@@ -159,6 +159,8 @@ def test_gradients_across_blocks_match_the_quadratic_form(name, monkeypatch):
     """The chunked form's backward through several blocks (autograd: no scratch reuse)."""
     monkeypatch.setattr(forms, "BLOCK_ROWS", 8)
     q, k, v, w = _inputs(name, torch.float64, n=21, seed=5)
+    if name == "cosformer":  # away from relu's kink and from 0/0 rows
+        q, k = q.abs() + 0.1, k.abs() + 0.1
     grads = []
     for form, chunk in (("quadratic", 4), ("chunked", 4)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
