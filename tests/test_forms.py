@@ -170,6 +170,24 @@ def test_gradients_across_blocks_match_the_quadratic_form(name, monkeypatch):
         torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", ["elu", "relu"])
+def test_a_stream_keeps_the_gradient_of_its_state(name, dtype):
+    """A first piece whose keys record a gradient, then a plain one: the second piece's
+    output depends on the first's keys through the carried state."""
+    q, k, v, _ = _inputs(name, dtype, n=40, seed=6)
+    q, k = q.abs() + 0.1, k.abs() + 0.1  # away from relu's kink and from 0/0 rows
+    k1 = k[..., :20, :].clone().requires_grad_()
+    stream = lv.CausalStream(name, chunk_size=16)
+    stream(q[..., :20, :], k1, v[..., :20, :])
+    out = stream(q[..., 20:, :], k[..., 20:, :], v[..., 20:, :])
+    (grad,) = torch.autograd.grad(out.sum(), k1)
+    k2 = k.clone().requires_grad_()
+    whole = lv.attention(q, k2, v, name, True, "quadratic")[..., 20:, :]
+    (expected,) = torch.autograd.grad(whole.sum(), k2)
+    torch.testing.assert_close(grad, expected[..., :20, :], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", KERNELISED)
 def test_gradients_match_finite_differences(name, causal):

@@ -147,16 +147,21 @@ def test_fast_forms_over_several_blocks_are_within_bound_and_budget(kernel, caus
     blocks and a ragged one, scratch tensors reused; d = 12 takes the kernel's vector
     loop and its tail."""
     q, k, v = _inputs(77, 12, low=low)
-    calls = []
-    original = native.elu_features
+    calls, checks = [], []
+    original, check = native.elu_features, forms.check_finite
 
     def spy(*args, **kwargs):
         calls.append(args[0].shape)
         return original(*args, **kwargs)
 
+    def check_spy(*args):
+        checks.append(1)
+        return check(*args)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(forms, "BLOCK_ROWS", 32)
         patch.setattr(native, "elu_features", spy)
+        patch.setattr(forms, "check_finite", check_spy)
         out = lv.attention(q, k, v, "elu", causal, "chunked" if causal else "linear", chunk_size=16)
         stream = lv.CausalStream("elu", chunk_size=16)
         cuts = [0, 1, 40, 77]
@@ -167,18 +172,64 @@ def test_fast_forms_over_several_blocks_are_within_bound_and_budget(kernel, caus
     _judged(out, q, k, v, causal)
     _judged(torch.cat(pieces, dim=-2), q, k, v, True)
     assert bool(calls) == (kernel == "kernel")  # the kernel's path, or eager torch's
+    # the kernel's results are used unless it flags an input (then: checks, torch's path)
+    assert bool(checks) == (kernel == "eager" or low < ELU_SHIFT_BELOW)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("causal", [False, True])
-def test_non_finite_inputs_are_refused_on_either_path(kernel, causal):
-    q, k, v = _inputs(40, 8)
+def test_non_finite_inputs_are_refused_on_either_path(kernel, causal, bad, monkeypatch):
+    """In a later block (blocks of 32 rows), in the vector loop or the tail (d = 12)."""
+    monkeypatch.setattr(forms, "BLOCK_ROWS", 32)
+    q, k, v = _inputs(77, 12)
     form = "chunked" if causal else "linear"
-    for name, bad in (("q", q), ("k", k), ("v", v)):
-        poisoned = bad.clone()
-        poisoned[1, 1, 33, 2] = float("inf")
-        args = {"q": q, "k": k, "v": v, name: poisoned}
+    for name, where in (("q", (1, 1, 70, 2)), ("k", (0, 2, 40, 10)), ("v", (1, 0, 76, 4))):
+        args = {"q": q, "k": k, "v": v}
+        args[name] = args[name].clone()
+        args[name][where] = bad
         with pytest.raises(lv.SpecError, match=f"{name} has a non-finite value"):
             lv.attention(args["q"], args["k"], args["v"], "elu", causal, form)
+        stream = lv.CausalStream("elu", chunk_size=16)
+        stream(*(t[..., :35, :] for t in args.values()))
+        with pytest.raises(lv.SpecError, match=f"{name} has a non-finite value"):
+            stream(*(t[..., 35:, :] for t in args.values()))
+        assert stream.state.position == 35  # the refused piece left the state as it was
+
+
+@needs_kernel
+def test_the_kernel_refuses_what_it_cannot_take():
+    x, out = torch.zeros(2, 4, 8), torch.empty(2, 4, 8)
+    z, den = torch.zeros(2, 2, 8), torch.empty(2, 4)
+    assert native.elu_features(x, out, ELU_SHIFT_BELOW, z, 2, den)
+    for kwargs, message in (
+        ({"z": torch.zeros(2, 1, 8)}, "ceil"),  # too few z for the rows
+        ({"group": 0}, "ceil"),
+        ({"low": native.DOMAIN_MIN - 1}, "low must be"),
+        ({"x": x.double(), "out": out.double()}, "float32"),
+    ):
+        args = {"x": x, "out": out, "low": ELU_SHIFT_BELOW, "z": z, "group": 2, "den": den}
+        with pytest.raises(ValueError, match=message):
+            native.elu_features(**{**args, **kwargs})
+
+
+def test_the_cache_folder_must_be_ours_alone(tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    assert native._private_dir(folder)
+    folder.chmod(0o777)  # anyone could plant a library there
+    assert not native._private_dir(folder)
+
+
+@needs_kernel
+def test_a_compiler_command_with_arguments(monkeypatch, tmp_path):
+    native._library.cache_clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "cc -std=gnu11")
+    try:
+        assert native.status().startswith("on (native-")
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
 
 
 def test_without_a_compiler_the_forms_use_eager_torch(monkeypatch, tmp_path):

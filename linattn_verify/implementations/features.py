@@ -151,7 +151,7 @@ def elu_features(x: torch.Tensor) -> torch.Tensor:
     torch (in place when no gradient is recorded). Golden and fast forms alike take their
     features from here, so that on one machine they round them alike."""
     recording = torch.is_grad_enabled() and x.requires_grad
-    if not recording and native.usable(x) and x.dim() >= 2:
+    if not recording and native.usable(x) and x.dim() >= 2 and x.numel():
         out = torch.empty(x.shape, dtype=x.dtype)
         rows = (-1, *x.shape[-2:])
         if native.elu_features(x.reshape(rows), out.view(rows), native.DOMAIN_MIN):

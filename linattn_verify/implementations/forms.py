@@ -263,7 +263,7 @@ def _chunked(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State, use_n
     native.c): None when the kernel flags an input (see _linear_native)."""
     step = max(chunk, BLOCK_ROWS // chunk * chunk)
     out = v.new_empty(*q.shape[:-1], v.shape[-1])
-    scratch = _Scratch(v, reuse=not _recording(q, k, v, w))
+    scratch = _Scratch(v, reuse=not _recording(q, k, v, w, state.s, state.z))
     for start in range(0, q.shape[-2], step):
         rows = slice(start, start + step)
         block = (q[..., rows, :], k[..., rows, :], v[..., rows, :], spec, w, n_pos, chunk, state)
@@ -493,7 +493,8 @@ class CausalStream:
         n_pos = self.max_len or self._position() + q.shape[-2]
         if self.max_len is not None and self._position() + q.shape[-2] > self.max_len:
             raise SpecError(f"the stream is longer than max_len = {self.max_len}")
-        if not self.recurrent and _native_elu(self.spec, qc, kc, vc):
+        carried = () if self.state is None else (self.state.s, self.state.z)
+        if not self.recurrent and _native_elu(self.spec, qc, kc, vc, *carried):
             state = self.state or State.empty(*self._state_shape(q, v), vc, shifted=False)
             if state.shift is None:
                 result = _chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, state, True)

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -29,15 +30,25 @@ COMPILE_SECONDS = 120
 DOMAIN_MIN = -87.0  # native.c's exponential is for x >= -87 (e^x a normal float)
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    path = Path(base) / "linattn_verify"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        path = Path(tempfile.gettempdir()) / f"linattn_verify-{os.getuid()}"
-        path.mkdir(exist_ok=True)
-    return path
+def _private_dir(path: Path) -> bool:
+    """Whether path is a directory of ours that nobody else can write (a library loaded
+    from it runs as our code)."""
+    info = path.stat()
+    return path.is_dir() and info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def _cache_dir() -> Path | None:
+    """~/.cache/linattn_verify (or under XDG_CACHE_HOME), else a private folder in the
+    temporary directory; None when neither is ours alone."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    for path in (base / "linattn_verify", Path(tempfile.gettempdir()) / f"linattn-{os.getuid()}"):
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if _private_dir(path):
+                return path
+        except OSError:
+            continue
+    return None
 
 
 def _cpu() -> bytes:
@@ -51,13 +62,13 @@ def _cpu() -> bytes:
     return "\n".join(keep).encode()
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: list[str], target: Path) -> None:
     """Compile native.c to `target`, atomically (concurrent test workers may race)."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(SOURCE)],
+            [*compiler, *FLAGS, "-o", tmp, str(SOURCE)],
             capture_output=True,
             text=True,
             timeout=COMPILE_SECONDS,
@@ -74,22 +85,31 @@ def _build(compiler: str, target: Path) -> None:
 def _library() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get(SWITCH) == "0":
         return None, f"off ({SWITCH}=0)"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if compiler[0] is None:
         return None, "off: no C compiler (cc) found"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *FLAGS)).encode() + _cpu())
-    target = _cache_dir() / f"native-{key.hexdigest()[:16]}.so"
+    folder = _cache_dir()
+    if folder is None:
+        return None, "off: no private cache folder to build native.c in"
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((*compiler, *FLAGS)).encode() + _cpu())
+    target = folder / f"native-{key.hexdigest()[:16]}.so"
+    command = " ".join(compiler)
     try:
         if not target.exists():
             _build(compiler, target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as error:
-        return None, f"off: building native.c with {compiler} failed: {error}"
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError:  # a damaged file: built again once
+            _build(compiler, target)
+            lib = ctypes.CDLL(str(target))
+        function = lib.elu_features
+    except (OSError, AttributeError, subprocess.SubprocessError) as error:
+        return None, f"off: building native.c with {command} failed: {error}"
     pointer, integer = ctypes.c_void_p, ctypes.c_int64
-    lib.elu_features.restype = ctypes.c_int
-    lib.elu_features.argtypes = [pointer, *[integer] * 5, pointer, integer, pointer]
-    lib.elu_features.argtypes += [*[integer] * 3, pointer, integer, ctypes.c_float]
-    return lib, f"on ({target.name}, {compiler} {' '.join(FLAGS)})"
+    function.restype = ctypes.c_int
+    function.argtypes = [pointer, *[integer] * 5, pointer, integer, pointer]
+    function.argtypes += [*[integer] * 3, pointer, integer, ctypes.c_float]
+    return lib, f"on ({target.name}, {command} {' '.join(FLAGS)})"
 
 
 def status() -> str:
@@ -114,19 +134,31 @@ def elu_features(
 ) -> bool:
     """elu(x) + 1 of x (batch, rows, cols) into `out` (same shape, rows contiguous).
 
-    With z (batch, rows / group, cols) and den (batch, rows[, 1]): den[b, r] =
+    With z (batch, ceil(rows / group), cols) and den (batch, rows[, 1]): den[b, r] =
     phi(x[b, r]) . z[b, r // group], in the same pass. Returns False, and the results are
     not to be used, when some x is NaN, +inf or below `low` (which must be >= DOMAIN_MIN).
     """
     if x.stride(-1) != 1:
         x = x.contiguous()
     batch, rows, cols = x.shape
+    tensors = [t for t in (x, out, z, den) if t is not None]
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
+        raise ValueError("native.c takes CPU float32 tensors")
+    if low < DOMAIN_MIN:
+        raise ValueError(f"low must be >= {DOMAIN_MIN}, got {low}")
     if out.shape != x.shape or out.stride()[1:] != (cols, 1):
         raise ValueError(f"out must have shape {tuple(x.shape)} and contiguous rows")
     if z is None:
-        zs = (None, 0, 0, group, None, 0)
-    elif z.stride(-1) != 1 or den is None or den.shape[:2] != (batch, rows) or den.stride(1) != 1:
-        raise ValueError("z needs a unit last stride, and den (batch, rows) beside it")
+        zs = (None, 0, 0, 1, None, 0)
+    elif (
+        group < 1
+        or z.shape != (batch, -(-rows // group), cols)
+        or z.stride(-1) != 1
+        or den is None
+        or den.shape[:2] != (batch, rows)
+        or den.stride(1) != 1
+    ):
+        raise ValueError("z must be (batch, ceil(rows / group), cols), den (batch, rows)")
     else:
         zs = (z.data_ptr(), z.stride(0), z.stride(1), group, den.data_ptr(), den.stride(0))
     lib = _library()[0]

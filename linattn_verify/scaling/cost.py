@@ -3,7 +3,9 @@
 FLOPs are counted by torch.utils.flop_counter.FlopCounterMode (matrix products, the work
 that dominates attention; elementwise ops are not counted), taught the products it misses:
 the in-place ones (s.baddbmm_(a, b) and s.addmm_(a, b), a state updated in place, count 0
-in torch 2.13), addbmm, and matrix-vector products. Bytes: a dispatch mode adds the
+in torch 2.13), addbmm, and matrix-vector products. The built-in elu forms compute their
+denominators (2 N d per head) in native.c where it is built, and as a matmul where not:
+their counts differ by that term between the two. Bytes: a dispatch mode adds the
 size of every storage an op allocates and subtracts it when the storage is freed; the peak
 of that running total is the largest working set of the call, output included, inputs
 excluded. Both are exact and repeatable, on any device.
