@@ -144,13 +144,18 @@ def plain_features(x: torch.Tensor, name: str, n_pos: int, start: int = 0) -> to
     raise SpecError(f"feature map {name!r} has no plain feature expansion")  # pragma: no cover
 
 
+def records_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records operations on these tensors."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def elu_features(x: torch.Tensor) -> torch.Tensor:
     """elu(x) + 1 = exp(min(x, 0)) + max(x, 0) (Katharopoulos et al. 2020, eq. 7): x + 1 or
     exp(x), with no cancellation, for x >= ELU_SHIFT_BELOW. On the CPU in float32 without
     autograd from native.c (one pass, about one unit in the last place); elsewhere in
     torch (in place when no gradient is recorded). Golden and fast forms alike take their
     features from here, so that on one machine they round them alike."""
-    recording = torch.is_grad_enabled() and x.requires_grad
+    recording = records_grad(x)
     if not recording and native.usable(x) and x.dim() >= 2 and x.numel():
         out = torch.empty(x.shape, dtype=x.dtype)
         rows = (-1, *x.shape[-2:])

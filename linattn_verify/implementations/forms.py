@@ -29,7 +29,15 @@ import torch
 from ..inputs import UNIT_ROUNDOFF, check_shapes, dtype_name
 from ..specs import Spec, SpecError
 from . import native
-from .features import ELU_SHIFT_BELOW, add_shifts, exp, needs_shift, scaled_eps, scaled_features
+from .features import (
+    ELU_SHIFT_BELOW,
+    add_shifts,
+    exp,
+    needs_shift,
+    records_grad,
+    scaled_eps,
+    scaled_features,
+)
 from .golden import golden_attention
 
 FORMS = ("quadratic", "linear", "recurrent", "chunked")
@@ -142,14 +150,9 @@ def _prefixes(
     return out, out[:, -1] + steps[:, -1]
 
 
-def _recording(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd records operations on these tensors."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _native_elu(spec: Spec, *tensors: torch.Tensor) -> bool:
     """Whether elu features can come from native.c (CPU float32, no autograd)."""
-    return spec.feature_map == "elu" and not _recording(*tensors) and native.usable(*tensors)
+    return spec.feature_map == "elu" and not records_grad(*tensors) and native.usable(*tensors)
 
 
 def _linear_native(q, k, v, spec: Spec) -> torch.Tensor | None:
@@ -263,7 +266,7 @@ def _chunked(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State, use_n
     native.c): None when the kernel flags an input (see _linear_native)."""
     step = max(chunk, BLOCK_ROWS // chunk * chunk)
     out = v.new_empty(*q.shape[:-1], v.shape[-1])
-    scratch = _Scratch(v, reuse=not _recording(q, k, v, w, state.s, state.z))
+    scratch = _Scratch(v, reuse=not records_grad(q, k, v, w, state.s, state.z))
     for start in range(0, q.shape[-2], step):
         rows = slice(start, start + step)
         block = (q[..., rows, :], k[..., rows, :], v[..., rows, :], spec, w, n_pos, chunk, state)
