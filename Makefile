@@ -2,23 +2,38 @@
 # that no multi-GB CUDA build is pulled), later calls reuse it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# the `adapters` extra of pyproject.toml, installed with --no-deps (pip must not touch torch)
+ADAPTER_PACKAGES = $(shell $(PY) -c "import shlex, tomllib; print(shlex.join(tomllib.load( \
+	open('pyproject.toml', 'rb'))['project']['optional-dependencies']['adapters']))")
 
-.PHONY: run test lint bench
+.PHONY: run test lint bench adapters readme-verdicts device-check
 run: $(VENV)/.installed  ## the main job: the report (accuracy, random features, scaling)
 	$(PY) -m linattn_verify report
 
-test: $(VENV)/.installed  ## the test suite (what CI runs)
+test: $(VENV)/.installed $(VENV)/.adapters  ## the test suite (what CI runs)
 	$(PY) -m pytest -q -n auto
 
-lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+lint: $(VENV)/.installed  ## ruff and the layer contract (import-linter)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed  ## speed of the exact reference engines
 	$(PY) benchmarks/bench_reference.py
+
+adapters: $(VENV)/.adapters  ## the third-party libraries that install in seconds
+
+readme-verdicts: $(VENV)/.installed  ## the README's adapter table, from adapters/expected.txt
+	$(PY) -m linattn_verify adapters --readme README.md
+
+device-check: $(VENV)/.installed $(VENV)/.adapters  ## the GPU checks (one line without CUDA)
+	$(PY) benchmarks/device_check.py $(ARGS)
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+$(VENV)/.adapters: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps $(ADAPTER_PACKAGES)
 	touch $@

@@ -1,17 +1,21 @@
-"""Speed and memory of the built-in forms, side by side with SDPA and third-party peers.
+"""Speed and memory of the built-in forms, side by side with SDPA and the third-party
+libraries behind linattn_verify.adapters.
 
     python benchmarks/bench_implementations.py [--max-n 65536] [--json PATH]
 
 fp32 on one CPU thread (with two, any other busy process makes each op wait a scheduler
-tick and flattens the curves), B=1, H=4, d=dv=64, elu feature map. Per N: the median of
-`--repeats` runs, GFLOP/s of the matmul FLOPs counted by torch.utils.flop_counter, the
-ratio to this machine's fp32 matmul peak measured in the same run (best of square
-products), the ratio of SDPA's time (same causality) and each peer's time to ours, and the
-peak bytes of tensors alive at once during our call (a dispatch mode that tracks every
-tensor an op creates until it is freed). The header names whether the elu features came
-from the C kernel (implementations/native.c) and whether torch gave large tensors huge
-pages (THP_MEM_ALLOC_ENABLE=1 in the environment): on a virtual machine whose page faults
-are slow, the first touch of a fresh 64 MiB output alone can take 40 ms.
+tick and flattens the curves), B=1, H=4, d=dv=64. Per N, for the elu feature map: the
+median of `--repeats` runs, GFLOP/s of the matmul FLOPs counted by torch.utils.flop_counter,
+the ratio to this machine's fp32 matmul peak measured in the same run (best of square
+products), the ratio of SDPA's time (same causality) to ours, and the peak bytes of tensors
+alive at once during our call (a dispatch mode that tracks every tensor an op creates until
+it is freed). Then each installed CPU adapter against the built-in form of the spec it
+claims (same causality, eps and projection): its time over ours. An adapter whose call
+takes longer than PEER_CAP_SECONDS (a Python loop over tokens) is not timed at larger N.
+The header names whether the elu features came from the C kernel (implementations/native.c)
+and whether torch gave large tensors huge pages (THP_MEM_ALLOC_ENABLE=1 in the
+environment): on a virtual machine whose page faults are slow, the first touch of a fresh
+64 MiB output costs as much as the attention (README).
 """
 
 from __future__ import annotations
@@ -23,15 +27,30 @@ import sys
 from pathlib import Path
 
 import torch
-from peers import available_peers
 from timing import median_seconds
 
 import linattn_verify as lv
-from linattn_verify.implementations import native
+from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
+from linattn_verify.implementations import native, sample_projection_torch
 from linattn_verify.scaling import measure_cost
+from linattn_verify.under_test import Implementation, ImplementationFailure, resolve
 
 B, H, D = 1, 4, 64
 SDPA_MAX_N = 16384  # O(N^2) time: 16k already takes seconds a call on one core
+PEER_CAP_SECONDS = 2.0  # beyond this a call is a loop over tokens: not timed at larger N
+
+
+def peers() -> dict[str, tuple[Implementation, Implementation]]:
+    """(adapter, our form of the spec it claims) for every adapter that loads on the CPU."""
+    out = {}
+    for name, adapter in ADAPTERS.items():
+        if adapter.device != "any":
+            continue
+        try:
+            out[name] = (resolve(name), resolve(spec=adapter.spec))
+        except AdapterUnavailable as err:
+            print(f"{name}: not timed ({err})", file=sys.stderr)
+    return out
 
 
 def matmul_peak(repeats: int) -> float:
@@ -82,12 +101,6 @@ def main() -> None:
                     )
 
                 row["vs"]["sdpa"] = median_seconds(sdpa, max(1, args.repeats // 2)) / seconds
-            for name, peer in available_peers(causal).items():
-                if name.endswith("noncuda") or "recurrent" in name:
-                    continue  # a Python loop over tokens: minutes at large N
-                row["vs"][name] = (
-                    median_seconds(lambda p=peer, q=q, k=k, v=v: p(q, k, v), args.repeats) / seconds
-                )
             rows.append(row)
             print(f"N={n} {form}: {row['ms']:.1f} ms", file=sys.stderr)
         n *= 2
@@ -109,9 +122,45 @@ def main() -> None:
             f"| {r['N']} | {r['form']} | {r['ms']:.1f} | {r['gflops']:.1f} | "
             f"{r['peak_ratio']:.2f} | {r['peak_bytes'] / 2**20:.1f} | {ratios} |"
         )
+    peer_rows = time_peers(args.max_n, args.repeats)
+    print("\n| N | adapter | claims | ms | ours (same spec) ms | adapter / ours |")
+    print("|---:|---|---|---:|---:|---:|")
+    for r in peer_rows:
+        print(
+            f"| {r['N']} | {r['adapter']} | {r['spec']} | {r['ms']:.1f} | {r['ours_ms']:.1f} | "
+            f"{r['ms'] / r['ours_ms']:.2f} |"
+        )
     if args.json:
         meta = {"peak_gflops": peak, "thp": thp, "native": native.status()}
-        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=2))
+        payload = {**meta, "rows": rows, "peers": peer_rows}
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+
+
+def time_peers(max_n: int, repeats: int) -> list[dict]:
+    """Each adapter's median time and our same-spec form's, per N from 1024 up, until the
+    adapter's call takes longer than PEER_CAP_SECONDS or raises."""
+    rows, active = [], peers()
+    w = sample_projection_torch(D, D, "orthogonal", torch.Generator().manual_seed(0))
+    n = 1024
+    while n <= max_n and active:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, D, generator=g) for _ in range(3))
+        for name, (adapter, ours) in list(active.items()):
+            try:
+                seconds = median_seconds(lambda a=adapter, x=(q, k, v, w): a(*x), repeats)
+            except ImplementationFailure as err:
+                print(f"{name}: stopped at N={n} ({err})", file=sys.stderr)
+                del active[name]
+                continue
+            ours_seconds = median_seconds(lambda o=ours, x=(q, k, v, w): o(*x), repeats)
+            spec = str(adapter.spec)
+            rows.append({"N": n, "adapter": name, "spec": spec, "ms": seconds * 1e3,
+                         "ours_ms": ours_seconds * 1e3})  # fmt: skip
+            print(f"N={n} {name}: {seconds * 1e3:.1f} ms", file=sys.stderr)
+            if seconds > PEER_CAP_SECONDS:
+                del active[name]
+        n *= 2
+    return rows
 
 
 if __name__ == "__main__":

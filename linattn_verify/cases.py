@@ -15,6 +15,8 @@ Kinds (the structured adversarial cases of the property suite):
   (Performer exponents |x'|^2 / 2 far outside exp's range).
 The values are drawn in float64 from a torch.Generator(seed), clipped to the dtype's range
 and rounded to the dtype once; the implementation sees exactly those values.
+
+Pair: the two inputs of a random-feature kernel estimate (stats/, strategies.kernel_pairs).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from .inputs import UNIT_ROUNDOFF
@@ -145,3 +148,21 @@ def _draw(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     else:
         q, k = q * mag, k * mag
     return q, k, v
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The two inputs of a kernel estimate, already scaled (x' = x d^(-1/4)); label names a
+    designed pair in messages instead of its entries."""
+
+    x: np.ndarray
+    y: np.ndarray
+    label: str = ""
+
+    def __str__(self) -> str:
+        if self.label:
+            plus, minus = np.linalg.norm(self.x + self.y), np.linalg.norm(self.x - self.y)
+            return f"{self.label} (d={len(self.x)}, |x+y|={plus:.3g}, |x-y|={minus:.3g})"
+        fmt = {"float_kind": lambda t: f"{t:.4g}"}
+        x, y = (np.array2string(a, formatter=fmt, max_line_width=10**6) for a in (self.x, self.y))
+        return f"x={x}, y={y}"

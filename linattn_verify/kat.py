@@ -35,6 +35,7 @@ from .inputs import UNIT_ROUNDOFF, validate
 from .reference.arb import arb_decimal
 from .specs import FEATURE_MAPS, Spec, SpecError
 from .strategies import regime
+from .under_test import Implementation, ImplementationFailure
 
 GENERATOR_VERSION = 1
 KAT_DIGITS = 34  # 34 decimal digits: 112 bits, beyond the 100 the vectors promise
@@ -354,32 +355,28 @@ def _agree(a: str, b: str) -> bool:
 
 
 def run_vectors(
-    fn: Callable[..., torch.Tensor],
-    feature_map: str,
-    causal: bool = False,
-    directory: Path = DEFAULT_DIR,
-    device: str = "cpu",
+    impl: Implementation, directory: Path = DEFAULT_DIR, device: str = "cpu"
 ) -> list[dict[str, Any]]:
-    """Run fn (DESIGN's contract) on every vector of the spec (feature_map, causal) and
-    report, per vector, its largest error in units of u s, u the unit roundoff of the
-    vector's input dtype, the difference to the 34-digit output taken exactly; the a-priori
-    bound there, and how many elements exceed their bound. NaN is
+    """Run the implementation on every vector of its spec's feature map and causality (the
+    vectors have eps = 0) and report, per vector, its largest error in units of u s, u the
+    unit roundoff of the vector's input dtype, the difference to the 34-digit output taken
+    exactly; the a-priori bound there, and how many elements exceed their bound. NaN is
     required where the exact value is 0/0 (a number there is an infinite error); an output
     of the wrong type, shape, dtype or device, or an exception, is reported as `problem`."""
-    spec = Spec(feature_map, causal=causal)
+    spec = Spec(impl.spec.feature_map, causal=impl.spec.causal)
     rows = []
     for entry in load_manifest(directory)["vectors"]:
-        if entry["feature_map"] != feature_map or entry["causal"] != causal:
+        if entry["feature_map"] != spec.feature_map or entry["causal"] != spec.causal:
             continue
         vector = json.loads((Path(directory) / entry["file"]).read_text())
         _, tensors = _inputs(vector)
         q, k, v, w = (None if t is None else t.to(device) for t in tensors)
         row = {"name": entry["name"], "dtype": entry["dtype"]}
         try:
-            out = fn(q, k, v, **({"projection": w} if spec.info.needs_projection else {}))
+            out = impl(q, k, v, w)
             problem = _contract_problem(out, q, v)
-        except Exception as err:  # the implementation's failure is a finding
-            problem = f"raised {type(err).__name__}: {err}"
+        except ImplementationFailure as err:  # the implementation's failure is a finding
+            problem = str(err)
         if problem:
             rows.append({**row, "max_error_units": math.inf, "problem": problem})
             continue

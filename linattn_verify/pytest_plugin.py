@@ -2,6 +2,8 @@
 for this project's property suite and for anyone's tests.
 
     pytest --impl mykernels.py:attn --feature-map elu --causal [--eps E] [--layout bnhd]
+    pytest --impl fla.based-naive          # an adapter: its spec is its claim
+    pytest --form chunked --chunk-size 16 --feature-map elu --causal   # one built-in form
 
 `implementation_under_test(config)` is the Implementation they name (None without --impl);
 the `attention_under_test` fixture skips when no --impl is given.
@@ -11,31 +13,29 @@ from __future__ import annotations
 
 import pytest
 
-from .checks import Implementation, external
-from .checks.core import LAYOUTS
-from .specs import FEATURE_MAPS, Spec, SpecError
+from .specs import SpecError
+from .under_test import OPTIONS, Implementation, from_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("linattn-verify")
-    group.addoption("--impl", help="the implementation under test: MODULE:FN or path.py:FN")
-    group.addoption("--feature-map", help=f"the spec --impl claims: {', '.join(FEATURE_MAPS)}")
-    group.addoption("--causal", action="store_true", help="--impl is causal")
-    group.addoption("--eps", type=float, default=0.0, help="--impl's denominator eps")
-    group.addoption("--layout", choices=LAYOUTS, default="bhnd", help="--impl's tensor layout")
+    group.addoption(
+        "--impl",
+        help="the implementation under test: MODULE:FN, path.py:FN or an adapter's name "
+        "(python -m linattn_verify vet --list); or a built-in --form",
+    )
+    for flag, options in OPTIONS:
+        group.addoption(flag, **options)
 
 
 def implementation_under_test(config: pytest.Config) -> Implementation | None:
-    """The implementation named by --impl (with its claimed spec), or None."""
-    target = config.getoption("--impl")
-    if target is None:
+    """The implementation named by --impl or --form (with its claimed spec), or None."""
+    target, form = config.getoption("--impl"), config.getoption("--form")
+    if target is None and form is None:
         return None
-    feature_map = config.getoption("--feature-map")
-    if feature_map is None:
-        raise pytest.UsageError("--impl needs --feature-map NAME (the spec it claims)")
+    values = {flag[2:].replace("-", "_"): config.getoption(flag) for flag, _ in OPTIONS}
     try:
-        spec = Spec(feature_map, config.getoption("--causal"), config.getoption("--eps"))
-        return external(target, spec, config.getoption("--layout"))
+        return from_options(target, values)
     except SpecError as err:
         raise pytest.UsageError(str(err)) from None
 

@@ -36,10 +36,9 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .cases import KINDS, Case
+from .cases import KINDS, Case, Pair
 from .inputs import UNIT_ROUNDOFF
 from .specs import Spec
-from .stats.checks import Pair
 
 DTYPES = tuple(UNIT_ROUNDOFF)
 ADVERSARIAL_KINDS = ("negative-rows", "positive-rows", "large-norm")

@@ -11,14 +11,21 @@ from pathlib import Path
 from .specs import SpecError
 
 
-def load_target(target: str) -> Callable:
-    """The callable `attr` of `module` (importable from the current directory or
-    PYTHONPATH) or of the file `path.py`; SpecError naming what failed."""
+def split_target(target: str) -> tuple[str, str]:
+    """(module or path.py, attribute) of `target`; SpecError unless it looks like
+    module:function or path/file.py:function."""
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
         raise SpecError(
             f"target {target!r} must look like module:function or path/file.py:function"
         )
+    return module_name, attr
+
+
+def load_target(target: str) -> Callable:
+    """The callable `attr` of `module` (importable from the current directory or
+    PYTHONPATH) or of the file `path.py`; SpecError naming what failed."""
+    module_name, attr = split_target(target)
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .checks import Implementation
-from .specs import Spec
 from .strategies import DTYPES
+from .under_test import resolve
 from .vet import VetOptions, VetReport, vet_in_process
 
 
@@ -34,10 +33,8 @@ def assert_linear_attention(
     """Every applicable check of vet on fn (DESIGN's contract) claiming the spec; the report
     when all pass, AssertionError with the summary when one fails. cost: "linear" or
     "quadratic" (default: quadratic for softmax, else linear)."""
-    name = getattr(fn, "__qualname__", type(fn).__name__)
-    spec = Spec(feature_map, causal=causal, eps=eps)
-    impl = Implementation(fn, spec, name, f"--impl <{name}> --feature-map {feature_map}", layout)
-    options = VetOptions(dtypes=tuple(dtypes), device=device, cost=cost, thorough=thorough)
+    impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout, cost=cost)
+    options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough)
     report = vet_in_process(impl, options)
     if report.failed:
         raise AssertionError(report.summary())

@@ -4,8 +4,9 @@ Without --impl every test runs over every built-in implementation (each spec, ca
 not, in each of its forms; on CPU, and on CUDA when available). With
 `--impl MODULE:FN --feature-map NAME [--causal] [--eps E] [--layout bnhd]` it runs over
 that one implementation instead (importable from the working directory or PYTHONPATH, or
-`path/to/file.py:fn`). Those options come from linattn_verify's pytest plugin
-(linattn_verify/pytest_plugin.py), which the root conftest.py loads.
+`path/to/file.py:fn`); `--impl ADAPTER` over a third-party library's, `--form FORM
+--feature-map NAME ...` over one built-in form. Those options come from linattn_verify's
+pytest plugin (linattn_verify/pytest_plugin.py), which the root conftest.py loads.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn_verify.checks import Implementation, builtin, forms_of, not_applicable
+from linattn_verify.checks import not_applicable
+from linattn_verify.implementations.forms import forms_of
 from linattn_verify.pytest_plugin import implementation_under_test
 from linattn_verify.specs import FEATURE_MAPS, Spec
+from linattn_verify.under_test import Implementation, resolve
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,19 +46,11 @@ def implementations(config: pytest.Config) -> list[Implementation]:
     if chosen is not None:
         return [chosen]
     return [
-        builtin(spec, form)
+        resolve(form=form, spec=spec)
         for name in FEATURE_MAPS
         for spec in (Spec(name), Spec(name, causal=True))
         for form in forms_of(spec)
     ]
-
-
-def _id(impl: Implementation) -> str:
-    if impl.command.startswith("--impl"):
-        return impl.name
-    spec = impl.spec
-    form = impl.name.rsplit("form=", 1)[1].split()[0]
-    return f"{spec.feature_map}-{'causal' if spec.causal else 'full'}-{form}"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -70,7 +65,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         impls = [i for i in impls if marker.kwargs["impls_filter"](i)]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     params = [(i, d) for i in impls for d in devices]
-    ids = [f"{_id(i)}-{d}" for i, d in params]
+    ids = [f"{i.test_id}-{d}" for i, d in params]
     metafunc.parametrize(("impl", "device"), params, ids=ids)
 
 

@@ -9,14 +9,14 @@ from typing import Any
 from hypothesis import HealthCheck, event, settings, target
 from hypothesis import strategies as st
 
-from linattn_verify.checks import ALL_CHECKS, CheckResult, Implementation
+from linattn_verify.checks import ALL_CHECKS
+from linattn_verify.checks.search import property_examples
+from linattn_verify.results import CheckResult
 from linattn_verify.strategies import cases
+from linattn_verify.under_test import Implementation
 
-# A fifth of the profile's examples per test (ci: 20, thorough: 200): the suite runs every
-# check over ~40 implementation variants, each example costs a few to ~100 ms.
-EXAMPLES = max(10, settings.default.max_examples // 5)
 PROPERTY = settings(
-    max_examples=EXAMPLES,
+    max_examples=property_examples(),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from property_helpers import PROPERTY, assert_passes, run_check
 
-from linattn_verify.checks import builtin
+from linattn_verify.under_test import resolve
 
 
 @pytest.mark.check("reference")
@@ -19,10 +19,10 @@ def test_reference_agreement(impl, device, data):
 def _other_forms(impl, case):
     """For the built-in chunked forms: every chunk size from 1 to N + 1 (ragged tails,
     N < chunk) and the recurrent form; nothing else for other implementations."""
-    if not impl.command.startswith("--form chunked"):
+    if impl.source.kind != "form" or impl.source.name != "chunked":
         return ()
-    sizes = range(1, case.n + 2)
-    return [builtin(impl.spec, "chunked", c) for c in sizes] + [builtin(impl.spec, "recurrent")]
+    chunked = [resolve(form="chunked", chunk_size=c, spec=impl.spec) for c in range(1, case.n + 2)]
+    return [*chunked, resolve(form="recurrent", spec=impl.spec)]
 
 
 @pytest.mark.check("associativity")

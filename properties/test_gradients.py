@@ -9,10 +9,9 @@ from hypothesis import strategies as st
 from property_helpers import PROPERTY, assert_passes, run_check
 
 from linattn_verify.checks import GRAD_CHECKS, not_applicable
+from linattn_verify.checks.search import GRADIENT_LEAST, GRADIENT_SHARE, property_examples
 
-# Each case costs an exact gradient in mpmath (0.1 to 3 s): a twenty-fifth of the profile's
-# examples per implementation (ci: 4, thorough: 40), over every built-in form.
-GRAD_EXAMPLES = max(4, settings.default.max_examples // 25)
+GRAD_EXAMPLES = property_examples(GRADIENT_SHARE, GRADIENT_LEAST)
 
 
 @pytest.mark.check("gradient")

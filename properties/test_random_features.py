@@ -16,7 +16,6 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from linattn_verify.checks.builtin import builtin
 from linattn_verify.specs import Spec
 from linattn_verify.stats import (
     KINDS,
@@ -33,6 +32,7 @@ from linattn_verify.stats import (
 )
 from linattn_verify.stats.checks import below_iid_applies
 from linattn_verify.strategies import kernel_pairs
+from linattn_verify.under_test import resolve
 
 pytestmark = pytest.mark.builtin_only  # the project's samplers and forms; vet takes others
 
@@ -128,7 +128,7 @@ PERFORMER_SPECS = [Spec(kind, causal=c) for kind in KINDS for c in (False, True)
 
 
 def _impl(spec: Spec):
-    return builtin(spec, "chunked" if spec.causal else "linear")
+    return resolve(spec=spec)
 
 
 @pytest.mark.parametrize("spec", PERFORMER_SPECS, ids=str)

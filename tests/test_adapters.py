@@ -1,22 +1,35 @@
 """The third-party adapters: each loads, takes its declared layout and returns the right
-shape and dtype; missing CUDA fails cleanly. Judging their numbers is vet's job (README)."""
+shape and dtype; missing CUDA fails cleanly. Judging their numbers is vet's job
+(tests/test_adapter_verdicts.py)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 import torch
 
-from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable, adapter_implementation
-from linattn_verify.checks import ImplementationFailure
+from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable
+from linattn_verify.under_test import ImplementationFailure, resolve
 
 B, H, N, D, DV, M = 2, 2, 5, 4, 3, 8
-# (adapter, dtype) pairs the library itself does not support
-LIBRARY_DTYPE_LIMITS = {
-    ("fast-transformers.causal-linear", torch.float64): (
-        "fast_transformers' causal_product CPU kernel is float32-only"
-    ),
+# (adapter, dtype) pairs the library itself does not support, and adapters that do not
+# take d != dv (the inputs here have d = 4, dv = 3)
+_RESHAPE = "the output is reshaped to q's shape: d != dv raises"
+LIBRARY_LIMITS = {
+    **{
+        (name, torch.float64): "fast_transformers' causal_product CPU kernel is float32-only"
+        for name in (
+            "fast-transformers.causal-linear",
+            "taylor-series-linear-attention.taylor-series-linear-attn-causal",
+        )
+    },
+    **{
+        (f"linear-attention-transformer.{name}", dtype): _RESHAPE
+        for name in ("linear-attn", "causal-linear-attn", "causal-linear-attn-bucket1")
+        for dtype in (torch.float32, torch.float64)
+    },
 }
 
 
@@ -29,11 +42,11 @@ def inputs(adapter: Adapter, dtype: torch.dtype, seed: int = 0) -> tuple[torch.T
 
 
 def implementation(adapter: Adapter):
-    """adapter_implementation(adapter), or a skip naming what is missing."""
+    """The adapter as an Implementation, or a skip naming what is missing."""
     if adapter.device == "cuda" and not torch.cuda.is_available():
         pytest.skip(f"{adapter.name} needs CUDA")
     try:
-        return adapter_implementation(adapter)
+        return resolve(adapter.name)
     except AdapterUnavailable as err:
         pytest.skip(str(err))
 
@@ -41,7 +54,7 @@ def implementation(adapter: Adapter):
 def cases():
     for name in ADAPTERS:
         for dtype in (torch.float32, torch.float64):
-            limit = LIBRARY_DTYPE_LIMITS.get((name, dtype))
+            limit = LIBRARY_LIMITS.get((name, dtype))
             marks = [pytest.mark.xfail(reason=limit, raises=ImplementationFailure)] if limit else []
             yield pytest.param(name, dtype, marks=marks, id=f"{name}-{str(dtype)[6:]}")
 
@@ -70,10 +83,14 @@ def test_adapter_declarations() -> None:
 def test_fla_naive_files_load_without_importing_fla() -> None:
     """The naive.py files run on their own: fla/__init__.py (Triton) is never executed."""
     pytest.importorskip("einops")
-    already = "fla" in sys.modules
-    implementation(ADAPTERS["fla.linear-attn-naive"])
-    implementation(ADAPTERS["fla.based-naive"])
-    assert already or "fla" not in sys.modules
+    implementation(ADAPTERS["fla.linear-attn-naive"])  # skips when fla is not installed
+    code = (
+        "import sys; from linattn_verify.under_test import resolve; "
+        "resolve('fla.linear-attn-naive'); resolve('fla.based-naive'); "
+        "assert 'fla' not in sys.modules, sorted(m for m in sys.modules if m.startswith('fla'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

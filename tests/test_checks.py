@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from linattn_verify.cases import KINDS, Case
-from linattn_verify.checks import CHECKS, builtin, not_applicable
-from linattn_verify.checks.core import Tolerance, mismatch
-from linattn_verify.cli import CHECK_NAMES
+from linattn_verify.checks import CHECKS, not_applicable
+from linattn_verify.checks.compare import Tolerance, mismatch
 from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
 from linattn_verify.strategies import ADVERSARIAL_KINDS, RANDOM_SIGN_TOP, cases
+from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,23 +93,20 @@ def test_mismatch_allows_the_bound_and_no_more():
     assert mismatch(a, a + 1, undefined, undefined.allowance()) is None
 
 
-def test_check_names_of_the_cli_are_the_checks():
-    assert tuple(CHECKS) == CHECK_NAMES
-
-
 def test_applicability_follows_the_spec():
-    full, causal = builtin(Spec("cosformer"), "linear"), builtin(Spec("elu", True), "chunked")
+    full = resolve(form="linear", feature_map="cosformer")
+    causal = resolve(form="chunked", feature_map="elu", causal=True)
     assert not_applicable("permutation", full) and not_applicable("causality", full)
     assert not_applicable("permutation", causal) is not None
     assert not_applicable("causality", causal) is None
     assert not_applicable("split-resume", causal) is None
-    assert not_applicable("convex-hull", builtin(Spec("performer-trig"), "linear"))
+    assert not_applicable("convex-hull", resolve(form="linear", feature_map="performer-trig"))
 
 
 def test_positivity_names_a_counterexample_of_relu_by_nature():
     case_json = {"b": 1, "h": 1, "n": 2, "d": 3, "dv": 1, "dtype": "float32", "kind": "zero-rows"}
     case = Case(**case_json, seed=0)
-    result = CHECKS["positivity"](builtin(Spec("relu"), "linear"), case)
+    result = CHECKS["positivity"](resolve(form="linear", feature_map="relu"), case)
     assert not result.passed and result.by_nature and "zero" in result.message
     assert "expected failure" in result.report()
 
@@ -118,12 +115,10 @@ def test_an_exception_in_the_implementation_is_a_failed_check():
     def broken(q, k, v):
         raise RuntimeError("kernel exploded")
 
-    from linattn_verify.checks import Implementation
-
-    impl = Implementation(broken, Spec("elu"), "broken", "--impl x:broken --feature-map elu")
+    impl = resolve(broken, feature_map="elu")
     result = CHECKS["contract"](impl, Case(1, 1, 3, 2, 2, "float32"))
     assert not result.passed and "kernel exploded" in result.message
-    assert result.repro.startswith("python -m linattn_verify check contract --impl x:broken")
+    assert result.repro.startswith("python -m linattn_verify check contract --impl ")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -199,7 +194,7 @@ def test_pytest_properties_with_impl_passes_a_correct_one():
 
 def test_pytest_properties_with_impl_needs_a_feature_map():
     run = _pytest_impl("tests.zoo.correct:elu_masked_quadratic")
-    assert run.returncode != 0 and "--impl needs --feature-map" in run.stdout + run.stderr
+    assert run.returncode != 0 and "needs --feature-map" in run.stdout + run.stderr
 
 
 def test_an_infinite_difference_is_a_mismatch_even_where_the_bound_is_vacuous():
@@ -210,9 +205,7 @@ def test_an_infinite_difference_is_a_mismatch_even_where_the_bound_is_vacuous():
 
 
 def _impl(fn, name="elu", causal=False, layout="bhnd"):
-    from linattn_verify.checks import Implementation
-
-    return Implementation(fn, Spec(name, causal), "fn", "--impl x:fn --feature-map elu", layout)
+    return resolve(fn, feature_map=name, causal=causal, layout=layout)
 
 
 def test_a_wrong_output_shape_fails_every_check_instead_of_crashing():
@@ -238,7 +231,7 @@ def test_contract_sees_in_place_writes_in_the_implementations_own_layout():
 def test_split_resume_splits_even_two_tokens():
     from dataclasses import replace
 
-    real = builtin(Spec("elu", True), "recurrent")
+    real = resolve(form="recurrent", feature_map="elu", causal=True)
     pieces = []
 
     def stream(max_len, w):
@@ -272,5 +265,5 @@ def test_a_signed_kernel_may_overflow_where_its_exact_output_does():
         '{"b":1,"h":3,"n":33,"d":4,"dv":3,"dtype":"float16","kind":"cancel",'
         '"magnitude":3.1622776601683795,"seed":1106,"m":1}'
     )
-    result = CHECKS["positivity"](builtin(Spec("performer-trig"), "quadratic"), case)
+    result = CHECKS["positivity"](resolve(form="quadratic", feature_map="performer-trig"), case)
     assert result.by_nature, result.message  # fails only by nature: a negative denominator

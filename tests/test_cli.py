@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from linattn_verify.cli import main
 
@@ -86,8 +87,10 @@ def test_accuracy_runs_and_writes_json(tmp_path, capsys):
 
 
 def test_accuracy_with_an_unknown_spec_is_a_usage_error(capsys):
-    assert main(["accuracy", "--specs", "gelu"]) == 2
-    assert "unknown feature map 'gelu'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["accuracy", "--specs", "gelu"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice: 'gelu'" in err and len(err.splitlines()) == 1
 
 
 IMPLS = """
@@ -117,6 +120,8 @@ def _scaling(tmp_path, target, *extra):
         [
             "scaling",
             f"{tmp_path / 'impls.py'}:{target}",
+            "--feature-map",
+            "elu",
             "--max-n",
             "1024",
             "--d",
@@ -144,11 +149,11 @@ def test_scaling_fails_a_quadratic_impostor(tmp_path, capsys):
 
 def test_scaling_reports_a_raising_implementation(tmp_path, capsys):
     assert _scaling(tmp_path, "raising") == 1
-    assert "raised RuntimeError: kernel exploded" in capsys.readouterr().err
+    assert "raised RuntimeError: kernel exploded" in capsys.readouterr().out
 
 
 def test_scaling_with_a_bad_target_is_a_usage_error(tmp_path, capsys):
-    assert main(["scaling", "no_such_module_xyz:fn"]) == 2
+    assert main(["scaling", "no_such_module_xyz:fn", "--feature-map", "elu"]) == 2
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
     assert main(["scaling", "nocolon"]) == 2
 

@@ -12,16 +12,17 @@ import torch
 
 from linattn_verify.accuracy.gradient import NAMES, gradient_bound, judge_gradients
 from linattn_verify.cases import Case
-from linattn_verify.checks import GRAD_CHECKS, Implementation, builtin
+from linattn_verify.checks import GRAD_CHECKS
 from linattn_verify.cli import main
 from linattn_verify.specs import Spec
+from linattn_verify.under_test import Implementation, resolve
 from tests.zoo import backward
 
 TARGETS = "tests/vet_targets.py"
 
 
-def _impl(fn, causal: bool, name: str = "under test") -> Implementation:
-    return Implementation(fn, Spec("elu", causal=causal), name, f"--impl {name}")
+def _impl(fn, causal: bool) -> Implementation:
+    return resolve(fn, feature_map="elu", causal=causal)
 
 
 def _case(dtype: str, seed: int = 5) -> Case:
@@ -64,7 +65,7 @@ def test_a_backward_that_ignores_the_mask_breaks_gradient_causality():
     result = GRAD_CHECKS["gradient-causality"](impl, _case("float64"))
     assert not result.passed
     assert result.message.startswith("after G of rows 0..") and "dk:" in result.message
-    correct = builtin(Spec("elu", causal=True), "chunked")
+    correct = resolve(form="chunked", feature_map="elu", causal=True)
     assert GRAD_CHECKS["gradient-causality"](correct, _case("float64")).passed
 
 
@@ -73,7 +74,7 @@ def test_gradient_causality_bites_where_the_bound_is_vacuous(dtype):
     impl = _impl(backward.backward_ignores_mask, causal=True)
     case = Case(1, 2, 16, 8, 4, dtype, "normal", 1.0, 3, None, "cpu")  # n u >= 1 in bfloat16
     assert not GRAD_CHECKS["gradient-causality"](impl, case).passed
-    correct = builtin(Spec("elu", causal=True), "chunked")
+    correct = resolve(form="chunked", feature_map="elu", causal=True)
     assert GRAD_CHECKS["gradient-causality"](correct, case).passed
 
 
@@ -190,7 +191,7 @@ def test_a_backward_that_raises_fails_by_name():
 def test_a_loss_with_a_0_over_0_row_is_not_judged():
     spec = Spec("relu", causal=True)
     case = Case(1, 1, 4, 2, 2, "float32", "negative-rows", 1.0, 0, None, "cpu")
-    result = GRAD_CHECKS["gradient"](builtin(spec, "chunked"), case)
+    result = GRAD_CHECKS["gradient"](resolve(form="chunked", spec=spec), case)
     assert result.passed and result.message.startswith("not judged: the exact denominator")
 
 

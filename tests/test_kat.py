@@ -4,7 +4,6 @@ an implementation's error per vector."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import shutil
@@ -20,6 +19,7 @@ import linattn_verify as lv
 from linattn_verify import kat
 from linattn_verify.cases import Case
 from linattn_verify.specs import FEATURE_MAPS
+from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = ROOT / "references"
@@ -113,14 +113,14 @@ def test_decoded_inputs_are_the_exact_values_they_were_built_from():
 
 
 def test_run_reports_errors_in_roundoff_units():
-    fn = functools.partial(lv.attention, feature_map="elu", causal=True, form="chunked")
-    rows = kat.run_vectors(fn, "elu", causal=True, directory=REFERENCES)
+    chunked = resolve(form="chunked", feature_map="elu", causal=True)
+    rows = kat.run_vectors(chunked, directory=REFERENCES)
     assert len(rows) == 10 and all(r["max_error_units"] < 10 for r in rows)
 
     def sees_every_key(q, k, v):  # a causal claim with the non-causal computation
         return lv.attention(q, k, v, "elu", causal=False)
 
-    bad = kat.run_vectors(sees_every_key, "elu", causal=True, directory=REFERENCES)
+    bad = kat.run_vectors(resolve(sees_every_key, feature_map="elu", causal=True), REFERENCES)
     assert max(r["max_error_units"] for r in bad) > 1e3
     assert np.isfinite([r["max_error_units"] for r in rows]).all()
 
@@ -129,11 +129,11 @@ def test_run_reports_a_broken_contract_instead_of_judging_it():
     def in_float16(q, k, v):  # a cheaper dtype must not buy a coarser unit
         return lv.attention(q.half(), k.half(), v.half(), "elu")
 
-    rows = kat.run_vectors(in_float16, "elu", directory=REFERENCES)
+    rows = kat.run_vectors(resolve(in_float16, feature_map="elu"), REFERENCES)
     float32 = [r for r in rows if r["dtype"] == "float32"]
     assert float32 and all("expected" in r["problem"] for r in float32)
 
 
 def test_run_needs_vectors_for_the_spec(tmp_path):
     with pytest.raises(lv.SpecError):
-        kat.run_vectors(lambda q, k, v: v, "elu", directory=tmp_path / "none")
+        kat.run_vectors(resolve(lambda q, k, v: v, feature_map="elu"), tmp_path / "none")

@@ -136,7 +136,7 @@ def test_matches_torch_autograd(name, causal):
         if torch.all(a.sum(-1) != 0):
             break
         seed += 1000
-    ours = reference_gradients(q, k, v, g, name, causal, w)
+    ours = reference_gradients(q, k, v, g, Spec(name, causal), w)
     _assert_matches_torch(ours, *_torch_gradients(q, k, v, g, name, causal, w, 0.0))
 
 
@@ -144,7 +144,7 @@ def test_matches_torch_autograd(name, causal):
 def test_matches_torch_autograd_with_eps(name):
     q, k, v, g = _inputs(3, 6)
     w = _w(name, 3)
-    ours = reference_gradients(q, k, v, g, name, True, w, eps=0.75)
+    ours = reference_gradients(q, k, v, g, Spec(name, True, 0.75), w)
     _assert_matches_torch(ours, *_torch_gradients(q, k, v, g, name, True, w, 0.75))
 
 
@@ -154,7 +154,7 @@ def test_zero_denominator_rows_are_nan_and_only_they(causal):
     k = np.abs(k) + 0.1
     q[0, 0, 1:, 0] = np.abs(q[0, 0, 1:, 0]) + 0.1  # every other row: a positive denominator
     q[0, 0, 0] = [-1.0, -0.5, 0.0]  # relu(q_0) = 0: D_0 = 0, out_0 = 0/0
-    ours = reference_gradients(q, k, v, g, "relu", causal)
+    ours = reference_gradients(q, k, v, g, Spec("relu", causal))
     used = [0] if causal else list(range(6))  # keys that row 0 uses
     expect_nan = {n: np.zeros(ours[n].shape, bool) for n in NAMES}
     expect_nan["q"][0, 0, 0] = True
@@ -203,7 +203,7 @@ def _mp_loss(q, k, v, g, name, causal, w, eps):
 def test_matches_mpmath_central_differences(name, causal, eps):
     q, k, v, g = _inputs(11, 4, heads=1)
     w = _w(name, 3)
-    ours = reference_gradients(q, k, v, g, name, causal, w, eps)
+    ours = reference_gradients(q, k, v, g, Spec(name, causal, eps), w)
     step = mpmath.mpf(2) ** -60
     with mpmath.workprec(200):
         # truncation error ~ step^2 |L'''| ~ 2^-120, rounding ~ 2^-200 |L| / step = 2^-140:
@@ -238,7 +238,7 @@ def test_single_key_gives_g_and_zeros(name, causal):
     rng = np.random.default_rng(2)
     q, k = np.abs(rng.standard_normal((2, 1, 2, 1, 3))) + 0.1  # relu: a positive denominator
     v, g = rng.standard_normal((2, 1, 2, 1, 2)) * 1e3
-    ours = reference_gradients(q, k, v, g, name, causal, _w(name, 3))
+    ours = reference_gradients(q, k, v, g, Spec(name, causal), _w(name, 3))
     np.testing.assert_array_equal(ours["v"], g)  # out = v exactly, so dL/dv = g
     np.testing.assert_array_equal(ours["q"], np.zeros_like(q))
     np.testing.assert_array_equal(ours["k"], np.zeros_like(k))
@@ -253,7 +253,7 @@ def test_identical_keys_give_the_mean(name, causal):
     q = np.abs(rng.standard_normal((1, 1, n, 3))) + 0.1
     k = np.broadcast_to(np.abs(rng.standard_normal((1, 1, 1, 3))) + 0.1, (1, 1, n, 3)).copy()
     v, g = rng.standard_normal((2, 1, 1, n, 2))
-    ours = reference_gradients(q, k, v, g, name, causal, _w(name, 3))
+    ours = reference_gradients(q, k, v, g, Spec(name, causal), _w(name, 3))
     # out_i is the mean of the v_j it sees whatever q_i is: dL/dq = 0 exactly
     np.testing.assert_array_equal(ours["q"], np.zeros_like(q))
     # dL/dv_j = sum over the rows i that see j of g_i / (number of keys row i sees), exactly
@@ -299,9 +299,9 @@ def test_a_huge_constant_column_of_v_changes_no_gradient(name, causal):
     q, k, v, g = _inputs(31, 5)
     w = _w(name, 3)
     v[..., 0] = 0.0
-    plain = reference_gradients(q, k, v, g, name, causal, w)
+    plain = reference_gradients(q, k, v, g, Spec(name, causal), w)
     v[..., 0] = 2.0**500
-    shifted = reference_gradients(q, k, v, g, name, causal, w)
+    shifted = reference_gradients(q, k, v, g, Spec(name, causal), w)
     for n in NAMES:
         np.testing.assert_array_equal(shifted[n], plain[n], err_msg=f"d{n}")
     assert np.all(np.abs(plain["q"][:, :, 1:]) > 1e-6)  # not a vacuous 0 == 0 (row 0: causal)
@@ -318,8 +318,8 @@ def test_causal_gradients_ignore_earlier_rows_of_g(name):
     j0 = 3
     g2 = g.copy()
     g2[:, :, :j0] = np.random.default_rng(22).standard_normal(g2[:, :, :j0].shape)
-    one = reference_gradients(q, k, v, g, name, True, w)
-    two = reference_gradients(q, k, v, g2, name, True, w)
+    one = reference_gradients(q, k, v, g, Spec(name, True), w)
+    two = reference_gradients(q, k, v, g2, Spec(name, True), w)
     for n in NAMES:  # dL/dk_j, dL/dv_j for j >= j0 (and dL/dq_i for i >= j0): identical
         np.testing.assert_array_equal(one[n][:, :, j0:], two[n][:, :, j0:], err_msg=f"d{n}")
         assert np.any(one[n][:, :, :j0] != two[n][:, :, :j0]), f"d{n}: g changed nothing"
@@ -331,19 +331,19 @@ def test_causal_gradients_ignore_earlier_rows_of_g(name):
 def test_g_of_the_wrong_shape_is_a_spec_error():
     q, k, v, g = _inputs(0, 4)
     with pytest.raises(SpecError, match=r"g must have the shape .*\(1, 2, 4, 2\).*\(1, 2, 4, 3\)"):
-        reference_gradients(q, k, v, np.zeros((1, 2, 4, 3)), "elu")
+        reference_gradients(q, k, v, np.zeros((1, 2, 4, 3)), Spec("elu"))
     spec = Spec("elu")
     with pytest.raises(SpecError, match="g must have the shape"):
         exact_gradients(validate(q, k, v, spec), spec, g[0])
     g[0, 0, 0, 0] = np.nan
     with pytest.raises(SpecError, match="g has a non-finite value"):
-        reference_gradients(q, k, v, g, "elu")
+        reference_gradients(q, k, v, g, Spec("elu"))
 
 
 def test_torch_inputs_are_taken_exactly():
     q, k, v, g = _inputs(8, 5)
     as_torch = [torch.tensor(t, dtype=torch.float32) for t in (q, k, v, g)]
-    ours = reference_gradients(*as_torch, "softmax", True)
-    again = reference_gradients(*(t.double().numpy() for t in as_torch), "softmax", True)
+    ours = reference_gradients(*as_torch, Spec("softmax", True))
+    again = reference_gradients(*(t.double().numpy() for t in as_torch), Spec("softmax", True))
     for n in NAMES:
         np.testing.assert_array_equal(ours[n], again[n])

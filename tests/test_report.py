@@ -450,7 +450,7 @@ def test_unknown_names_are_usage_errors(tmp_path, capsys, args, message):
     "args, message",
     [
         (["--feature-map", "elu"], "--feature-map describes --impl"),
-        (["--impl", f"{TARGETS}:elu_linear"], "--impl needs --feature-map"),
+        (["--impl", f"{TARGETS}:elu_linear"], "needs --feature-map"),
         (["--impl", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--specs", "elu"], "--specs"),
         (["--impl", "no_such_module:fn", "--feature-map", "elu"], "no_such_module"),
         (["--impl", "fast-transformers.linear", "--causal"], "is an adapter"),

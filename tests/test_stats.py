@@ -17,8 +17,6 @@ import scipy.special
 import scipy.stats
 import torch
 
-from linattn_verify.checks.core import Implementation
-from linattn_verify.specs import Spec
 from linattn_verify.stats import (
     KINDS,
     Pair,
@@ -48,6 +46,7 @@ from linattn_verify.stats.panel import (
     PANEL_NORM,
     panel,
 )
+from linattn_verify.under_test import Implementation, resolve
 from tests.zoo.random_features import BROKEN_SAMPLERS, truncated_features
 
 RNG_PAIRS = [
@@ -245,13 +244,11 @@ def _inputs(seed: int = 0) -> Sequence1:
 
 
 def _impl(fn) -> Implementation:
-    return Implementation(fn, Spec("performer-positive"), fn.__name__, "--impl zoo")
+    return resolve(fn, feature_map="performer-positive")
 
 
 def test_rate_and_bound_pass_the_builtin_implementation():
-    from linattn_verify.checks.builtin import builtin
-
-    impl = builtin(Spec("performer-positive"), "linear")
+    impl = resolve(form="linear", feature_map="performer-positive")
     assert rate_check(impl, builtin_sampler("iid"), _inputs()).passed
     assert bound_check(impl, builtin_sampler("iid"), _inputs(), 4096).passed
 

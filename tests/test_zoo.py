@@ -2,35 +2,36 @@
 right reason (among its failures are the checks the entry's bug must fail, `caught_by`), and
 passes every correct one. Each entry goes through vet's whole plan in process (every
 applicable check over the regime's corners, vet's cases and a derandomised search of
-SEARCH_EXAMPLES cases; accuracy per dtype; cost scaling against the entry's claimed growth),
+VET_EXAMPLES cases; accuracy per dtype; cost scaling against the entry's claimed growth),
 so the kill table printed at the end of the run names everything that fails each mutant.
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from linattn_verify.checks import ALL_CHECKS, GRAD_CHECKS, Implementation
-from linattn_verify.specs import Spec
+from linattn_verify.checks import ALL_CHECKS, GRAD_CHECKS
+from linattn_verify.under_test import Implementation, resolve
 from linattn_verify.vet import VetOptions, vet_in_process
 from tests.zoo import ZOO, Entry
 
 
-def _implementation(entry: Entry) -> Implementation:
-    spec = Spec(entry.feature_map, causal=entry.causal, eps=entry.eps)
-    module = sys.modules[getattr(entry.fn, "func", entry.fn).__module__]
-    attr = next(name for name, value in vars(module).items() if value is entry.fn)
-    command = f"--impl {module.__name__}:{attr} --feature-map {spec.feature_map}"
-    command += " --causal" * spec.causal + (f" --eps {spec.eps!r}" if spec.eps else "")
+def implementation(entry: Entry) -> Implementation:
+    """The entry as an in-process callable claiming its spec, cost and stream."""
     stream = None if entry.stream is None else (lambda max_len, w: entry.stream())
-    return Implementation(entry.fn, spec, entry.name, command, stream=stream)
+    return resolve(
+        entry.fn,
+        feature_map=entry.feature_map,
+        causal=entry.causal,
+        eps=entry.eps,
+        cost=entry.cost,
+        stream=stream,
+    )
 
 
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
 def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
-    report = vet_in_process(_implementation(entry), VetOptions(cost=entry.cost, grad=entry.grad))
+    report = vet_in_process(implementation(entry), VetOptions(grad=entry.grad))
     killers = [row["name"] for row in report.failed]
     record_property("zoo", {"name": entry.name, "broken": entry.broken, "killed_by": killers})
     if entry.broken:

@@ -1,6 +1,7 @@
 """The accuracy model: errors in units of roundoff, an a-priori bound, a budget, a verdict."""
 
 from .bound import C_LIB, gamma, scale_and_bound
+from .judgement import Judgement
 from .verdict import BUDGET_FLOOR, K_BUDGET, AccuracyVerdict, error_units, judge
 
 __all__ = [
@@ -8,6 +9,7 @@ __all__ = [
     "C_LIB",
     "K_BUDGET",
     "AccuracyVerdict",
+    "Judgement",
     "error_units",
     "gamma",
     "judge",

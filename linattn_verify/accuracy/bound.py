@@ -31,7 +31,7 @@ import numpy as np
 from flint import arb, arb_mat
 
 from ..inputs import AttentionInputs
-from ..reference.arb import (
+from ..reference.balls import (
     Head,
     balls,
     direct_sims,

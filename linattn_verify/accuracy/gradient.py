@@ -111,24 +111,6 @@ def rounding_floor(exact: np.ndarray, scale: np.ndarray, dtype: str, u: float) -
     return float(ratio) or BUDGET_FLOOR
 
 
-def _errors(
-    grads: Mapping[str, np.ndarray],
-    exact: Mapping[str, np.ndarray],
-    scale: Mapping[str, np.ndarray],
-    dtype: str,
-    u: float,
-) -> dict[str, np.ndarray]:
-    """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row)."""
-    return {
-        n: np.where(
-            np.isnan(exact[n]),
-            0.0,
-            error_units(grads[n], exact[n], effective_scale(scale[n], dtype, u), u),
-        )
-        for n in NAMES
-    }
-
-
 def judge_gradients(
     grads: Mapping[str, np.ndarray],
     exact: Mapping[str, np.ndarray],
@@ -141,7 +123,15 @@ def judge_gradients(
     """Judge float64 copies of an implementation's dq, dk, dv (dtype `dtype`, unit roundoff
     u) against the exact ones and their magnitudes M."""
     bound = gradient_bound(roundings, u)
-    errors = _errors(grads, exact, scale, dtype, u)
+
+    def errors_of(g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row)."""
+        units = {
+            n: error_units(g[n], exact[n], effective_scale(scale[n], dtype, u), u) for n in NAMES
+        }
+        return {n: np.where(np.isnan(exact[n]), 0.0, units[n]) for n in NAMES}
+
+    errors = errors_of(grads)
     top = float(torch.finfo(getattr(torch, dtype)).max)
     violations = 0
     for n in NAMES:
@@ -155,7 +145,7 @@ def judge_gradients(
     floor = {n: rounding_floor(exact[n], scale[n], dtype, u) for n in NAMES}
     golden_max = budget = None
     if golden:
-        golden_errors = [_errors(g, exact, scale, dtype, u) for g in golden]
+        golden_errors = [errors_of(g) for g in golden]
         golden_max = {
             n: max(
                 float(np.max(np.where(np.isfinite(e[n]), e[n], 0.0), initial=0.0))

@@ -6,11 +6,10 @@ CHECKS names them all; `not_applicable(name, impl)` says why one does not apply.
 
 from __future__ import annotations
 
+from ..under_test import Implementation
 from .agreement import associativity, reference_agreement
-from .builtin import builtin, external, forms_of
 from .causality import causality, split_resume
 from .contract import contract
-from .core import CheckResult, Implementation, ImplementationFailure
 from .gradients import gradient, gradient_associativity, gradient_causality, gradient_finite
 from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
@@ -64,17 +63,11 @@ __all__ = [
     "ALL_CHECKS",
     "CHECKS",
     "GRAD_CHECKS",
-    "CheckResult",
-    "Implementation",
-    "ImplementationFailure",
     "associativity",
     "batch_head",
-    "builtin",
     "causality",
     "contract",
     "convex_hull",
-    "external",
-    "forms_of",
     "gradient",
     "gradient_associativity",
     "gradient_causality",

@@ -11,34 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..accuracy.verdict import judge
+from ..accuracy.judgement import Judgement
 from ..cases import Case
 from ..implementations.golden import GOLDEN_FORMS, golden_attention
-from ..reference import exact
-from .core import (
-    Implementation,
-    Outcome,
-    Tolerance,
-    agreement,
-    as_array,
-    check,
-    inputs_of,
-    mismatch,
-)
+from ..under_test import Implementation
+from .compare import Tolerance, agreement, mismatch
+from .core import Outcome, as_array, check, inputs_of
 
 
 @check("reference")
 def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     """Judge the output against the exact reference: within the a-priori bound, and within
     K_BUDGET times the error of the golden forms in the same dtype."""
-    spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
+    q, k, v, w = case.tensors()
     out = impl(q, k, v, w)
     if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
-    forms = GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
-    golden = [golden_attention(q, k, v, spec, w, form) for form in forms]
-    verdict = judge(out, x, spec, exact(x, spec), golden)
+    verdict = Judgement.of(q, k, v, w, impl.spec)(out)
     figures = {
         "max_error": verdict.max_error,
         "p99_error": verdict.p99_error,

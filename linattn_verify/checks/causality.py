@@ -15,17 +15,9 @@ import torch
 
 from ..cases import Case
 from ..inputs import validate
-from .core import (
-    Implementation,
-    Outcome,
-    Tolerance,
-    agreement,
-    as_array,
-    case_generator,
-    check,
-    inputs_of,
-    mismatch,
-)
+from ..under_test import Implementation
+from .compare import Tolerance, agreement, mismatch
+from .core import Outcome, as_array, case_generator, check, inputs_of
 
 LATER_OFFSET = 1000.0  # added to the replaced values: a leak moves outputs far out of bound
 

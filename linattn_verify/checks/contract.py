@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..cases import Case
-from .core import Implementation, Outcome, check, inputs_of
+from ..under_test import Implementation
+from .core import Outcome, check, inputs_of
 
 
 @check("contract")

@@ -30,20 +30,13 @@ from ..accuracy.gradient import (
 )
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
-from ..implementations.golden import GOLDEN_FORMS, golden_attention
+from ..implementations.golden import golden_attention, golden_forms
 from ..inputs import UNIT_ROUNDOFF, AttentionInputs
 from ..reference.arb import arb_denominator_signs
 from ..reference.grad import exact_gradients, gradient_magnitudes, roundings
 from ..specs import Spec
-from .core import (
-    Implementation,
-    ImplementationFailure,
-    Outcome,
-    as_array,
-    case_generator,
-    check,
-    inputs_of,
-)
+from ..under_test import Implementation, ImplementationFailure
+from .core import Outcome, as_array, case_generator, check, first_marked, inputs_of
 
 Grads = dict[str, np.ndarray]
 
@@ -87,12 +80,11 @@ def autograd_gradients(fn, q, k, v, w, g: torch.Tensor) -> Grads:
 
 def golden_gradients(q, k, v, w, g, spec) -> list[Grads]:
     """The golden forms' gradients on the same inputs and loss."""
-    forms = GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
     return [
         autograd_gradients(
             lambda q, k, v, w, form=form: golden_attention(q, k, v, spec, w, form), q, k, v, w, g
         )
-        for form in forms
+        for form in golden_forms(spec)
     ]
 
 
@@ -232,7 +224,7 @@ def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
     the golden form's own error (each against the exact gradient), and within twice the
     bound."""
     (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
-    forms = GOLDEN_FORMS if impl.spec.info.kernelised else ("quadratic",)
+    forms = golden_forms(impl.spec)
     goldens = golden_gradients(q, k, v, w, g, impl.spec)
     u = UNIT_ROUNDOFF[case.dtype]
     verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, goldens)
@@ -256,11 +248,11 @@ def gradient_finite(impl: Implementation, case: Case) -> Outcome:
             bad = (
                 np.isfinite(exact[name]) & (np.abs(exact[name]) <= top) & ~np.isfinite(grads[name])
             )
-        if bad.any():
-            at = tuple(int(t) for t in np.argwhere(bad)[0])
+        if (marked := first_marked(bad)) is not None:
+            count, at = marked
             return Outcome(
                 False,
-                f"d{name} is {grads[name][at]} at {list(at)} ({int(bad.sum())} element(s)) "
-                f"where the exact gradient is {exact[name][at]:.6g}",
+                f"d{name} is {grads[name][at]} at {list(at)} ({count} "
+                f"element(s)) where the exact gradient is {exact[name][at]:.6g}",
             )
     return Outcome(True, "every gradient is finite where the exact one is finite and fits")

@@ -21,17 +21,9 @@ import torch
 
 from ..cases import Case
 from ..inputs import validate
-from .core import (
-    Implementation,
-    Outcome,
-    Tolerance,
-    agreement,
-    as_array,
-    case_generator,
-    check,
-    inputs_of,
-    mismatch,
-)
+from ..under_test import Implementation
+from .compare import Tolerance, agreement, mismatch
+from .core import Outcome, as_array, case_generator, check, inputs_of
 
 
 @check("v-affine")

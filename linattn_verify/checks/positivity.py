@@ -16,7 +16,9 @@ import torch
 
 from ..cases import Case
 from ..reference.arb import arb_denominator_signs
-from .core import Implementation, Outcome, Tolerance, as_array, check, inputs_of, mismatch
+from ..under_test import Implementation
+from .compare import Tolerance, mismatch
+from .core import Outcome, as_array, check, first_marked, inputs_of
 
 
 @check("positivity")
@@ -33,14 +35,13 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
         top = float(torch.finfo(q.dtype).max)
         with np.errstate(invalid="ignore"):
             demanded = demanded & (Tolerance.of(x, spec).scale <= top)
-    bad = ~np.isfinite(out) & demanded
-    if bad.any():
-        at = tuple(int(t) for t in np.argwhere(bad)[0])
+    if (marked := first_marked(~np.isfinite(out) & demanded)) is not None:
+        count, at = marked
         return Outcome(
             False,
-            f"{int(bad.sum())} non-finite output element(s), e.g. {out[at]} at (b, h, i, c) = "
-            f"{at}, where the exact denominator is positive",
-            {"non_finite": float(bad.sum())},
+            f"{count} non-finite output element(s), e.g. {out[at]} at "
+            f"(b, h, i, c) = {at}, where the exact denominator is positive",
+            {"non_finite": float(count)},
         )
     if (signs <= 0).any():
         row = tuple(int(t) for t in np.argwhere(signs <= 0)[0])

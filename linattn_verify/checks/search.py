@@ -15,21 +15,33 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from ..cases import Case
+from ..results import CheckResult
 from ..strategies import DTYPES, cases, corner_cases
-from . import ALL_CHECKS, CHECKS, not_applicable
-from .core import CheckResult, Implementation
+from ..under_test import Implementation
+from . import ALL_CHECKS
 
-# Cases searched per check after the regime's corners: a runtime budget (the zoo runs 33
-# implementations through 11 checks in ~3 CPU-minutes), not a tuned figure; the corners
-# carry the adversarial extremes, which random draws reach rarely.
-SEARCH_EXAMPLES = 25
+# Cases searched per check after the regime's corners, one budget per use. Each is a
+# runtime budget, not a tuned figure (README, "vet" and "The property suite" give the
+# times); the corners carry the adversarial extremes, which random draws reach rarely.
+VET_EXAMPLES = 25  # vet's default plan, for every check of every zoo entry in CI
+THOROUGH_EXAMPLES = 200  # vet --thorough
+CHECK_EXAMPLES = 50  # the check command's search for one check
+# pytest properties/, per test: a share of the loaded Hypothesis profile's examples (the
+# suite runs every check over ~40 built-in implementations), at least a few
+PROPERTY_SHARE, PROPERTY_LEAST = 5, 10  # forward checks (ci profile: 20)
+GRADIENT_SHARE, GRADIENT_LEAST = 25, 4  # gradient checks: each example is an exact gradient
+
+
+def property_examples(share: int = PROPERTY_SHARE, least: int = PROPERTY_LEAST) -> int:
+    """Examples per property test: 1/share of the loaded Hypothesis profile's, >= least."""
+    return max(least, settings.default.max_examples // share)
 
 
 def find_failure(
     name: str,
     impl: Implementation,
     device: str = "cpu",
-    max_examples: int = SEARCH_EXAMPLES,
+    max_examples: int = VET_EXAMPLES,
     nature: bool = False,
     shrink: bool = False,
     dtypes: tuple[str, ...] = DTYPES,
@@ -66,14 +78,3 @@ def find_failure(
     except NoSuchExample:
         return None
     return check(impl, case, **options)
-
-
-def run_suite(
-    impl: Implementation, device: str = "cpu", max_examples: int = SEARCH_EXAMPLES
-) -> dict[str, CheckResult | None]:
-    """Every applicable check: its first real failure, or None where none was found."""
-    return {
-        name: find_failure(name, impl, device, max_examples)
-        for name in CHECKS
-        if not not_applicable(name, impl)
-    }

@@ -1,7 +1,7 @@
 """Built-in torch implementations: the golden one, and every form of every spec."""
 
 from .forms import FORMS, CausalStream, State, attention
-from .golden import GOLDEN_FORMS, golden_attention
+from .golden import GOLDEN_FORMS, golden_attention, golden_forms
 from .projection import sample_projection_torch
 
 __all__ = [
@@ -11,5 +11,6 @@ __all__ = [
     "State",
     "attention",
     "golden_attention",
+    "golden_forms",
     "sample_projection_torch",
 ]

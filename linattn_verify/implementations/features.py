@@ -40,8 +40,8 @@ def needs_shift(spec: Spec, *xs: torch.Tensor) -> bool:
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
-    """e^x as 2^(x log2 e): torch's exp2 is twice as fast as its exp on x86 CPUs (measured:
-    0.8 against 1.6 ns an element, AVX2, one thread). The rounding of x log2 e adds a
+    """e^x as 2^(x log2 e): torch's exp2 is faster than its exp on x86 CPUs (README,
+    "Built-in implementations"). The rounding of x log2 e adds a
     relative error u |x| to the result, which accuracy/bound.py's feature models include."""
     if x.requires_grad:
         return torch.exp2(x * LOG2_E)

@@ -21,31 +21,35 @@ needs_shift); the key shift is carried with the state and rescaled when it grows
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from ..inputs import UNIT_ROUNDOFF, check_shapes, dtype_name
 from ..specs import Spec, SpecError
 from . import native
-from .features import (
-    ELU_SHIFT_BELOW,
-    add_shifts,
-    exp,
-    needs_shift,
-    records_grad,
-    scaled_eps,
-    scaled_features,
-)
+from .chunked import BLOCK_ROWS, chunked
+from .features import ELU_SHIFT_BELOW, exp, needs_shift, records_grad, scaled_features
 from .golden import golden_attention
+from .state import State, absorb, absorb_token, quotient, rescaled
 
 FORMS = ("quadratic", "linear", "recurrent", "chunked")
-# Rows per block of the linear and chunked forms. (64 x R) @ (R x 64) products ran at
-# 70-75 GFLOP/s for R = 512 ... 1024 and slower above on this machine's one core, and
-# smaller blocks lose to per-op dispatch overhead (benchmarks/bench_implementations.py).
-BLOCK_ROWS = 1024
 DEFAULT_CHUNK = 64
+
+
+def forms_of(spec: Spec) -> tuple[str, ...]:
+    """The forms that evaluate `spec`."""
+    if not spec.info.kernelised:
+        return ("quadratic",)
+    return ("quadratic", "recurrent", "chunked") if spec.causal else ("quadratic", "linear")
+
+
+def fast_form(spec: Spec) -> str:
+    """The form `attention` takes at large N: linear (non-causal) or chunked (causal) for
+    kernelised specs, quadratic for softmax."""
+    if not spec.info.kernelised:
+        return "quadratic"
+    return "chunked" if spec.causal else "linear"
 
 
 def check_tensors(q, k, v, spec: Spec, projection) -> None:
@@ -84,70 +88,7 @@ def default_form(spec: Spec, nq: int, nk: int, d: int, dv: int, m: int | None) -
     f = spec.info.feature_dim(d, m)
     if nq * nk * (f + dv) <= (nq + nk) * f * (dv + 1):
         return "quadratic"
-    return "chunked" if spec.causal else "linear"
-
-
-@dataclass(frozen=True)
-class State:
-    """What a causal stream carries from one piece to the next.
-
-    s: sum_j phi(k_j) v_j^T (B, H, F, dv) and z: sum_j phi(k_j) (B, H, F), both in units of
-    exp(shift) (shift (B, H, 1, 1) for shifted features, else None); position: tokens
-    seen so far (cosFormer's positions continue from it).
-    """
-
-    s: torch.Tensor
-    z: torch.Tensor
-    shift: torch.Tensor | None
-    position: int
-
-    @classmethod
-    def empty(cls, b: int, h: int, f: int, dv: int, like: torch.Tensor, shifted: bool) -> State:
-        zeros = like.new_zeros
-        shift = like.new_full((b, h, 1, 1), -math.inf) if shifted else None
-        return cls(zeros(b, h, f, dv), zeros(b, h, f), shift, 0)
-
-
-def _rescaled(state: State, shift: torch.Tensor | None) -> State:
-    """The state in units of exp(shift), shift >= state.shift (shape (B, H, 1, 1))."""
-    if shift is None:
-        return state
-    decay = exp(state.shift - shift)  # 0 for an empty state (shift -inf)
-    return replace(state, s=state.s * decay, z=state.z * decay[..., 0], shift=shift)
-
-
-def _absorb(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
-    """The state after keys phi_k (in the state's units) with values v."""
-    s = state.s + phi_k.transpose(-2, -1) @ v
-    return replace(state, s=s, z=state.z + phi_k.sum(dim=-2), position=state.position + v.shape[-2])
-
-
-def _absorb_token(state: State, phi_k: torch.Tensor, v: torch.Tensor) -> State:
-    """_absorb for one token, as an outer product (no sum over a length-1 axis)."""
-    s = state.s + phi_k.transpose(-2, -1) * v
-    return replace(state, s=s, z=state.z + phi_k[..., 0, :], position=state.position + 1)
-
-
-def _quotient(num, den, spec: Spec, shift_q, shift_k) -> torch.Tensor:
-    return num / (den + scaled_eps(spec.eps, add_shifts(shift_q, shift_k)))
-
-
-def _prefixes(
-    first: torch.Tensor, steps: torch.Tensor, out: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first + steps[:, 0] + ... + steps[:, t-1] for each t < T, stacked on dim 1; and the
-    total), each step added to the running sum in order, as the recurrent form adds tokens
-    (never a difference of prefix sums, which would lose a small prefix next to a large
-    step). With `out` (no autograd) the sums are formed in it, with no new memory."""
-    if out is None:
-        sums = [first]
-        for t in range(steps.shape[1]):
-            sums.append(sums[-1] + steps[:, t])
-        return torch.stack(sums[:-1], dim=1), sums[-1]
-    out[:, 0] = first
-    for t in range(1, steps.shape[1]):
-        torch.add(out[:, t - 1], steps[:, t - 1], out=out[:, t])
-    return out, out[:, -1] + steps[:, -1]
+    return fast_form(spec)
 
 
 def _native_elu(spec: Spec, *tensors: torch.Tensor) -> bool:
@@ -200,16 +141,16 @@ def _linear(q, k, v, spec: Spec, w, n_pos: int) -> torch.Tensor:
         if state is None:
             state = State.empty(b, h, body.shape[-1], v.shape[-1], v, scale is not None)
         if scale is not None:
-            state = _rescaled(state, torch.maximum(state.shift, scale.amax(dim=-2, keepdim=True)))
+            state = rescaled(state, torch.maximum(state.shift, scale.amax(dim=-2, keepdim=True)))
             body = body * exp(scale - state.shift)
-        state = _absorb(state, body, v[..., rows, :])
+        state = absorb(state, body, v[..., rows, :])
     s_z = torch.cat([state.s, state.z.unsqueeze(-1)], dim=-1)  # (B, H, F, dv + 1)
     out = v.new_empty(b, h, q.shape[-2], v.shape[-1])
     for start in range(0, q.shape[-2], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
         phi_q, shift_q = scaled_features(q[..., rows, :], spec, w, n_pos, start, shifted)
         num_den = phi_q @ s_z
-        out[..., rows, :] = _quotient(
+        out[..., rows, :] = quotient(
             num_den[..., :-1], num_den[..., -1:], spec, shift_q, state.shift
         )
     return out
@@ -228,166 +169,14 @@ def _recurrent(q, k, v, spec: Spec, w, n_pos: int, state: State) -> tuple[torch.
     for i in range(q.shape[-2]):
         phi = body[..., i : i + 1, :]
         if shifts is not None:
-            state = _rescaled(state, shifts[..., i : i + 1, :])
+            state = rescaled(state, shifts[..., i : i + 1, :])
             phi = phi * exp(scale[..., i : i + 1, :] - state.shift)
-        state = _absorb_token(state, phi, v[..., i : i + 1, :])
+        state = absorb_token(state, phi, v[..., i : i + 1, :])
         pq = phi_q[..., i : i + 1, :]
         num, den = pq @ state.s, pq @ state.z.unsqueeze(-1)
         sq = None if shift_q is None else shift_q[..., i : i + 1, :]
-        rows.append(_quotient(num, den, spec, sq, state.shift))
+        rows.append(quotient(num, den, spec, sq, state.shift))
     return torch.cat(rows, dim=-2), state
-
-
-class _Scratch:
-    """Tensors reused from block to block when no gradient is recorded: memory fresh from
-    the OS costs a page fault per 4 KiB page on first touch (about 2.6 us on our CI's
-    virtual machine, as long as the block's matmuls take). With a gradient to record,
-    `out` gives None (torch allocates; out= is not differentiable) and `get` a new tensor."""
-
-    def __init__(self, like: torch.Tensor, reuse: bool) -> None:
-        self.like, self.reuse, self.tensors = like, reuse, {}
-
-    def get(self, name: str, *shape: int) -> torch.Tensor:
-        size = math.prod(shape)
-        t = self.tensors.get(name)
-        if t is None or t.numel() < size:
-            t = self.like.new_empty(size)
-            if self.reuse:
-                self.tensors[name] = t
-        return t[:size].view(shape)
-
-    def out(self, name: str, *shape: int) -> torch.Tensor | None:
-        return self.get(name, *shape) if self.reuse else None
-
-
-def _chunked(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State, use_native=False):
-    """Causal, in blocks of about BLOCK_ROWS tokens (a whole number of chunks), each
-    block's chunks at once; the state runs from block to block. With use_native (elu from
-    native.c): None when the kernel flags an input (see _linear_native)."""
-    step = max(chunk, BLOCK_ROWS // chunk * chunk)
-    out = v.new_empty(*q.shape[:-1], v.shape[-1])
-    scratch = _Scratch(v, reuse=not records_grad(q, k, v, w, state.s, state.z))
-    for start in range(0, q.shape[-2], step):
-        rows = slice(start, start + step)
-        block = (q[..., rows, :], k[..., rows, :], v[..., rows, :], spec, w, n_pos, chunk, state)
-        if state.shift is not None:
-            out[..., rows, :], state = _chunk_block_shifted(*block)
-            continue
-        state = _chunk_block(*block, use_native, scratch, out[..., rows, :])
-        if state is None:
-            return None
-    return out, state
-
-
-def _chunks(t: torch.Tensor, chunk: int, pad: int, value: float = 0.0) -> torch.Tensor:
-    """(B, H, N, X) -> (B, H, nc, chunk, X), padded at the end with `value`."""
-    t = torch.nn.functional.pad(t, (0, 0, 0, pad), value=value)
-    return t.reshape(*t.shape[:2], -1, chunk, t.shape[-1])
-
-
-def _padded(x: torch.Tensor, rows: int, into: torch.Tensor | None = None) -> torch.Tensor:
-    """x (B, H, n, X) as (B H, rows, X) with zero rows appended, written into `into` if
-    given."""
-    x = x.reshape(-1, *x.shape[-2:])
-    if into is None:
-        return torch.nn.functional.pad(x, (0, 0, 0, rows - x.shape[1]))
-    into[:, : x.shape[1]] = x
-    into[:, x.shape[1] :] = 0
-    return into
-
-
-def _chunk_block(q, k, v, spec, w, n_pos, chunk, state, use_native, scratch, dest):
-    """Causal attention of one block from an unshifted `state` into `dest`: every chunk of
-    `chunk` tokens at once (see the module docstring), (B H) and the chunks flattened into
-    one batch of matmuls. Returns the state after the block, or None when native.c flags
-    an input (use_native)."""
-    b, h, n, d = q.shape
-    bh, nc, dv = b * h, -(-n // chunk), v.shape[-1]
-    rows = nc * chunk  # padded: zero keys add nothing; padded query rows are dropped
-    if use_native:
-        fk = scratch.get("fk", bh, rows, d)
-        fk[:, n:] = 0
-        if not native.elu_features(k.reshape(bh, n, d), fk[:, :n], ELU_SHIFT_BELOW):
-            return None
-    else:
-        body = scaled_features(k, spec, w, n_pos, state.position)[0]
-        fk = _padded(body, rows, scratch.out("fk", bh, rows, body.shape[-1]))
-    f = fk.shape[-1]
-    fkc = fk.view(bh * nc, chunk, f)
-    vc = _padded(v, rows, scratch.out("v", bh, rows, dv)).view(bh * nc, chunk, dv)
-    chunk_s = torch.bmm(fkc.transpose(1, 2), vc, out=scratch.out("chunk_s", bh * nc, f, dv))
-    prefix_s, s = _prefixes(
-        state.s.reshape(bh, f, dv), chunk_s.view(bh, nc, f, dv), scratch.out("s", bh, nc, f, dv)
-    )
-    prefix_z, z = _prefixes(
-        state.z.reshape(bh, f), fkc.sum(dim=1).view(bh, nc, f), scratch.out("z", bh, nc, f)
-    )
-    if use_native:
-        fq, den = scratch.get("fq", bh, rows, d), scratch.get("den", bh, rows, 1)
-        fq[:, n:], den[:, n:] = 0, 1
-        if not native.elu_features(
-            q.reshape(bh, n, d), fq[:, :n], ELU_SHIFT_BELOW, prefix_z, chunk, den[:, :n]
-        ):
-            return None
-        if not bool(torch.isfinite(s).all()):  # a non-finite value (every feature is > 0)
-            return None
-    else:
-        body = scaled_features(q, spec, w, n_pos, state.position)[0]
-        fq = _padded(body, rows, scratch.out("fq", bh, rows, f))
-        den = (fq.view(bh, nc, chunk, f) * prefix_z.unsqueeze(2)).sum(-1, keepdim=True)
-        den = den.view(bh, rows, 1)
-    fqc = fq.view(bh * nc, chunk, f)
-    inner = torch.bmm(fqc, fkc.transpose(1, 2), out=scratch.out("inner", bh * nc, chunk, chunk))
-    inner.tril_()
-    num = torch.bmm(fqc, prefix_s.view(bh * nc, f, dv), out=scratch.out("num", bh * nc, chunk, dv))
-    num.baddbmm_(inner, vc)
-    den.add_(inner.sum(dim=-1, keepdim=True).view(bh, rows, 1))
-    if spec.eps:
-        den.add_(spec.eps)
-    num, den = (t.view(b, h, rows, -1)[:, :, :n] for t in (num, den))
-    if scratch.reuse:
-        torch.div(num, den, out=dest)
-    else:
-        dest.copy_(num / den)
-    return State(s.view(b, h, f, dv), z.view(b, h, f), None, state.position + n)
-
-
-def _chunk_block_shifted(q, k, v, spec: Spec, w, n_pos: int, chunk: int, state: State):
-    """_chunk_block with key log-scales (Performer maps, elu of very negative inputs):
-    every query works at the running maximum R_i of the scales of the keys it sees, and
-    each chunk's state at the maximum after it, so no later key can push an earlier
-    query's weights below the smallest float."""
-    b, h, n, _ = q.shape
-    phi_q, shift_q = scaled_features(q, spec, w, n_pos, state.position, True)
-    body, scale = scaled_features(k, spec, w, n_pos, state.position, True)
-    pad = -n % chunk  # zero keys add nothing; padded query rows are dropped
-    fq, fk, vc = (_chunks(t, chunk, pad) for t in (phi_q, body, v))
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    logs = _chunks(scale, chunk, pad, -math.inf)[..., 0]  # (B, H, nc, C)
-    inside = torch.cummax(logs, dim=-1).values  # running max within each chunk
-    ends = torch.maximum(torch.cummax(inside[..., -1], dim=-1).values, state.shift[..., 0])
-    starts = torch.cat([state.shift[..., 0], ends[..., :-1]], dim=-1)  # (B, H, nc)
-    rows = torch.maximum(inside, starts.unsqueeze(-1))  # R_i, (B, H, nc, C)
-    fk_end = fk * exp(logs - ends.unsqueeze(-1)).unsqueeze(-1)
-    chunk_s, chunk_z = fk_end.transpose(-2, -1) @ vc, fk_end.sum(dim=-2)
-    s, z, prefixes_s, prefixes_z = state.s, state.z, [], []
-    for t in range(chunk_s.shape[2]):  # a scan: each step rescales to the new maximum
-        prefixes_s.append(s)
-        prefixes_z.append(z)
-        decay = exp(starts[..., t] - ends[..., t])  # (B, H)
-        s = s * decay[..., None, None] + chunk_s[:, :, t]
-        z = z * decay[..., None] + chunk_z[:, :, t]
-    prefix_s, prefix_z = torch.stack(prefixes_s, 2), torch.stack(prefixes_z, 2)
-    to_row = exp(starts.unsqueeze(-1) - rows).unsqueeze(-1)  # (B, H, nc, C, 1)
-    gap = (logs.unsqueeze(-2) - rows.unsqueeze(-1)).masked_fill(~causal, -math.inf)
-    inner = (fq @ fk.transpose(-2, -1)) * exp(gap)
-    num = (fq @ prefix_s) * to_row + inner @ vc
-    den = (fq * prefix_z.unsqueeze(-2)).sum(-1, keepdim=True) * to_row
-    den = den + inner.sum(-1, keepdim=True)
-    num, den = (t.reshape(b, h, -1, t.shape[-1])[..., :n, :] for t in (num, den))
-    out = _quotient(num, den, spec, shift_q, rows.reshape(b, h, -1, 1)[..., :n, :])
-    after = State(s, z, ends[..., -1:].unsqueeze(-1), state.position + n)
-    return out, after
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -500,7 +289,7 @@ class CausalStream:
         if not self.recurrent and _native_elu(self.spec, qc, kc, vc, *carried):
             state = self.state or State.empty(*self._state_shape(q, v), vc, shifted=False)
             if state.shift is None:
-                result = _chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, state, True)
+                result = chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, state, True)
                 if result is not None:
                     out, self.state = result
                     return out.to(q.dtype)
@@ -514,7 +303,7 @@ class CausalStream:
         if self.recurrent:
             out, self.state = _recurrent(qc, kc, vc, self.spec, w, n_pos, self.state)
         else:
-            out, self.state = _chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, self.state)
+            out, self.state = chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, self.state)
         return out.to(q.dtype)
 
     def _position(self) -> int:

@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 GOLDEN_FORMS: tuple[str, ...] = ("quadratic", "linear")
 
 
+def golden_forms(spec: Spec) -> tuple[str, ...]:
+    """The golden forms that evaluate `spec`: both associations of a kernelised spec, the
+    quadratic form alone for softmax (it has no finite feature map)."""
+    return GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
+
+
 def golden_attention(
     q: torch.Tensor,
     k: torch.Tensor,

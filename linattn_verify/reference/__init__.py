@@ -19,8 +19,9 @@ from .common import MAX_PREC, ReferenceAccuracyError
 from .mp import mp_attention
 
 ENGINES = ("auto", "mp", "arb")
-# Largest B*H*Nq*Nk*(d + dv) for which "auto" uses mpmath: about 0.1 s of mpf work on
-# this machine (tests/test_reference.py cross-checks the engines on such sizes).
+# Largest B*H*Nq*Nk*(d + dv) for which "auto" uses mpmath, the literal definition: small
+# cases, where it is quick (README, "Exact references"; tests/test_reference.py
+# cross-checks the engines on such sizes).
 MP_MAX_WORK = 2**14
 
 

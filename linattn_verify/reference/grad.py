@@ -39,7 +39,7 @@ x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
     U_r^+ phi_r^+ - U_r^- phi_r^- (hyperbolic), U_r^s phi_r^c - U_r^c phi_r^s (trig), and
     sigma = -1, -1, +1.
 
-The similarities and features themselves come from mp.py (`_sims`, `_features`), so the
+The similarities and features themselves come from mp.py (`similarities`, `features`), so the
 forward function differentiated here is exactly the one the mpmath reference evaluates.
 
 Zero denominators: where D_i is exactly 0 (relu or cosFormer with eps = 0 and no positive
@@ -77,7 +77,7 @@ import numpy as np
 from ..inputs import AttentionInputs, as_float64, validate
 from ..specs import Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
-from .mp import DEFAULT_PREC, _features, _nearest, _sims
+from .mp import DEFAULT_PREC, features, nearest, similarities
 
 NAMES = ("q", "k", "v")
 PERFORMER_SIGN = {"performer-positive": -1, "performer-hyperbolic": -1, "performer-trig": 1}
@@ -120,8 +120,8 @@ class _Kernel:
         self.w = w
         self.fq = self.fk = None
         if not self.dot:
-            self.fq = [_features(x, w, self._phi_kind()) for x in qs]
-            self.fk = [_features(x, w, self._phi_kind()) for x in ks]
+            self.fq = [features(x, w, self._phi_kind()) for x in qs]
+            self.fk = [features(x, w, self._phi_kind()) for x in ks]
             self.fqm = [self._feature_mags(x, f) for x, f in zip(qs, self.fq)]
             self.fkm = [self._feature_mags(x, f) for x, f in zip(ks, self.fk)]
         # a_ij (all keys; masking is done by the caller), its magnitude, the weight and its
@@ -131,7 +131,7 @@ class _Kernel:
         aks = _abs(ks)
         for i, qi in enumerate(qs):
             fq = None if self.fq is None else self.fq[i]
-            sims = _sims(qi, fq, i, ks, self.fk, spec, big_m)
+            sims = similarities(qi, fq, i, ks, self.fk, spec, big_m)
             self.a.append(sims)
             if self.dot:
                 aq = [abs(t) for t in qi]
@@ -161,7 +161,7 @@ class _Kernel:
         return "relu" if self.name == "cosformer" else self.name
 
     def _projections(self, x: list) -> tuple[list, Any, list]:
-        """x' = x d^(-1/4) as `_features` computes it, |x'|^2 / 2, and |W| |x'| per row."""
+        """x' = x d^(-1/4) as `features` computes it, |x'|^2 / 2, and |W| |x'| per row."""
         mp = mpmath.mp
         xs = [t / mp.root(self.d, 4) for t in x]
         axs = [abs(t) for t in xs]
@@ -308,7 +308,7 @@ def _head(
         tiny = mp.mpf(2) ** -1076
         result = {}
         for name in NAMES:
-            vals = np.array([[_nearest(t) for t in row] for row in grads[name]])
+            vals = np.array([[nearest(t) for t in row] for row in grads[name]])
             ok = np.array(
                 [
                     [rounding * m <= max(abs(t) * mp.mpf(2) ** -64, tiny) for t, m in zip(rg, rmg)]
@@ -316,7 +316,7 @@ def _head(
                 ],
                 dtype=bool,
             ).reshape(vals.shape)
-            result[name] = [vals, ok, np.array([[_nearest(m) for m in row] for row in mags[name]])]
+            result[name] = [vals, ok, np.array([[nearest(m) for m in row] for row in mags[name]])]
         # unresolved rows first: a key also used by a 0/0 row is NaN for certain
         for i in bad_rows + nan_rows:
             keys = list(allowed_keys(i, nk, spec.causal))
@@ -403,19 +403,10 @@ def gradient_magnitudes(x: AttentionInputs, spec: Spec, g: np.ndarray) -> dict[s
     return {name: np.array([[head[name][2] for head in row] for row in heads]) for name in NAMES}
 
 
-def reference_gradients(
-    q: Any,
-    k: Any,
-    v: Any,
-    g: Any,
-    feature_map: str = "elu",
-    causal: bool = False,
-    projection: Any = None,
-    eps: float = 0.0,
-) -> dict[str, np.ndarray]:
-    """Convenience like reference.reference(): validates q, k, v (and W, g), then
-    exact_gradients. Torch tensors or numpy arrays of any judged dtype, taken exactly."""
-    spec = Spec(feature_map, causal=causal, eps=eps)
+def reference_gradients(q: Any, k: Any, v: Any, g: Any, spec: Spec, projection: Any = None):
+    """Like reference.reference() for the gradients: validates q, k, v (and W, g) for
+    `spec`, then exact_gradients. Torch tensors or numpy arrays of any judged dtype, taken
+    exactly."""
     return exact_gradients(validate(q, k, v, spec, projection), spec, g)
 
 

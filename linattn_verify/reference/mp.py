@@ -1,7 +1,7 @@
 """The mpmath engine: the literal quadratic definition, the ground truth for small cases.
 
 For every query i and allowed key j, sim(q_i, k_j) is evaluated from the DESIGN formula in
-binary precision p (see `_sim` for the sources); out_i = sum_j sim v_j / (eps + sum_j sim).
+binary precision p (see `similarities` for the sources); out_i = sum_j sim v_j / (eps + sum_j sim).
 Precision control: each element is computed at p and 2p bits; where the two are more
 than one ulp apart, or where a first-order error estimate at 2p (which grows with
 the cancellation in the sums) is not below 2^-64 of the value, the row is recomputed at
@@ -28,13 +28,14 @@ DEFAULT_PREC = 113  # IEEE binary128's significand: the DESIGN's minimum
 SCALAR_OPS = 8
 
 
-def _nearest(x: mpmath.mpf) -> float:
-    """x rounded to the nearest float64 (mpmath's own float() truncates)."""
+def nearest(x: mpmath.mpf) -> float:
+    """x rounded to the nearest float64 (mpmath's own float() truncates); shared with grad.py."""
     return to_float(x._mpf_, rnd="n")
 
 
-def _features(x: list, w: list | None, kind: str) -> list:
-    """phi(x) for the kernelised maps; the Performer formulas of Choromanski et al. 2021."""
+def features(x: list, w: list | None, kind: str) -> list:
+    """phi(x) for the kernelised maps; the Performer formulas of Choromanski et al. 2021.
+    Shared on purpose with grad.py, which differentiates exactly this forward."""
     mp = mpmath.mp
     if kind == "elu":  # elu(x) + 1
         return [t + 1 if t > 0 else mp.exp(t) for t in x]
@@ -56,7 +57,9 @@ def _features(x: list, w: list | None, kind: str) -> list:
     raise AssertionError(kind)
 
 
-def _sims(qi: list, fq: list | None, i: int, keys: list, key_feats: list | None, spec, big_m):
+def similarities(
+    qi: list, fq: list | None, i: int, keys: list, key_feats: list | None, spec, big_m
+):
     """sim(q_i, k_j) for every key j (see specs.FEATURE_MAPS for each formula's source).
 
     fq, key_feats: phi(q_i) and phi(k_j) for the maps defined by features (else None);
@@ -113,14 +116,14 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
         w = None if x.projection is None else [[mp.mpf(t) for t in r] for r in x.projection]
         key_feats = None
         if spec.feature_map in ("elu", "relu") or spec.info.needs_projection:
-            key_feats = [_features(kj, w, spec.feature_map) for kj in keys]
+            key_feats = [features(kj, w, spec.feature_map) for kj in keys]
         n_features = 2 * len(w) if w else 2 * x.q.shape[3] + 1
         n_roundings = len(keys) + 2 * x.q.shape[3] + n_features + SCALAR_OPS
         rounding = mp.mpf(2) ** -prec * n_roundings
         for r, i in enumerate(rows):
             qi = [mp.mpf(t) for t in x.q[b, h, i].tolist()]
-            fq = None if key_feats is None else _features(qi, w, spec.feature_map)
-            sims = _sims(qi, fq, i, keys, key_feats, spec, max(x.q.shape[2], len(keys)))
+            fq = None if key_feats is None else features(qi, w, spec.feature_map)
+            sims = similarities(qi, fq, i, keys, key_feats, spec, max(x.q.shape[2], len(keys)))
             mags = _magnitudes(qi, fq, keys, key_feats, sims, spec)
             js = allowed_keys(i, len(keys), spec.causal)
             den = mp.fsum(sims[j] for j in js) + spec.eps
@@ -131,8 +134,8 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
                     continue
                 num = mp.fsum(sims[j] * vals[j][c] for j in js)
                 num_err = rounding * mp.fsum(mags[j] * abs(vals[j][c]) for j in js)
-                out[r, c] = _nearest(num / den)
-                err[r, c] = _nearest((num_err + abs(num / den) * den_err) / abs(den))
+                out[r, c] = nearest(num / den)
+                err[r, c] = nearest((num_err + abs(num / den) * den_err) / abs(den))
     return out, err
 
 

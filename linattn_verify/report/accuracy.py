@@ -13,14 +13,12 @@ import numpy as np
 import torch
 
 from ..accuracy.bound import gamma
-from ..accuracy.verdict import judge
-from ..checks import Implementation
-from ..checks.core import ImplementationFailure
-from ..implementations.golden import GOLDEN_FORMS, golden_attention, quadratic_weights
-from ..inputs import UNIT_ROUNDOFF, validate
-from ..reference import exact
+from ..accuracy.judgement import Judgement
+from ..implementations.golden import quadratic_weights
+from ..inputs import UNIT_ROUNDOFF
 from ..sampling import sample_projection
 from ..specs import Spec
+from ..under_test import Implementation, ImplementationFailure
 
 Row = dict[str, Any]
 
@@ -67,15 +65,11 @@ def accuracy_rows(
     for n in sweep.ns:
         for dtype in sweep.dtypes:
             q, k, v, w = sweep_inputs(spec, sweep, n, dtype)
-            x = validate(q, k, v, spec, w)
-            ref = exact(x, spec)
-            forms = GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
-            golden = [golden_attention(q, k, v, spec, w, f) for f in forms]
-            bounds: dict = {}
+            judgement = Judgement.of(q, k, v, w, spec)
             where = {"device": sweep.device, "spec": str(spec), "n": n, "dtype": dtype}
             for form, impl in impls.items():
                 try:
-                    verdict = judge(impl(q, k, v, w), x, spec, ref, golden, bounds)
+                    verdict = judgement(impl(q, k, v, w))
                 except ImplementationFailure as err:
                     rows.append({**where, "form": form, "passed": False, "error": str(err)})
                     continue

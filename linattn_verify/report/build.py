@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..adapters import ADAPTERS, adapter_implementation
-from ..checks import Implementation, builtin, external, forms_of
 from ..environment import environment
+from ..implementations.forms import fast_form, forms_of
 from ..scaling import plot_scaling
 from ..specs import Spec
+from ..under_test import Implementation, resolve
 from .accuracy import Sweep, accuracy_rows
 from .gradients import GRADIENT_N, gradient_rows
 from .plots import plot_error_vs_n, plot_margins
@@ -38,13 +38,7 @@ class ReportOptions:
     devices: tuple[str, ...]
     full: bool = False
     seed: int = 0
-    impl: str | None = None  # module:fn (then feature_map, causal, eps, layout apply) or an
-    # adapter of adapters.ADAPTERS (its spec and layout are its claim)
-    feature_map: str | None = None
-    causal: bool = False
-    eps: float = 0.0
-    layout: str = "bhnd"
-    cost: str | None = None
+    impl: Implementation | None = None  # report on this one instead of the built-in forms
     grad: bool = True  # judge the backward too (--no-grad: a forward-only --impl)
 
 
@@ -58,38 +52,23 @@ class Plan:
     fast_form: dict[str, str] = field(default_factory=dict)  # spec -> form plotted vs N
 
 
-def fast_form(spec: Spec) -> str:
-    """The form lv.attention picks at large N."""
-    if not spec.info.kernelised:
-        return "quadratic"
-    return "chunked" if spec.causal else "linear"
-
-
 def make_plan(options: ReportOptions) -> Plan:
-    """Every form of every spec (causal and not), or the one --impl; SpecError if the
-    target cannot be loaded."""
-    if options.impl:
-        adapter = ADAPTERS.get(options.impl)
-        if adapter is not None:  # a third-party library: its spec and layout are its claim
-            impl = adapter_implementation(adapter)
-        else:
-            spec = Spec(options.feature_map, causal=options.causal, eps=options.eps)
-            impl = external(options.impl, spec, options.layout)
-        spec = impl.spec
-        claimed = adapter.cost if adapter is not None else None
-        cost = options.cost or claimed or ("linear" if spec.info.kernelised else "quadratic")
-        return Plan([(spec, {"impl": impl})], [(impl, cost, True)], {str(spec): "impl"})
+    """Every form of every spec (causal and not), or the one options.impl."""
+    if options.impl is not None:
+        impl = options.impl
+        return Plan(
+            [(impl.spec, {"impl": impl})], [(impl, impl.cost, True)], {str(impl.spec): "impl"}
+        )
     plan = Plan([], [])
     timed_map = TIMED_MAP if TIMED_MAP in options.specs else options.specs[0]
     for name in options.specs:
         for causal in (False, True):
             spec = Spec(name, causal=causal)
-            plan.groups.append((spec, {form: builtin(spec, form) for form in forms_of(spec)}))
-            form = fast_form(spec)
-            timed = options.full or name == timed_map
-            cost = "linear" if spec.info.kernelised else "quadratic"
-            plan.scaled.append((builtin(spec, form), cost, timed))
-            plan.fast_form[str(spec)] = form
+            forms = {form: resolve(form=form, spec=spec) for form in forms_of(spec)}
+            plan.groups.append((spec, forms))
+            fast = forms[fast_form(spec)]
+            plan.scaled.append((fast, fast.cost, options.full or name == timed_map))
+            plan.fast_form[str(spec)] = fast_form(spec)
     return plan
 
 
@@ -151,7 +130,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
             **environment(options.devices[-1]),
             "devices": list(options.devices),
             "seed": options.seed,
-            "options": asdict(options),
+            "options": _options(options),
             "sweep": {
                 "accuracy": {
                     "ns": list(ns),
@@ -174,6 +153,12 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
     }
     document["verdict"] = verdict(document)
     return document
+
+
+def _options(options: ReportOptions) -> dict[str, Any]:
+    """The options as JSON: the implementation by the command options that name it."""
+    named = {f.name: getattr(options, f.name) for f in fields(options)}
+    return {**named, "impl": options.impl and options.impl.command}
 
 
 def _accuracy_plots(

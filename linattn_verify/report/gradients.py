@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from ..accuracy.gradient import judge_gradients
-from ..checks import Implementation
-from ..checks.core import ImplementationFailure, as_array
+from ..checks.core import as_array
 from ..checks.gradients import autograd_gradients, exact_judgement_inputs, golden_gradients
 from ..inputs import UNIT_ROUNDOFF, validate
 from ..specs import Spec
+from ..under_test import Implementation, ImplementationFailure
 from .accuracy import Sweep, sweep_inputs
 
 Row = dict[str, Any]

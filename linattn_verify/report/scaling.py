@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from ..checks import Implementation, ImplementationFailure
 from ..implementations.projection import sample_projection_torch
 from ..scaling import ScalingResult, scaling_result
 from ..scaling.result import SDPA_MAX_N
+from ..under_test import Implementation, ImplementationFailure
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 the MSE of Lemma 2 (Choromanski et al. 2021), orthogonal features, the m^(-1/2) rate of the
 attention error and a high-probability bound on it; a sampler's verdict (`check_sampler`)."""
 
+from ..cases import Pair
 from .attention import (
     RATE_RANGE,
     Sequence1,
@@ -12,7 +13,7 @@ from .attention import (
     regime_inputs,
     rmse_by_m,
 )
-from .checks import Pair, mse_formula, orthogonal_mse, unbiasedness
+from .checks import mse_formula, orthogonal_mse, unbiasedness
 from .decide import ALPHA, MeanTest, mean_test
 from .estimators import (
     SamplerFailure,

@@ -31,8 +31,9 @@ import numpy as np
 import scipy.stats
 import torch
 
-from ..checks.core import CheckResult, Implementation, ImplementationFailure
 from ..reference import reference
+from ..results import CheckResult
+from ..under_test import Implementation, ImplementationFailure
 from .decide import ALPHA, binomial_critical
 from .estimators import SamplerFailure, SamplerFn, draw_projections, one_thread
 from .moments import pair_moment

@@ -13,32 +13,14 @@ mean squared error had a right tail of 7 sd in 600 runs, against 0.8 sd here).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks.core import CheckResult
+from ..cases import Pair
+from ..results import CheckResult
 from .decide import ALPHA, Z_ONE_SIDED, Z_TWO_SIDED, MeanTest, mean_test
 from .estimators import kernel_estimates
 from .moments import mse_iid, mse_orthogonal, softmax_kernel, squared_error_variance
-
-
-@dataclass(frozen=True)
-class Pair:
-    """The two inputs of a kernel estimate, already scaled (x' = x d^(-1/4)); label names a
-    designed pair in messages instead of its entries."""
-
-    x: np.ndarray
-    y: np.ndarray
-    label: str = ""
-
-    def __str__(self) -> str:
-        if self.label:
-            plus, minus = np.linalg.norm(self.x + self.y), np.linalg.norm(self.x - self.y)
-            return f"{self.label} (d={len(self.x)}, |x+y|={plus:.3g}, |x-y|={minus:.3g})"
-        fmt = {"float_kind": lambda t: f"{t:.4g}"}
-        x, y = (np.array2string(a, formatter=fmt, max_line_width=10**6) for a in (self.x, self.y))
-        return f"x={x}, y={y}"
 
 
 def _figures(test: MeanTest, w: np.ndarray, **extra: float) -> dict[str, float]:

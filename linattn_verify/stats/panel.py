@@ -14,8 +14,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..checks.core import CheckResult
-from .checks import Pair, mse_formula, orthogonal_mse, unbiasedness
+from ..cases import Pair
+from ..results import CheckResult
+from .checks import mse_formula, orthogonal_mse, unbiasedness
 from .estimators import SamplerFailure, SamplerFn, draw_projections
 from .moments import KINDS
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks.builtin import builtin
-from ..specs import Spec
+from ..under_test import resolve
 from .attention import fit_rate, regime_inputs, rmse_by_m
 from .estimators import builtin_sampler, draw_projections, kernel_estimates
 from .moments import KINDS, mse_iid, mse_orthogonal, softmax_kernel
@@ -106,7 +105,7 @@ def plot_attention_error_vs_m(
     out: dict[str, Any] = {}
     with _kind_panels(path) as axes:
         for kind in KINDS:
-            impl = builtin(Spec(kind, causal=False), "linear")
+            impl = resolve(form="linear", feature_map=kind)
             rmse, se = rmse_by_m(impl, sampler, inputs, ms, replicates, seed)
             slope, slope_se = fit_rate(ms, rmse, se)
             out[kind] = {"m": list(ms), "rmse": rmse.tolist(), "slope": slope, "slope_se": slope_se}

@@ -8,13 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checks import Implementation
-from ..checks.search import SEARCH_EXAMPLES
+from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
 from ..specs import SpecError
 from ..strategies import DTYPES
-from .worker import Target, Worker, WorkerDied, WorkerHung, describe, run_task
+from ..under_test import Implementation
+from .worker import Worker, WorkerDied, WorkerHung, describe, run_task
 
-THOROUGH_EXAMPLES = 200
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
 
 
@@ -27,7 +26,6 @@ class VetOptions:
     kat: bool = False
     grad: bool = False  # also the gradient checks (checks.GRAD_CHECKS)
     thorough: bool = False
-    cost: str | None = None  # the claimed growth: None is quadratic for softmax, else linear
     seed: int = 0
     timeout: float = DEFAULT_TIMEOUT
 
@@ -69,7 +67,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     from ..checks import CHECKS, GRAD_CHECKS
 
     spec = description["spec"]
-    examples = THOROUGH_EXAMPLES if options.thorough else SEARCH_EXAMPLES
+    examples = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
     search = {"device": options.device, "examples": examples, "dtypes": options.dtypes}
     steps = [
         (name, "check", {"name": name, **search})
@@ -77,8 +75,8 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
         if name not in description["not_applicable"]
     ]
     steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
-    cost = options.cost or ("quadratic" if spec.feature_map == "softmax" else "linear")
-    steps.append(("scaling", "scaling", {"device": options.device, "expected": cost}))
+    expected = description["cost"]
+    steps.append(("scaling", "scaling", {"device": options.device, "expected": expected}))
     if options.kat and spec.eps == 0:
         kat = {"device": options.device, "dtypes": options.dtypes}
         steps.append(("known-answers", "known-answers", kat))
@@ -105,13 +103,14 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
 
 
 def vet(
-    target: Target, options: VetOptions, progress: Callable[[str], None] | None = None
+    declared: Implementation, options: VetOptions, progress: Callable[[str], None] | None = None
 ) -> VetReport:
-    """Run the plan in a worker process; a hang stops the run (what is left is "not run"),
-    a crash restarts the worker once. SpecError when the target cannot be loaded."""
+    """Run the plan on `declared` (resolve(..., load=False)) in a worker process; a hang
+    stops the run (what is left is "not run"), a crash restarts the worker once. SpecError
+    when the implementation cannot be loaded."""
     say = progress or (lambda text: None)
-    worker = Worker(target, options.timeout)
-    report = _report(target.target, worker.description, options)
+    worker = Worker(declared, options.timeout)
+    report = _report(declared.source.name, worker.description, options)
     steps = plan(worker.description, options)
     crashes = 0
     try:
@@ -129,7 +128,7 @@ def vet(
                 stop = f"not run: vet stopped after a second crash, in {name}"
                 if crashes < 2:
                     try:
-                        worker = Worker(target, options.timeout)
+                        worker = Worker(declared, options.timeout)
                         continue
                     except SpecError as restart:
                         stop = f"not run: the worker did not restart ({restart})"
@@ -148,7 +147,7 @@ def vet_in_process(
     closure in a test suite): no protection against crashes or hangs."""
     say = progress or (lambda text: None)
     description = describe(impl)
-    report = _report(impl.command, description, options)
+    report = _report(impl.source.name, description, options)
     steps = plan(description, options)
     for i, (name, task, task_options) in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {name} ...")

@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 
 from ..cases import Case
-from ..checks import CHECKS, CheckResult, Implementation
+from ..checks import CHECKS
 from ..checks.search import find_failure
+from ..results import CheckResult
 from ..specs import Spec
+from ..under_test import Implementation
 
 Row = dict[str, Any]
 
@@ -169,13 +171,7 @@ def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) ->
     in units of u s of its dtype, within the a-priori bound."""
     from ..kat import run_vectors
 
-    spec = impl.spec
-    rows = run_vectors(
-        lambda q, k, v, **w: impl(q, k, v, w.get("projection")),
-        spec.feature_map,
-        spec.causal,
-        device=device,
-    )
+    rows = run_vectors(impl, device=device)
     rows = [r for r in rows if r["dtype"] in dtypes]
     bad = [r for r in rows if r.get("problem") or r["outside_bound"]]
     worst = max(rows, key=lambda r: r["max_error_units"])

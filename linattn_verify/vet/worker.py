@@ -1,16 +1,17 @@
 """The implementation under test runs in a worker process: an exception, a crash (segfault,
 abort) or a hang of the implementation becomes a failed check, and vet lives on to print its
-verdict. The worker loads the target once, then runs tasks (tasks.py) sent over a pipe."""
+verdict. The worker loads the implementation once, then runs tasks (tasks.py) sent over a
+pipe."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import signal
-from dataclasses import dataclass
 from typing import Any
 
-from ..specs import Spec, SpecError
+from ..specs import SpecError
+from ..under_test import Implementation
 from . import tasks
 
 CONTEXT = multiprocessing.get_context("spawn")  # no state inherited from the parent
@@ -27,38 +28,15 @@ class WorkerDied(Exception):
     """The worker process ended without answering (a crash of the implementation)."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """What to load in the worker: an adapter's name, or module:attr / path.py:attr claiming
-    `spec` in `layout`."""
-
-    target: str
-    spec: Spec | None = None
-    layout: str = "bhnd"
-
-    def load(self):
-        """The Implementation (raises SpecError when it cannot be loaded)."""
-        from ..adapters import ADAPTERS
-        from ..checks import Implementation, external
-
-        if self.target in ADAPTERS:
-            adapter = ADAPTERS[self.target]
-            command = f"--impl {adapter.name}"
-            return Implementation(
-                adapter.load(), adapter.spec, adapter.name, command, adapter.layout
-            )
-        if self.spec is None:
-            raise SpecError(f"{self.target!r} is not an adapter: give --feature-map NAME")
-        return external(self.target, self.spec, self.layout)
-
-
-def describe(impl) -> dict[str, Any]:
-    """The implementation's name, spec, and the checks that do not apply (with why)."""
+def describe(impl: Implementation) -> dict[str, Any]:
+    """The implementation's name, spec, claimed cost, and the checks that do not apply (with
+    why)."""
     from ..checks import ALL_CHECKS, not_applicable
 
     return {
         "name": impl.name,
         "spec": impl.spec,
+        "cost": impl.cost,
         "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
 
@@ -83,12 +61,12 @@ def run_task(impl, task: str, options: dict[str, Any]) -> list[tasks.Row]:
         return [{"name": name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}]
 
 
-def _serve(conn, target: Target) -> None:
+def _serve(conn, declared: Implementation) -> None:
     import torch
 
     torch.set_num_threads(1)  # thousands of small calls; see stats/estimators.one_thread
     try:
-        impl = target.load()
+        impl = declared.load()
     except Exception as err:  # reported to the parent as a usage error
         conn.send(
             ("error", str(err) if isinstance(err, SpecError) else f"{type(err).__name__}: {err}")
@@ -101,18 +79,18 @@ def _serve(conn, target: Target) -> None:
 
 
 class Worker:
-    """A worker process holding the loaded target."""
+    """A worker process holding the loaded implementation (declared: resolve(load=False))."""
 
-    def __init__(self, target: Target, timeout: float) -> None:
+    def __init__(self, declared: Implementation, timeout: float) -> None:
         self.timeout = timeout
         self._conn, child = CONTEXT.Pipe()
-        self._process = CONTEXT.Process(target=_serve, args=(child, target), daemon=True)
+        self._process = CONTEXT.Process(target=_serve, args=(child, declared), daemon=True)
         self._process.start()
         child.close()
         try:
             self.description = self._receive("loading the target", LOAD_TIMEOUT)
         except (WorkerHung, WorkerDied) as err:
-            raise SpecError(f"cannot load {target.target}: {err}") from None
+            raise SpecError(f"cannot load {declared.name}: {err}") from None
 
     def _receive(self, what: str, timeout: float) -> Any:
         if not self._conn.poll(timeout):

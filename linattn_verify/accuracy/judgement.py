@@ -1,0 +1,39 @@
+"""One input judged: its exact reference and the golden outputs that set the budget,
+computed once, for every output to be judged on it (accuracy/verdict.py's judge)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..implementations.golden import golden_attention, golden_forms
+from ..inputs import AttentionInputs, validate
+from ..reference import exact
+from ..specs import Spec
+from .verdict import AccuracyVerdict, judge
+
+
+@dataclass
+class Judgement:
+    """The inputs (exact float64 copies), the exact output, the golden forms' outputs in
+    the inputs' dtype, and the bound per dtype once computed."""
+
+    x: AttentionInputs
+    spec: Spec
+    ref: np.ndarray
+    golden: list[torch.Tensor]
+    bounds: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, q, k, v, w, spec: Spec) -> Judgement:
+        """Judgement of the tensors q, k, v (and W) as given, for `spec`."""
+        x = validate(q, k, v, spec, w)
+        golden = [golden_attention(q, k, v, spec, w, form) for form in golden_forms(spec)]
+        return cls(x, spec, exact(x, spec), golden)
+
+    def __call__(self, out: Any) -> AccuracyVerdict:
+        """Judge `out`: bound, and budget K_BUDGET times the worst golden form's error."""
+        return judge(out, self.x, self.spec, self.ref, self.golden, self.bounds)

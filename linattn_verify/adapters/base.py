@@ -1,0 +1,82 @@
+"""What every adapter shares: the Adapter record, the error for a library that is not there,
+and the feature map a caller applies to a core that takes mapped features."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from ..specs import Spec, SpecError
+
+Fn = Callable[..., torch.Tensor]
+
+
+class AdapterUnavailable(SpecError):
+    """The adapter's library does not import here, or it needs CUDA and there is none (a
+    target that cannot be loaded: a usage error)."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One third-party entry point behind the contract.
+
+    name: short and unique; library: the pip distribution; function: the object called;
+    spec: what the library claims, in our vocabulary; layout: "bhnd" or "bnhd", the layout
+    of the callable that load() returns; note: what the library does, where it departs
+    from `spec`; load: imports the library lazily and returns fn (raises
+    AdapterUnavailable); install: the `pip install --no-deps` arguments that bring it;
+    device: "any", or "cuda" for GPU-only kernels; cost: the growth it claims.
+    """
+
+    name: str
+    library: str
+    function: str
+    spec: Spec
+    layout: str
+    note: str
+    load: Callable[[], Fn]
+    install: str
+    device: str = "any"
+    cost: str = "linear"
+
+
+def import_library(module: str, install: str) -> ModuleType:
+    """`module`, or AdapterUnavailable saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except (ImportError, OSError) as err:  # OSError: a compiled extension that fails to load
+        raise AdapterUnavailable(
+            f"cannot import {module} ({type(err).__name__}: {err}); install it with "
+            f"`pip install --no-deps {install}` (--no-deps: leave the torch build alone)"
+        ) from None
+
+
+def require_cuda(function: str) -> None:
+    """AdapterUnavailable unless torch sees a CUDA device."""
+    if not torch.cuda.is_available():
+        raise AdapterUnavailable(
+            f"{function} is a Triton kernel and needs a CUDA device; "
+            "torch.cuda.is_available() is False here"
+        )
+
+
+def relu_features(core: Fn) -> Fn:
+    """A core that takes mapped features (phi(q), phi(k), v), called with phi = relu: the
+    feature map a caller applies, not a fix of the core."""
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return core(torch.relu(q), torch.relu(k), v)
+
+    return attention
+
+
+def largest_divisor_below(n: int, largest: int) -> int:
+    """For a library that needs N % size == 0 (fla's naive_chunk_based, linear-attention-
+    transformer's buckets): the largest divisor of n below n, so that both the path inside
+    a chunk and the one across chunks run, and at most `largest`, the library's default;
+    1 for n <= 1."""
+    return max((c for c in range(1, min(n - 1, largest) + 1) if n % c == 0), default=1)

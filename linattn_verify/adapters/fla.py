@@ -1,0 +1,171 @@
+"""fla-core 0.6.0 (flash-linear-attention): the pure-PyTorch naive.py files, loaded on their
+own without triton, and the Triton kernels (CUDA only).
+
+Left out on purpose: fla's naive_chunk_linear_attn (fla/ops/linear_attn/naive.py) hard-codes
+chunks of 64 and raises unless N % 64 == 0; padding the sequence would be more than
+translating, and naive_recurrent_linear_attn in the same file computes the same thing for
+every N. Un-normalised variants (normalize=False / use_norm=False) are not attention in the
+sense of our specs (no denominator at all).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..specs import Spec
+from .base import (
+    Adapter,
+    AdapterUnavailable,
+    Fn,
+    import_library,
+    largest_divisor_below,
+    relu_features,
+    require_cuda,
+)
+
+INSTALL = "fla-core==0.6.0 einops"
+INSTALL_TRITON = "fla-core==0.6.0 einops triton"
+
+
+@functools.cache
+def _fla_file(relative: str) -> ModuleType:
+    """One pure-PyTorch file of fla, executed by itself (it imports only torch and einops).
+
+    importlib.util.find_spec("fla") locates the package without running fla/__init__.py
+    (which imports fla.layers, fla.models and the Triton kernels): find_spec imports the
+    parents of a dotted name only, and "fla" has none. Nothing is stubbed.
+    """
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        raise AdapterUnavailable(f"fla is not installed; `pip install --no-deps {INSTALL}`")
+    path = Path(next(iter(spec.submodule_search_locations)), relative)
+    name = "_linattn_verify_fla_" + relative.removesuffix(".py").replace("/", "_")
+    file_spec = importlib.util.spec_from_file_location(name, path)
+    if file_spec is None or file_spec.loader is None or not path.is_file():
+        raise AdapterUnavailable(f"{path} is missing: this fla is not fla-core 0.6.0")
+    module = importlib.util.module_from_spec(file_spec)
+    try:
+        file_spec.loader.exec_module(module)
+    except ImportError as err:
+        raise AdapterUnavailable(
+            f"cannot load {path} ({err}); `pip install --no-deps {INSTALL}`"
+        ) from None
+    return module
+
+
+def _load_fla_naive_linear_attn() -> Fn:
+    """fla/ops/linear_attn/naive.py, naive_recurrent_linear_attn(q, k, v, normalize=True):
+    (B, T, H, K) in and out; returns (o, final_state), of which o is kept."""
+    naive = _fla_file("ops/linear_attn/naive.py")
+
+    def fla_naive_linear_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, _ = naive.naive_recurrent_linear_attn(q, k, v, normalize=True)
+        return out
+
+    return relu_features(fla_naive_linear_attn)
+
+
+def _load_fla_naive_based() -> Fn:
+    """fla/ops/based/naive.py, naive_parallel_based(q, k, v) (scale=None -> d^-1/2,
+    use_norm=True): (B, H, T, K) in and out."""
+    return _fla_file("ops/based/naive.py").naive_parallel_based
+
+
+def _load_fla_naive_chunk_based() -> Fn:
+    """fla/ops/based/naive.py, naive_chunk_based(q, k, v, chunk_size): (B, H, T, K)."""
+    naive = _fla_file("ops/based/naive.py")
+
+    def fla_naive_chunk_based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return naive.naive_chunk_based(q, k, v, chunk_size=largest_divisor_below(q.shape[-2], 256))
+
+    return fla_naive_chunk_based
+
+
+def _fla_triton(module: str, function: str, returns_state: bool, **kwargs) -> Callable[[], Fn]:
+    """A loader for fla.ops.<module>.<function>, called as function(q, k, v, **kwargs) on
+    (B, T, H, K) tensors; the linear_attn kernels take mapped features (relu_features) and
+    return (o, final_state)."""
+
+    def load() -> Fn:
+        require_cuda(f"fla.ops.{module}.{function}")
+        kernel = getattr(import_library(f"fla.ops.{module}", INSTALL_TRITON), function)
+
+        def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = kernel(q, k, v, **kwargs)
+            return out[0] if returns_state else out
+
+        return relu_features(fla_kernel) if module == "linear_attn" else fla_kernel
+
+    return load
+
+
+_FLA_LINEAR = (
+    "fla's kernels take features already mapped (its layers apply the feature map first); "
+    "the adapter maps q and k with relu, so the spec is relu. With normalize=True "
+    "they divide by (scale q_i) . cumsum_j k_j + 1e-10, scale = d^-1/2 by default, so in "
+    "our normalisation the eps is 1e-10 sqrt(d)."
+)
+_BASED = (
+    "Based: sim = 1 + s + s^2/2 with s = (d^-1/2 q) . k, causal, divided by the row sum "
+    "+ 1e-6 (use_norm=True): exactly the taylor spec with eps=1e-6."
+)
+
+LINEAR_SPEC = Spec("relu", causal=True, eps=1e-10)
+BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
+
+
+def _based(name: str, function: str, layout: str, note: str, load, **options) -> Adapter:
+    """An fla adapter of the Based kernels (the taylor spec, eps = 1e-6)."""
+    install = INSTALL_TRITON if options.get("device") == "cuda" else INSTALL
+    return Adapter(name, "fla-core", function, BASED_SPEC, layout, _BASED + note, load, install,
+                   **options)  # fmt: skip
+
+
+ADAPTERS = (
+    Adapter(
+        "fla.linear-attn-naive",
+        "fla-core",
+        "fla/ops/linear_attn/naive.py:naive_recurrent_linear_attn",
+        LINEAR_SPEC,
+        "bnhd",
+        _FLA_LINEAR + " A Python loop over T in float32 whatever the input dtype; the "
+        "output is cast back.",
+        _load_fla_naive_linear_attn,
+        INSTALL,
+    ),
+    _based("fla.based-naive", "fla/ops/based/naive.py:naive_parallel_based", "bhnd",
+           " Quadratic form, in the input dtype.", _load_fla_naive_based, cost="quadratic"),
+    _based("fla.based-naive-chunk", "fla/ops/based/naive.py:naive_chunk_based", "bhnd",
+           " Chunked form; it needs N % chunk_size == 0, so chunk_size is the largest divisor "
+           "of N below N, at most its default 256.", _load_fla_naive_chunk_based),
+    *(
+        Adapter(
+            f"fla.linear-attn-{short}",
+            "fla-core",
+            f"fla.ops.linear_attn.{function}",
+            LINEAR_SPEC,
+            "bnhd",
+            _FLA_LINEAR + f" Triton {how}, called with normalize=True.",
+            _fla_triton("linear_attn", function, True, normalize=True),
+            INSTALL_TRITON,
+            device="cuda",
+        )
+        for short, function, how in (
+            ("chunk", "chunk_linear_attn", "chunk kernel (chunk_simple_gla)"),
+            ("fused-chunk", "fused_chunk_linear_attn", "fused chunk kernel"),
+            ("fused-recurrent", "fused_recurrent_linear_attn", "recurrent kernel"),
+        )
+    ),
+    _based("fla.based-parallel", "fla.ops.based.parallel_based", "bnhd",
+           " Triton kernel, fp32 accumulation; asserts d <= 128.",
+           _fla_triton("based", "parallel_based", False), device="cuda", cost="quadratic"),
+    _based("fla.based-fused-chunk", "fla.ops.based.fused_chunk_based", "bnhd",
+           " Triton fused chunk kernel; asserts d <= 16.",
+           _fla_triton("based", "fused_chunk_based", False), device="cuda"),
+)  # fmt: skip

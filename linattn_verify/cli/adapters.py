@@ -1,0 +1,82 @@
+"""`adapters`: the third-party libraries behind the contract, whether each is installed
+here, and the README's table of their expected verdicts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+from pathlib import Path
+
+from . import options
+
+BEGIN, END = "<!-- adapter verdicts: begin -->", "<!-- adapter verdicts: end -->"
+
+
+def add(sub) -> None:
+    parser = options.command_parser(
+        sub,
+        "adapters",
+        "the third-party adapters: their claims, which are installed, their verdicts",
+        "List every adapter with the spec it claims, its layout, and whether its library "
+        "is installed here (and CUDA, for the GPU-only kernels). --table prints the "
+        "expected verdicts (linattn_verify/adapters/expected.txt, checked by the test "
+        "suite) as the README's Markdown table; --readme writes it into a README between "
+        f"the lines {BEGIN} and {END}.",
+        [
+            "python -m linattn_verify adapters",
+            "python -m linattn_verify adapters --table",
+            "python -m linattn_verify adapters --readme README.md",
+        ],
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--table", action="store_true", help="print the verdict table")
+    what.add_argument("--readme", metavar="PATH", help="write the verdict table into PATH")
+    parser.set_defaults(func=run)
+
+
+def status(library: str, device: str) -> str:
+    """'installed 1.1.4', 'not installed' or 'needs CUDA' for an adapter's library."""
+    import torch
+
+    try:
+        version = importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+    if device == "cuda" and not torch.cuda.is_available():
+        return f"installed {version}, needs CUDA"
+    return f"installed {version}"
+
+
+def list_adapters() -> int:
+    from ..adapters import ADAPTERS
+
+    for adapter in ADAPTERS.values():
+        print(
+            f"{adapter.name:60} claims {adapter.spec} ({adapter.layout}); "
+            f"{status(adapter.library, adapter.device)}"
+        )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..adapters import ADAPTERS
+    from ..adapters.expected import load_expected, verdict_table
+
+    if not (args.table or args.readme):
+        return list_adapters()
+    table = verdict_table(ADAPTERS, load_expected())
+    if args.table:
+        print(table)
+        return 0
+    path = Path(args.readme)
+    text = path.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise options.UsageError(f"{path} needs one line {BEGIN} and, after it, one line {END}")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    staged = path.with_name(f".{path.name}.staged")
+    staged.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    os.replace(staged, path)
+    print(f"{path}: the verdict table of {len(ADAPTERS)} adapters written")
+    return 0

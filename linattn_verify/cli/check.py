@@ -1,0 +1,92 @@
+"""`check`: one property check (or all) on one case, or a search for a failure."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import options
+
+
+def add(sub) -> None:
+    from ..checks import CHECKS, GRAD_CHECKS
+    from ..checks.search import CHECK_EXAMPLES
+
+    parser = options.command_parser(
+        sub,
+        "check",
+        "run one property check (or all) on one case, or search for a failure",
+        "Run a check of linattn_verify.checks on an implementation: on one case (--case, "
+        "the JSON a failing check prints), or over the regime's corner cases and --examples "
+        "cases drawn by the property suite's strategies, shrinking the first failure. Exit "
+        "1 on a failure. Checks: "
+        + ", ".join(CHECKS)
+        + "; of the backward: "
+        + ", ".join(GRAD_CHECKS)
+        + ". "
+        + options.CONTRACT,
+        [
+            "python -m linattn_verify check causality --form chunked --feature-map elu --causal",
+            "python -m linattn_verify check all --impl mykernels.py:attn --feature-map elu",
+            "python -m linattn_verify check reference --impl fla.based-naive",
+            "python -m linattn_verify check reference --form linear --feature-map elu \\",
+            '    --case \'{"b":1,"h":2,"n":7,"d":4,"dv":3,"dtype":"float16"}\'',
+        ],
+    )
+    parser.add_argument(
+        "name",
+        choices=[*CHECKS, *GRAD_CHECKS, "all"],
+        metavar="NAME",
+        help="a check, or all (the forward checks)",
+    )
+    options.add_implementation(parser, positional=False)
+    parser.add_argument("--case", help="the case as JSON (printed by a failing check)")
+    parser.add_argument(
+        "--examples",
+        type=int,
+        default=CHECK_EXAMPLES,
+        help=f"cases to search (default {CHECK_EXAMPLES})",
+    )
+    parser.add_argument("--device", default="cpu", help="device of the searched cases")
+    options.add_output(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cases import Case
+    from ..checks import ALL_CHECKS, CHECKS, not_applicable
+    from ..checks.search import find_failure
+
+    impl = options.implementation(args)
+    case = Case.from_json(args.case) if args.case else None
+    device = case.device if case is not None else args.device
+    options.cuda_check(device)
+    if args.examples < 1:
+        raise options.UsageError(f"--examples must be >= 1, got {args.examples}")
+    if args.name != "all" and (reason := not_applicable(args.name, impl)):
+        raise options.UsageError(f"{args.name} does not apply: {reason}")
+    results, rows = [], []
+    for name in list(CHECKS) if args.name == "all" else [args.name]:
+        if reason := not_applicable(name, impl):
+            print(f"{name}: not applicable: {reason}")
+            rows.append({"name": name, "status": "not applicable", "detail": reason})
+        elif case is not None:
+            results.append(ALL_CHECKS[name](impl, case))
+        else:
+            options.progress(
+                args.quiet, f"{name}: the regime's corners, then {args.examples} cases ..."
+            )
+            found = find_failure(name, impl, device, args.examples, shrink=True)
+            if found is None:
+                detail = f"no failure in the regime's corners and {args.examples} searched cases"
+                print(f"{name}: pass: {detail}")
+                rows.append({"name": name, "status": "pass", "detail": detail})
+            else:
+                results.append(found)
+    for result in results:
+        print(result.report())
+    rows += [r.to_dict() for r in results]
+    options.write_json(
+        args.json, {"implementation": impl.name, "spec": str(impl.spec), "checks": rows}
+    )
+    # a by-nature result (relu's zero denominator) is the spec's, not the implementation's
+    return 1 if any(not r.passed and not r.by_nature for r in results) else 0

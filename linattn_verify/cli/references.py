@@ -1,0 +1,72 @@
+"""`references`: the known-answer vectors: build, check, or run an implementation on them."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from . import options
+
+
+def add(sub) -> None:
+    parser = options.command_parser(
+        sub,
+        "references",
+        "known-answer vectors: build, check, or run an implementation on them",
+        "Known-answer vectors under references/ (see references/README.md): build "
+        "regenerates them (the same bytes every time), check verifies every sha256 and "
+        "recomputes the outputs with the arb engine (exit 1 naming a bad file), run reports "
+        "an implementation's error per vector in units of u s of its dtype.",
+        [
+            "python -m linattn_verify references check",
+            "python -m linattn_verify references build",
+            "python -m linattn_verify references run mykernels.py:attn --feature-map elu --causal",
+            "python -m linattn_verify references run fla.based-naive",
+        ],
+    )
+    parser.add_argument("action", choices=["build", "check", "run"])
+    options.add_implementation(parser, positional=True)
+    parser.add_argument("--dir", default="references", help="the vectors' folder")
+    parser.add_argument("--sample", type=int, help="check: recompute this many (default: all)")
+    options.add_output(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import kat
+
+    directory = Path(args.dir)
+    say = None if args.quiet else (lambda text: options.progress(False, text))
+    if args.action == "build":
+        start = time.perf_counter()
+        manifest = kat.build(directory, progress=say)
+        size = sum(e["bytes"] for e in manifest["vectors"])
+        print(
+            f"{len(manifest['vectors'])} vectors, {size / 2**20:.1f} MiB, under {directory} "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
+        options.write_json(args.json, manifest)
+        return 0
+    if args.action == "check":
+        if args.sample is not None and args.sample < 0:
+            raise options.UsageError(f"--sample must be >= 0, got {args.sample}")
+        problems = kat.check(directory, args.sample, progress=say)
+        for problem in problems:
+            print(f"FAIL {problem}")
+        count = len(kat.load_manifest(directory)["vectors"])
+        done = "all" if args.sample is None else f"up to {args.sample}"
+        verdict = f"FAIL ({len(problems)} problem(s))" if problems else f"ok, {done} recomputed"
+        print(f"{count} vectors: {verdict}")
+        options.write_json(args.json, {"vectors": count, "problems": problems})
+        return 1 if problems else 0
+    if args.target is None and args.form is None:
+        raise options.UsageError("references run needs TARGET (or a built-in --form)")
+    impl = options.implementation(args)
+    rows = kat.run_vectors(impl, directory)
+    print(f"{impl.name} claiming {impl.spec}\n| vector | dtype | max error (u s) |\n|---|---|---:|")
+    for row in rows:
+        figure = row.get("problem") or f"{row['max_error_units']:.3g}"
+        print(f"| {row['name']} | {row['dtype']} | {figure} |")
+    options.write_json(args.json, {"implementation": impl.name, "vectors": rows})
+    return 1 if any("problem" in row for row in rows) else 0

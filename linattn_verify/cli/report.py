@@ -1,0 +1,180 @@
+"""`report`: the error and scaling report, Markdown, JSON and plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..specs import FEATURE_MAPS
+from . import options
+
+
+def add(sub) -> None:
+    parser = options.command_parser(
+        sub,
+        "report",
+        "the error and scaling report: Markdown, JSON and plots",
+        "Judge every form of every spec in every dtype against the exact reference (errors "
+        "in units of u s, bound, budget), with accuracy vs N and the denominators' margins; "
+        "the project's random-feature samplers (unbiasedness, MSE vs theory); counted cost "
+        "growth and timings against SDPA. With TARGET (--impl) or --form, one implementation "
+        "instead of the built-in forms. Writes report.md, report.json and PNG plots to "
+        "--out, atomically (a failed run leaves the previous report as it was); README "
+        "'The report' gives the time of a run. Exit 0 when everything passes, 1 on a failed "
+        "judgement or a regression against --compare, 2 on usage errors.",
+        [
+            "python -m linattn_verify report",
+            "python -m linattn_verify report --specs elu performer-positive --dtypes float16",
+            "python -m linattn_verify report --compare reports/baseline/report.json",
+            "python -m linattn_verify report --impl mykernels.py:attn --feature-map elu \\",
+            "    --causal --out reports/mykernel",
+            "python -m linattn_verify report --impl fla.based-naive --out reports/fla-based",
+        ],
+    )
+    parser.add_argument("--full", action="store_true", help="the wide sweep (N to 1024, all timed)")
+    options.add_specs(parser, "built-in specs to report")
+    options.add_dtypes(parser)
+    parser.add_argument("--device", help="cpu or cuda (default: cpu, and cuda when present)")
+    options.add_implementation(parser, positional=False)
+    parser.add_argument("--out", default="reports/latest", help="folder (default reports/latest)")
+    parser.add_argument("--compare", metavar="OLD.json", help="report regressions against it")
+    parser.add_argument(
+        "--no-grad", action="store_true", help="skip the gradients (a forward-only implementation)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every input (default 0)")
+    options.add_output(parser)
+    parser.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace) -> Any:
+    """ReportOptions from the arguments; UsageError for a bad combination."""
+    import torch
+
+    from ..adapters import ADAPTERS
+    from ..report import ReportOptions
+
+    impl = None
+    if args.target is not None or args.form is not None:
+        impl = options.implementation(args)
+        if args.specs is not None:
+            raise options.UsageError("--specs chooses built-in specs; --impl reports its own claim")
+        adapter = ADAPTERS.get(impl.source.name) if impl.source.kind == "adapter" else None
+        if adapter is not None and adapter.device == "cuda" and args.device != "cuda":
+            raise options.UsageError(f"{impl.name} runs on CUDA only: give --device cuda")
+    else:
+        given = [
+            f
+            for f in ("feature_map", "causal", "eps", "layout", "cost", "chunk_size")
+            if getattr(args, f)
+        ]
+        if given:
+            flag = given[0].replace("_", "-")
+            raise options.UsageError(f"--{flag} describes --impl or --form, and neither is given")
+    options.cuda_check(args.device)
+    if args.device is None:
+        devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    else:
+        devices = (args.device,)
+    return ReportOptions(
+        specs=tuple(dict.fromkeys(args.specs or FEATURE_MAPS)),
+        dtypes=tuple(dict.fromkeys(args.dtypes)),
+        devices=devices,
+        full=args.full,
+        seed=args.seed,
+        impl=impl,
+        grad=not args.no_grad,
+    )
+
+
+def _old_report(path: str) -> dict[str, Any]:
+    """An earlier report.json for --compare, or a UsageError that says what is wrong."""
+    from ..report import SCHEMA
+
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise options.UsageError(f"--compare {path}: cannot read a report: {err}") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise options.UsageError(f"--compare {path}: not a report.json of this tool ({SCHEMA!r})")
+    return document
+
+
+def _probe(impl, device: str) -> str | None:
+    """One small float32 call (N = 16, d = dv = 16) before the run: why the implementation
+    fails at all, or None."""
+    import torch
+
+    from ..implementations import sample_projection_torch
+    from ..scaling import attention_inputs
+    from ..under_test import ImplementationFailure
+
+    w = None
+    if impl.spec.info.needs_projection:
+        w = sample_projection_torch(16, 16, "orthogonal", torch.Generator().manual_seed(0))
+        w = w.to(device)
+    try:
+        impl(*attention_inputs(16, d=16, dv=16, device=device), w)
+    except ImplementationFailure as err:
+        return f"{impl.name} {err}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ..jsonable import dumps
+    from ..report import (
+        compare,
+        counts,
+        make_plan,
+        publish,
+        render,
+        run_report,
+        staging,
+        units,
+        write_json_atomically,
+    )
+
+    report_options = _options(args)
+    old = _old_report(args.compare) if args.compare else None
+    if args.json:
+        options.check_writable(Path(args.json))
+    plan = make_plan(report_options)
+    if report_options.impl is not None and (
+        failure := _probe(report_options.impl, report_options.devices[0])
+    ):
+        print(f"error: {failure}; no report written", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C: the staging folder is removed and
+    # the previous report stays as it was
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with staging(out) as folder:
+        with tqdm(total=units(report_options, plan), disable=args.quiet, file=sys.stderr) as bar:
+
+            def step(done: str) -> None:
+                bar.set_postfix_str(done, refresh=False)
+                bar.update()
+
+            document = run_report(report_options, folder, step)
+        document = json.loads(dumps(document))  # the form --compare reads back (str keys)
+        comparison = compare(old, document, args.compare) if old is not None else None
+        if comparison is not None:
+            document["comparison"] = comparison.to_dict()
+        (folder / "report.json").write_text(dumps(document))
+        (folder / "report.md").write_text(render(document, comparison and comparison.markdown()))
+        publish(folder, out)
+    if args.json:
+        write_json_atomically(Path(args.json), document)
+    print(
+        f"report: {out / 'report.md'} (+ report.json, plots); verdict {document['verdict']}: "
+        f"{counts(document)}; {document['environment']['seconds']:.0f} s"
+    )
+    regressed = bool(comparison and comparison.regressions)
+    if comparison is not None:
+        print("\n".join(comparison.markdown()[2:]))
+    return 1 if document["verdict"] != "pass" or regressed else 0

@@ -1,0 +1,119 @@
+"""`vet`: one verdict on an implementation, from every check that applies."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import options
+
+
+def add(sub) -> None:
+    from ..checks import GRAD_CHECKS
+    from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
+    from ..vet.runner import DEFAULT_TIMEOUT
+
+    parser = options.command_parser(
+        sub,
+        "vet",
+        "one verdict on an implementation: every check, figures, exit code",
+        "Run every applicable check on TARGET in a worker process (an exception, a crash or "
+        "a hang is a failed check): the property checks over the regime's corners and a "
+        "Hypothesis search (N = 1, ragged N, B, H >= 2, d != dv, d = m, non-contiguous "
+        "inputs, adversarial magnitudes), accuracy against the exact reference per dtype, "
+        "cost scaling, and on request the known-answer vectors, a projection sampler's "
+        "statistics and the backward. Exit 0 when every check passes, 1 when one fails, 2 "
+        "for usage errors or a TARGET that cannot be loaded. " + options.CONTRACT,
+        [
+            "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal",
+            "python -m linattn_verify vet mypkg.ops:favor --feature-map performer-positive \\",
+            "    --sampler mypkg.ops:draw_w --claim orthogonal --json vet.json",
+            "python -m linattn_verify vet fla.based-naive --kat",
+            "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal --grad",
+            "python -m linattn_verify vet --form chunked --feature-map elu --causal",
+            "python -m linattn_verify vet --list",
+        ],
+    )
+    options.add_implementation(parser, positional=True)
+    parser.add_argument("--list", action="store_true", help="list the adapters (as `adapters`)")
+    options.add_dtypes(parser)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--sampler", help="module:function drawing W (m, d) from a Generator")
+    parser.add_argument("--claim", choices=["iid", "orthogonal"], help="what --sampler's rows are")
+    parser.add_argument("--kat", action="store_true", help="also the known-answer vectors")
+    parser.add_argument(
+        "--grad",
+        action="store_true",
+        help="also the checks of its backward: " + ", ".join(GRAD_CHECKS),
+    )
+    parser.add_argument(
+        "--thorough",
+        action="store_true",
+        help=f"{THOROUGH_EXAMPLES} searched cases a check, not {VET_EXAMPLES}",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds a task (default {DEFAULT_TIMEOUT:g})",
+    )
+    options.add_output(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..adapters import ADAPTERS
+    from ..environment import environment
+    from ..target import load_target
+    from ..vet import VetOptions, vet
+    from .adapters import list_adapters
+
+    if args.list:
+        return list_adapters()
+    if args.target is None and args.form is None:
+        raise options.UsageError(
+            "vet needs TARGET (module:function, path.py:function or an adapter)"
+        )
+    declared = options.implementation(args, load=False)
+    kind, name = declared.source.kind, declared.source.name
+    if kind == "adapter" and ADAPTERS[name].device == "cuda" and args.device == "cpu":
+        raise options.UsageError(f"{name} runs on CUDA only: give --device cuda")
+    options.cuda_check(args.device)
+    if args.timeout <= 0:
+        raise options.UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.sampler:
+        if not declared.spec.info.needs_projection:
+            raise options.UsageError(
+                "--sampler is for the Performer specs, which take a projection"
+            )
+        if args.claim is None:
+            raise options.UsageError("--sampler needs --claim iid or --claim orthogonal")
+        load_target(args.sampler)  # a sampler that cannot be loaded is a usage error here
+    vet_options = VetOptions(
+        dtypes=tuple(args.dtypes),
+        device=args.device,
+        sampler=args.sampler,
+        claim=args.claim,
+        kat=args.kat,
+        grad=args.grad,
+        thorough=args.thorough,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
+    report = vet(
+        declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)
+    )
+    print(report.summary())
+    options.write_json(
+        args.json,
+        {
+            "verdict": report.verdict,
+            "target": report.target,
+            "implementation": report.implementation,
+            "spec": report.spec,
+            "reproduce": f"python -m linattn_verify vet {declared.command}",
+            "checks": report.rows,
+            "environment": environment(args.device),
+        },
+    )
+    return 1 if report.failed else 0

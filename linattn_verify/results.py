@@ -1,0 +1,48 @@
+"""The outcome of one check on one case, shared by every kind of check (property checks,
+statistical checks, vet's tasks) and by everything that reports them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cases import Case
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check on one case: pass/fail, figures, a message naming the input.
+
+    by_nature: set when the spec itself violates the property on this input (relu's zero
+    denominator, performer-trig's negative one): an expected failure, with its reason.
+    """
+
+    check: str
+    passed: bool
+    message: str
+    case: Case | None = None
+    figures: dict[str, float] = field(default_factory=dict)
+    by_nature: str | None = None
+    repro: str | None = None
+
+    def report(self) -> str:
+        """The message, the case and the command that reproduces it."""
+        lines = [f"{self.check}: {'pass' if self.passed else 'FAIL'}: {self.message}"]
+        if self.by_nature:
+            lines.append("  by nature of the spec: an expected failure, not a bug")
+        if self.case is not None:
+            lines.append(f"  case: {self.case}")
+        if self.repro:
+            lines.append(f"  reproduce: {self.repro}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.check,
+            "status": "pass" if self.passed else "fail",
+            "detail": self.message,
+            "figures": self.figures,
+            "by_nature": self.by_nature,
+            "case": None if self.case is None else self.case.to_json(),
+            "reproduce": self.repro,
+        }

@@ -1,0 +1,379 @@
+"""The implementation under test: one type for everything the suite judges, whatever it is
+and wherever it comes from.
+
+An Implementation is what it is (fn behind DESIGN's contract, the spec it claims, its
+contract options: the layout, the cost it claims) and where it comes from (its Source):
+
+- a built-in form of lv.attention (kind "form": quadratic, linear, recurrent, chunked with
+  its chunk size);
+- a callable named by a target (kind "target": module:fn or path/file.py:fn);
+- a third-party library behind an adapter (kind "adapter": its spec and layout are its
+  claim; adapters.ADAPTERS);
+- a callable handed over in process (kind "callable": assert_linear_attention, the zoo).
+
+`resolve(...)` makes one from what a user gives, for every entry point (the commands, vet,
+the report, the pytest plugin, testing, the zoo); its name, its test id and the command that
+reproduces a check on it are derived here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .adapters import ADAPTERS
+from .cases import Case
+from .implementations import CausalStream, attention
+from .implementations.forms import DEFAULT_CHUNK, FORMS, fast_form, forms_of
+from .specs import FEATURE_MAPS, Spec, SpecError
+from .target import load_target, split_target
+
+KINDS = ("form", "target", "adapter", "callable")
+LAYOUTS = ("bhnd", "bnhd")
+COSTS = ("linear", "quadratic")
+# a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
+StreamFactory = Callable[[int, torch.Tensor | None], Callable[..., torch.Tensor]]
+
+
+class ImplementationFailure(Exception):
+    """The implementation raised or returned something that is not an output."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an implementation comes from: kind (one of KINDS) and name (the form, the
+    target module:fn, the adapter's name, or the callable's qualified name); chunk_size
+    for the built-in chunked form."""
+
+    kind: str
+    name: str
+    chunk_size: int | None = None
+
+
+def default_cost(spec: Spec, form: str | None = None) -> str:
+    """The growth an implementation claims unless it declares one: quadratic for softmax
+    (no finite feature map) and for the built-in quadratic form, linear otherwise."""
+    return "quadratic" if not spec.info.kernelised or form == "quadratic" else "linear"
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """Anything under test, behind DESIGN's contract: fn(q, k, v[, projection=W]).
+
+    layout: the layout fn takes and returns, "bhnd" (B, H, N, d) or "bnhd" (B, N, H, d);
+    calls go through __call__ with (B, H, N, d) tensors. cost: the growth it claims.
+    stream: for causal specs with a state API, stream(max_len, W) returns a callable that
+    takes the sequence in pieces. fn is None while the implementation is only declared
+    (resolve(..., load=False): picklable, for a worker process to load()).
+    """
+
+    fn: Callable[..., Any] | None = field(compare=False, repr=False)
+    spec: Spec
+    source: Source
+    layout: str = "bhnd"
+    cost: str = "linear"
+    stream: StreamFactory | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        """What messages call it."""
+        if self.source.kind != "form":
+            return self.source.name
+        chunk = f" chunk_size={self.source.chunk_size}" if self.source.name == "chunked" else ""
+        return f"lv.attention {self.spec} form={self.source.name}{chunk}"
+
+    @property
+    def test_id(self) -> str:
+        """Its id in a parametrised test: elu-causal-chunked, an adapter's or target's name."""
+        if self.source.kind != "form":
+            return self.source.name
+        spec, size = self.spec, self.source.chunk_size
+        chunk = f"-c{size}" if size not in (None, DEFAULT_CHUNK) else ""
+        eps = f"-eps{spec.eps:g}" if spec.eps else ""
+        causal = "causal" if spec.causal else "full"
+        return f"{spec.feature_map}-{causal}-{self.source.name}{chunk}{eps}"
+
+    @property
+    def command(self) -> str:
+        """The options that name it to a command (`check`, `vet`, ...): what resolve takes."""
+        kind, name = self.source.kind, self.source.name
+        if kind == "adapter":
+            words = ["--impl", name]
+            if self.cost != ADAPTERS[name].cost:
+                words += ["--cost", self.cost]
+            return shlex.join(words)
+        if kind == "form":
+            words = ["--form", name]
+            if name == "chunked":
+                words += ["--chunk-size", str(self.source.chunk_size)]
+        else:
+            words = ["--impl", name if kind == "target" else _importable_name(self.fn)]
+        words += ["--feature-map", self.spec.feature_map]
+        words += ["--causal"] * self.spec.causal
+        words += ["--eps", repr(self.spec.eps)] * bool(self.spec.eps)
+        words += ["--layout", self.layout] * (self.layout != "bhnd")
+        default = default_cost(self.spec, name if kind == "form" else None)
+        words += ["--cost", self.cost] * (self.cost != default)
+        return shlex.join(words)
+
+    def reproduce(self, check: str, case: Case) -> str:
+        """One line that reruns check `check` on `case`."""
+        return (
+            f"python -m linattn_verify check {check} {self.command} "
+            f"--case {shlex.quote(case.to_json())}"
+        )
+
+    def load(self) -> Implementation:
+        """The implementation with its fn (imports a target or an adapter's library; raises
+        SpecError when it cannot be loaded); itself when already loaded."""
+        if self.fn is not None:
+            return self
+        kind, name = self.source.kind, self.source.name
+        if kind == "adapter":
+            return replace(self, fn=ADAPTERS[name].load())
+        if kind == "target":
+            return replace(self, fn=load_target(name))
+        if kind == "form":
+            return _builtin(self)
+        raise SpecError(f"the callable {name} cannot be loaded again: pass it in process")
+
+    def to_layout(self, t: torch.Tensor) -> torch.Tensor:
+        """A (B, H, N, x) tensor in the implementation's layout (a view)."""
+        return t.transpose(1, 2) if self.layout == "bnhd" else t
+
+    def call_raw(self, q, k, v, projection=None) -> torch.Tensor:
+        """fn on tensors already in its layout; any exception becomes ImplementationFailure."""
+        if self.fn is None:
+            raise SpecError(f"{self.name} is declared, not loaded: call load() first")
+        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        try:
+            out = self.fn(q, k, v, **kwargs)
+        except Exception as err:  # the implementation's failure is a finding, not a crash
+            raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
+        if not isinstance(out, torch.Tensor):
+            raise ImplementationFailure(f"returned {type(out).__name__}, not a torch tensor")
+        return out
+
+    def __call__(self, q, k, v, projection=None) -> torch.Tensor:
+        """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout."""
+        args = (self.to_layout(t).contiguous() for t in (q, k, v))
+        out = self.call_raw(*args, projection)
+        want = (*q.shape[:3], v.shape[-1])
+        if out.dim() != 4 or tuple(self.to_layout(out).shape) != want:
+            shape = tuple(out.shape)
+            raise ImplementationFailure(f"returned shape {shape}, expected {want} ({self.layout})")
+        return self.to_layout(out)
+
+
+def resolve(
+    target: str | Callable[..., Any] | None = None,
+    *,
+    form: str | None = None,
+    chunk_size: int | None = None,
+    spec: Spec | None = None,
+    feature_map: str | None = None,
+    causal: bool | None = None,
+    eps: float | None = None,
+    layout: str | None = None,
+    cost: str | None = None,
+    stream: StreamFactory | None = None,
+    load: bool = True,
+) -> Implementation:
+    """The implementation a user names: target None (a built-in form, `form` or the fast
+    form of the spec), an adapter's name, a module:fn / path.py:fn target, or a callable;
+    feature_map, causal and eps (or `spec`, a Spec) are the spec it claims (an adapter's is
+    its own). With
+    load=False nothing is imported (Implementation.load() does it later). SpecError names
+    what does not fit."""
+    if spec is not None:
+        if (feature_map, causal, eps) != (None, None, None):
+            raise SpecError("give the spec either as spec= or as feature_map, causal, eps")
+        feature_map, causal, eps = spec.feature_map, spec.causal, spec.eps
+    if cost is not None and cost not in COSTS:
+        raise SpecError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    if layout is not None and layout not in LAYOUTS:
+        raise SpecError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if target is not None and (form is not None or chunk_size is not None):
+        raise SpecError("--form and --chunk-size choose a built-in form, not a target")
+    if stream is not None and not callable(target):
+        raise SpecError("a stream is given with a callable; the built-in forms have theirs")
+    if isinstance(target, str) and target in ADAPTERS:
+        adapter = ADAPTERS[target]
+        given = [
+            n
+            for n, value in (
+                ("feature-map", feature_map),
+                ("causal", causal),
+                ("eps", eps),
+                ("layout", layout),
+            )
+            if value
+        ]
+        if given:
+            raise SpecError(
+                f"{target} is an adapter: its spec and layout are its claim (drop --{given[0]})"
+            )
+        impl = Implementation(
+            None, adapter.spec, Source("adapter", target), adapter.layout, cost or adapter.cost
+        )
+        return impl.load() if load else impl
+    if feature_map is None:
+        what = "the built-in form" if target is None else repr(_label(target))
+        raise SpecError(f"{what} needs --feature-map NAME (the spec it claims)")
+    spec = Spec(feature_map, causal=bool(causal), eps=eps or 0.0)
+    if target is None:
+        return _form(spec, form, chunk_size, layout, cost, load)
+    if callable(target):
+        source = Source("callable", _label(target))
+        return Implementation(
+            target, spec, source, layout or "bhnd", cost or default_cost(spec), stream
+        )
+    if not isinstance(target, str):
+        raise SpecError(f"a target is module:fn, path.py:fn or a callable, got {target!r}")
+    split_target(target)  # a malformed target is an error now, not in a worker
+    impl = Implementation(
+        None, spec, Source("target", target), layout or "bhnd", cost or default_cost(spec)
+    )
+    return impl.load() if load else impl
+
+
+# The options that name an implementation to a command (what `command` writes and resolve
+# takes), besides the target itself: (flag, keyword arguments of add_argument), shared by
+# the commands (argparse) and the pytest plugin.
+OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "--form",
+        {
+            "choices": FORMS,
+            "help": "a built-in form of lv.attention, when no target is "
+            "given (default: linear, or chunked for a causal spec)",
+        },
+    ),
+    (
+        "--chunk-size",
+        {
+            "type": int,
+            "metavar": "C",
+            "help": f"the chunked form's chunk (default {DEFAULT_CHUNK})",
+        },
+    ),
+    (
+        "--feature-map",
+        {
+            "choices": list(FEATURE_MAPS),
+            "metavar": "NAME",
+            "help": "the spec it claims (not for an adapter, which has its own): "
+            + ", ".join(FEATURE_MAPS),
+        },
+    ),
+    ("--causal", {"action": "store_true", "help": "the claimed spec is causal"}),
+    ("--eps", {"type": float, "help": "the denominator eps it claims (default 0)"}),
+    (
+        "--layout",
+        {
+            "choices": LAYOUTS,
+            "help": "the layout fn takes and returns: bhnd (B, H, N, d; the default) or bnhd",
+        },
+    ),
+    (
+        "--cost",
+        {
+            "choices": COSTS,
+            "help": "the growth it claims (default: quadratic for "
+            "softmax and the quadratic form, else linear)",
+        },
+    ),
+)
+
+
+def from_options(
+    target: str | None, values: Mapping[str, Any], load: bool = True
+) -> Implementation:
+    """resolve() of `target` with OPTIONS' values by their dest names (chunk_size, ...)."""
+    return resolve(
+        target,
+        form=values.get("form"),
+        chunk_size=values.get("chunk_size"),
+        feature_map=values.get("feature_map"),
+        causal=values.get("causal") or None,
+        eps=values.get("eps"),
+        layout=values.get("layout"),
+        cost=values.get("cost"),
+        load=load,
+    )
+
+
+def _form(spec: Spec, form, chunk_size, layout, cost, load: bool) -> Implementation:
+    """A built-in form of lv.attention claiming `spec`."""
+    if layout not in (None, "bhnd"):
+        raise SpecError("--layout describes a target; the built-in forms take (B, H, N, d)")
+    form = form or fast_form(spec)
+    if form not in FORMS:
+        raise SpecError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
+    if form not in forms_of(spec):
+        raise SpecError(
+            f"form {form!r} does not evaluate {spec}; its forms: {', '.join(forms_of(spec))}"
+        )
+    if chunk_size is not None and form != "chunked":
+        raise SpecError(f"--chunk-size is for the chunked form, not {form!r}")
+    if form == "chunked":
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int | None):
+            raise SpecError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        chunk_size = DEFAULT_CHUNK if chunk_size is None else chunk_size
+        if chunk_size < 1:
+            raise SpecError(f"chunk_size must be a positive integer, got {chunk_size}")
+    impl = Implementation(
+        None, spec, Source("form", form, chunk_size), "bhnd", cost or default_cost(spec, form)
+    )
+    return _builtin(impl) if load else impl
+
+
+def _builtin(impl: Implementation) -> Implementation:
+    """The built-in form of `impl` with its fn (and its stream for the causal forms)."""
+    spec, form = impl.spec, impl.source.name
+    chunk_size = impl.source.chunk_size or DEFAULT_CHUNK
+    fn = functools.partial(
+        attention,
+        feature_map=spec.feature_map,
+        causal=spec.causal,
+        form=form,
+        eps=spec.eps,
+        chunk_size=chunk_size,
+    )
+    stream = None
+    if form in ("recurrent", "chunked"):
+
+        def stream(max_len, projection):
+            return CausalStream(
+                spec.feature_map, projection, spec.eps, chunk_size, max_len=max_len, form=form
+            )
+
+    return replace(impl, fn=fn, stream=stream)
+
+
+def _label(fn: Any) -> str:
+    """A callable's qualified name (of the function a partial wraps), or a target as is."""
+    if isinstance(fn, str):
+        return fn
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(inner, "__qualname__", type(inner).__name__)
+
+
+def _importable_name(fn: Any) -> str:
+    """module:name (path.py:name for a script's) under which `fn` itself can be loaded, found
+    among its module's attributes; else <qualname>, which names it but cannot be loaded."""
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    module = sys.modules.get(getattr(inner, "__module__", None) or "")
+    for attr, value in vars(module).items() if module is not None else ():
+        if value is fn:
+            if module.__name__ == "__main__" and getattr(module, "__file__", None):
+                return f"{Path(module.__file__)}:{attr}"
+            return f"{module.__name__}:{attr}"
+    return f"<{_label(fn)}>"
