@@ -25,7 +25,7 @@ readme-verdicts: $(VENV)/.installed  ## the README's adapter table, from adapter
 	$(PY) -m linattn_verify adapters --readme README.md
 
 device-check: $(VENV)/.installed $(VENV)/.adapters  ## the GPU checks (one line without CUDA)
-	$(PY) benchmarks/device_check.py $(ARGS)
+	@$(PY) benchmarks/device_check.py $(ARGS)
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

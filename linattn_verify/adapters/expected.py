@@ -56,9 +56,9 @@ def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -
         if adapter.device == "cuda":
             verdict = "not vetted (CUDA)"
         checks = _checks(entry.failing) or "-"
+        why = (entry.reason or adapter.note).replace("|", "\\|")  # a cell holds no bare |
         rows.append(
-            f"| `{name}` (`{adapter.function}`) | {adapter.spec} | {verdict} | {checks} | "
-            f"{entry.reason or adapter.note} |"
+            f"| `{name}` (`{adapter.function}`) | {adapter.spec} | {verdict} | {checks} | {why} |"
         )
     return "\n".join(rows)
 

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     failed = [r for r in rows if not r["passed"]]
     print(
         f"golden implementation vs exact reference, shape B,H,N,d,dv = {b},{h},{n},{d},{dv}, "
-        f"seed {args.seed}; errors in units of u s (docs/accuracy.md)\n"
+        f"seed {args.seed}; errors in units of u s (README, 'The accuracy model')\n"
     )
     print("| spec | form | dtype | max error | p99 | bound at worst | budget | verdict |")
     print("|---|---|---|---:|---:|---:|---:|---|")
