@@ -1,8 +1,12 @@
 """Test cases: a handful of numbers (shape, dtype, kind, magnitude, seed) that build q, k, v
 and W deterministically, so a failing case is reproduced from its one-line description.
 
-Kinds (the structured adversarial cases of the property suite):
+Kinds (the draws of the property suite; regimes.py says which regime each case is in):
 - normal: q, k ~ N(0, 1) magnitude, v ~ N(0, 1);
+- mean-values: the same with v ~ N(VALUE_MEAN, 1): errors proportional to the output show
+  there, where zero-mean values hide them;
+- outlier-channels: the same with one coordinate (channel) of q and k OUTLIER_FACTOR times
+  larger, as trained models have;
 - identical: every token the same (all weights equal);
 - dominant: one key set to 4 times the mean query (its weight dominates);
 - zero-rows: about a third of the q and k rows are exactly 0;
@@ -32,6 +36,8 @@ from .specs import SpecError
 
 KINDS = (
     "normal",
+    "mean-values",
+    "outlier-channels",
     "identical",
     "dominant",
     "zero-rows",
@@ -41,6 +47,8 @@ KINDS = (
     "large-norm",
 )
 CANCEL_OFFSET = 1000.0
+VALUE_MEAN = 4.0  # mean-values: a mean of a few standard deviations
+OUTLIER_FACTOR = 10.0  # outlier-channels: "an order of magnitude larger"
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,12 @@ def _draw(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     elif kind == "cancel":
         signs = (-1.0) ** torch.arange(case.n, **_F64)
         v = v + CANCEL_OFFSET * signs[:, None]
+    elif kind == "mean-values":
+        v = v + VALUE_MEAN
+    elif kind == "outlier-channels":
+        channel = int(torch.randint(case.d, (1,), generator=gen))
+        q[..., channel] *= OUTLIER_FACTOR
+        k[..., channel] *= OUTLIER_FACTOR
     if kind in ("negative-rows", "positive-rows"):
         sign = -1.0 if kind == "negative-rows" else 1.0
         for t in (q, k):

@@ -33,8 +33,8 @@ from .accuracy.bound import scale_and_bound
 from .cases import Case
 from .inputs import UNIT_ROUNDOFF, validate
 from .reference.arb import arb_decimal
+from .regimes import magnitude_range
 from .specs import FEATURE_MAPS, Spec, SpecError
-from .strategies import regime
 from .under_test import Implementation, ImplementationFailure
 
 GENERATOR_VERSION = 1
@@ -61,7 +61,7 @@ def _extreme(spec: Spec) -> Case:
         kind = "large-norm"
     else:
         kind = "dominant"
-    magnitude = _magnitude(regime(spec, kind, "float16")[1], "float16")
+    magnitude = _magnitude(magnitude_range(spec, kind, "float16")[1], "float16")
     return Case(1, 2, 16, 4, 4, "float16", kind, magnitude, seed=7, m=_m(spec, 4))
 
 

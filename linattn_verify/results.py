@@ -8,6 +8,12 @@ from typing import Any
 
 from .cases import Case
 
+# How much a failure matters (DESIGN "Regimes and findings"), worst first: wrong is outside
+# the a-priori bound (or non-finite where the exact value is finite and fits, or a broken
+# property); inaccurate is inside the bound and over the budget: less accurate than
+# attainable.
+SEVERITIES = ("wrong", "inaccurate")
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -15,6 +21,7 @@ class CheckResult:
 
     by_nature: set when the spec itself violates the property on this input (relu's zero
     denominator, performer-trig's negative one): an expected failure, with its reason.
+    severity (SEVERITIES) of a failure; regime (regimes.REGIMES) of its case.
     """
 
     check: str
@@ -24,10 +31,15 @@ class CheckResult:
     figures: dict[str, float] = field(default_factory=dict)
     by_nature: str | None = None
     repro: str | None = None
+    severity: str | None = None
+    regime: str | None = None
 
     def report(self) -> str:
         """The message, the case and the command that reproduces it."""
-        lines = [f"{self.check}: {'pass' if self.passed else 'FAIL'}: {self.message}"]
+        status = "pass" if self.passed else "FAIL"
+        if not self.passed and self.severity:
+            status += f" ({self.severity}, {self.regime or 'any'} inputs)"
+        lines = [f"{self.check}: {status}: {self.message}"]
         if self.by_nature:
             lines.append("  by nature of the spec: an expected failure, not a bug")
         if self.case is not None:
@@ -45,4 +57,6 @@ class CheckResult:
             "by_nature": self.by_nature,
             "case": None if self.case is None else self.case.to_json(),
             "reproduce": self.repro,
+            "severity": self.severity,
+            "regime": self.regime,
         }

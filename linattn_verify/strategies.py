@@ -2,30 +2,8 @@
 
 Shapes include N = 1, ragged N (not multiples of 2, 16 or 64 chunk sizes), B and H up to 3,
 d != dv, and m = d among the projection sizes. Every draw of tensors comes from a drawn
-seed through a torch.Generator (Hypothesis does not seed torch).
-
-Magnitudes (the regime each spec is checked in, log10 of the scale of q and k):
-- random-sign kinds (normal, identical, dominant, zero-rows, cancel): from LOWEST[dtype]
-  (1e-4 in float16, 1e-15 in bfloat16 and float32, 1e-100 in float64) up to
-  RANDOM_SIGN_TOP[spec]. Above it the exact output is still defined but no evaluation in
-  float32 can resolve it: elu features exp(q_l) exp(k_l) of opposite-signed coordinates
-  underflow pair by pair (e^-100 below float32's range) while each row's own largest
-  feature is moderate; softmax, Performer and taylor exponents or squares leave float32;
-- negative-rows, positive-rows and large-norm (adversarial rows): up to
-  ADVERSARIAL_TOP[spec]; elu's negative rows up to 1e6, float16's whole range (rows of
-  -60000: features exp(x) underflow unless shifted, and nothing can overflow; beyond 1e6
-  a shift x - max x is exact only with care, e.g. x + n ln 2 with ln 2 split in two parts
-  holds to ~1.4e6, so the checks do not claim more), its
-  positive rows up to 1e8 (features x + 1 whose sums overflow float16), its large-norm
-  rows mix signs and stay within the random-sign limit. Performer norms up to 10^0.8 ~ 6:
-  there an unstabilised exp(W x' - |x'|^2/2) leaves float16's range both ways (e^11 and
-  e^-17 are its limits). Beyond about 7, a query and a key whose largest features sit on
-  different random features have every product exp(a_ql + a_kl) below float32's range
-  once each row is scaled by its own largest feature (spreads 2 |w| |x'| > 44 each), so
-  their similarity underflows; resolving it needs a scale per feature column of the
-  keys, which the built-in forms do not have (a known limit, not a regime the checks
-  claim).
-Both are capped by the dtype's largest finite value (values are clipped there).
+seed through a torch.Generator (Hypothesis does not seed torch). The magnitudes and the
+regimes they belong to are regimes.py's; `regime=` draws from one regime.
 """
 
 from __future__ import annotations
@@ -33,68 +11,63 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from hypothesis import strategies as st
 
 from .cases import KINDS, Case, Pair
 from .inputs import UNIT_ROUNDOFF
+from .regimes import TYPICAL_KINDS, TYPICAL_MAGNITUDES, magnitude_range, regime_of
 from .specs import Spec
 
 DTYPES = tuple(UNIT_ROUNDOFF)
-ADVERSARIAL_KINDS = ("negative-rows", "positive-rows", "large-norm")
 RAGGED_N = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 23, 31, 33)
-# log10 of the largest scale of q and k per spec; see the module docstring
-RANDOM_SIGN_TOP = {
-    "softmax": 3.0,
-    "elu": 1.0,
-    "relu": 8.0,
-    "performer-positive": 0.5,
-    "performer-hyperbolic": 0.5,
-    "performer-trig": 0.5,
-    "cosformer": 8.0,
-    "taylor": 2.0,
-}
-ADVERSARIAL_TOP = {**RANDOM_SIGN_TOP, "performer-positive": 0.8}
-ADVERSARIAL_TOP |= {"performer-hyperbolic": 0.8, "performer-trig": 1.0}
-# rows of one sign: elu's negative ones have features exp(x) (nothing overflows, all may
-# underflow), its positive ones x + 1 (products stay within float32 up to 1e8 x 1e8)
-ONE_SIGNED_TOP = {"negative-rows": {"elu": 6.0}, "positive-rows": {"elu": 8.0}}
-# log10 of the smallest scale per dtype: feature products of such values (1e-8 in float32
-# compute for float16 inputs, 1e-30 for bfloat16/float32, 1e-200 for float64) stay far
-# above the compute dtype's smallest normal, so no significant term underflows
-LOWEST = {"float16": -4.0, "bfloat16": -15.0, "float32": -15.0, "float64": -100.0}
 
 
-def regime(spec: Spec, kind: str, dtype: str) -> tuple[float, float]:
-    """(lowest, highest) log10 magnitude of q and k for `spec` and `kind` in `dtype`
-    (module docstring)."""
-    dtype_top = math.log10(torch.finfo(getattr(torch, dtype)).max) * (1 - 1e-12)  # 10^top finite
-    name = spec.feature_map
-    if kind in ADVERSARIAL_KINDS:
-        return 0.0, min(ONE_SIGNED_TOP.get(kind, {}).get(name, ADVERSARIAL_TOP[name]), dtype_top)
-    return LOWEST[dtype], min(RANDOM_SIGN_TOP[name], dtype_top)
+def magnitudes(
+    spec: Spec, kind: str, dtype: str, regime: str | None = None
+) -> st.SearchStrategy[float]:
+    """10^e for e in the range of `spec` and `kind` (regimes.magnitude_range), its ends
+    included; within a regime, the part of the range that regime can hold."""
+    low, top = magnitude_range(spec, kind, dtype)
+    if regime == "typical":
+        low, top = (math.log10(t) for t in TYPICAL_MAGNITUDES)
+        top = min(top, magnitude_range(spec, kind, dtype)[1] - 1e-9)  # below the edge
+    ends = (st.just(low), st.just(top)) if regime in (None, "extreme") else ()
+    middle = () if regime == "extreme" else (st.floats(low, top),)
+    one = (st.just(0.0),) if regime in (None, "typical") else ()
+    return st.one_of(*one, *middle, *ends).map(lambda e: float(10.0**e))
 
 
-def magnitudes(spec: Spec, kind: str, dtype: str) -> st.SearchStrategy[float]:
-    """10^e for e in the regime of `spec` and `kind`, its ends included."""
-    low, top = regime(spec, kind, dtype)
-    exponents = st.one_of(st.just(0.0), st.floats(low, top), st.just(top))
-    return exponents.map(lambda e: float(10.0**e))
+# (kind, log10 magnitude or "top" / "low": the ends of its range) of the corner cases
+CORNERS = (
+    ("normal", 0.0), ("mean-values", 0.25),
+    ("outlier-channels", 0.0), ("identical", 0.0), ("dominant", 0.5), ("cancel", 0.0),
+    ("zero-rows", 0.0), ("normal", "low"), ("normal", "top"), ("negative-rows", "top"),
+    ("positive-rows", "top"), ("large-norm", "top"),
+)  # fmt: skip
 
 
 def corner_cases(
-    spec: Spec, dtypes_allowed: tuple[str, ...] = DTYPES, device: str = "cpu"
+    spec: Spec,
+    dtypes_allowed: tuple[str, ...] = DTYPES,
+    device: str = "cpu",
+    regime: str | None = None,
 ) -> list[Case]:
-    """The edges of the regime, which random draws reach rarely: for each dtype, random
-    signs at the smallest and the largest magnitude and each adversarial kind at its
-    largest (B = H = 2, ragged N = 9, d = 3 != dv = 2, m = d)."""
-    m = 3 if spec.info.needs_projection else None
-    edges = [("normal", 0)] + [(kind, 1) for kind in ("normal", *ADVERSARIAL_KINDS)]
-    return [
-        Case(2, 2, 9, 3, 2, dtype, kind, 10.0 ** regime(spec, kind, dtype)[end], 1, m, device)
-        for dtype in dtypes_allowed
-        for kind, end in edges
-    ]
+    """Cases random draws reach rarely, for each dtype (B = H = 2, ragged N = 9, dv = 2 and
+    d = m = 3, or 8 for the typical kinds, whose rows then have a coordinate above elu's
+    ELU_ROW_FLOOR): one of each typical kind, the structured stress kinds, and the ends of
+    the range (random signs at the smallest and largest magnitude, each one-signed kind at
+    its largest); those of `regime` only, when given."""
+    out = []
+    for dtype in dtypes_allowed:
+        for kind, at in CORNERS:
+            low, top = magnitude_range(spec, kind, dtype)
+            exponent = {"low": low, "top": top}.get(at, at)
+            d = 8 if kind in TYPICAL_KINDS and at not in ("low", "top") else 3
+            m = d if spec.info.needs_projection else None
+            case = Case(2, 2, 9, d, 2, dtype, kind, 10.0**exponent, 1, m, device)
+            if regime is None or regime_of(case, spec) == regime:
+                out.append(case)
+    return out
 
 
 @st.composite
@@ -105,16 +78,20 @@ def random_cases(
     kinds: tuple[str, ...] = KINDS,
     max_n: int = max(RAGGED_N),
     device: str = "cpu",
+    regime: str | None = None,
 ) -> Case:
-    """A Case for `spec`: shape, dtype, kind, magnitude, seed (and m for Performer maps)."""
+    """A Case for `spec`: shape, dtype, kind, magnitude, seed (and m for Performer maps);
+    one of `regime` when given."""
     n = draw(st.sampled_from([n for n in RAGGED_N if n <= max_n]))
     b, h = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     d = draw(st.integers(1, 6))
     dv = draw(st.integers(1, 5))
     m = draw(st.sampled_from((1, 2, d, 2 * d, 8))) if spec.info.needs_projection else None
     dtype = draw(st.sampled_from(dtypes_allowed))
+    if regime == "typical":
+        kinds = tuple(k for k in kinds if k in TYPICAL_KINDS) or kinds
     kind = draw(st.sampled_from(kinds))
-    magnitude = draw(magnitudes(spec, kind, dtype))
+    magnitude = draw(magnitudes(spec, kind, dtype, regime))
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(b, h, n, d, dv, dtype, kind, magnitude, seed, m, device)
 
@@ -125,10 +102,14 @@ def cases(
     kinds: tuple[str, ...] = KINDS,
     max_n: int = max(RAGGED_N),
     device: str = "cpu",
+    regime: str | None = None,
 ) -> st.SearchStrategy[Case]:
-    """Random cases and, about as often, a corner case of the regime."""
-    corners = [c for c in corner_cases(spec, dtypes_allowed, device) if c.kind in kinds]
-    randoms = random_cases(spec, dtypes_allowed, kinds, max_n, device)
+    """Random cases and, about as often, a corner case; of `regime` only, when given."""
+    corners = corner_cases(spec, dtypes_allowed, device, regime)
+    corners = [c for c in corners if c.kind in kinds]
+    randoms = random_cases(spec, dtypes_allowed, kinds, max_n, device, regime)
+    if regime is not None:
+        randoms = randoms.filter(lambda case: regime_of(case, spec) == regime)
     return st.one_of(randoms, st.sampled_from(corners)) if corners else randoms
 
 

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from linattn_verify.cases import KINDS, Case
 from linattn_verify.checks import CHECKS, not_applicable
 from linattn_verify.checks.compare import Tolerance, mismatch
+from linattn_verify.regimes import ADVERSARIAL_KINDS, RANDOM_SIGN_TOP
 from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
-from linattn_verify.strategies import ADVERSARIAL_KINDS, RANDOM_SIGN_TOP, cases
+from linattn_verify.strategies import cases
 from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -56,8 +56,9 @@ def test_features_are_within_one_and_a_half_units_and_alike_in_every_loop():
     assert torch.equal(outs[0][: grid.numel()], outs[1])  # the same bits either way
 
 
-def test_golden_and_fast_forms_take_their_elu_features_from_one_place(kernel):
-    """plain_features (golden.py's) is the kernel's where it is built, else torch's."""
+def test_the_fast_forms_elu_features_are_the_kernels_where_it_is_built(kernel):
+    """plain_features is the kernel's where it is built, else torch's (golden.py has its
+    own, golden_features.py)."""
     x = torch.randn(2, 3, 40, 9, generator=torch.Generator().manual_seed(3)) * 4
     out = torch.empty(6, 40, 9)
     features = plain_features(x, "elu", 40)

@@ -2,7 +2,7 @@
 
 from .bound import C_LIB, gamma, scale_and_bound
 from .judgement import Judgement
-from .verdict import BUDGET_FLOOR, K_BUDGET, AccuracyVerdict, error_units, judge
+from .verdict import BUDGET_FLOOR, K_BUDGET, AccuracyVerdict, attainable_floor, error_units, judge
 
 __all__ = [
     "BUDGET_FLOOR",
@@ -10,6 +10,7 @@ __all__ = [
     "K_BUDGET",
     "AccuracyVerdict",
     "Judgement",
+    "attainable_floor",
     "error_units",
     "gamma",
     "judge",

@@ -17,6 +17,11 @@ For attention out_i = N_i / (eps + D_i), N_i = sum_j a_ij v_j, D_i = sum_j a_ij:
   (the last term: a stabilising max subtraction), so |da_ij| <= a_ij (e^{|ds|}(1 +
   gamma_{C_LIB}) - 1);
 - the quotient: |d out| <= (|dN| + |out| |dD|) / (|eps + D| - |dD|) (1 + u) + u |out|.
+Feature models (FEATURE_MODEL): "standard" admits every sane evaluation of each map, the
+textbook ones included: elu(x) + 1 as F.elu(x) + 1 = (exp(x) - 1) + 1, whose error is
+absolute (C_LIB u) rather than relative, the usual max stabilisers of the exponential maps,
+any summation order. "relative" (vet --strict) holds elu features to relative accuracy in
+entirely negative rows too, as a shifted evaluation attains (the golden implementation's).
 The bound is reported in units of u * s_ic, s_ic = sum_j |a_ij| |v_jc| / |eps + D_i| (for
 the signed performer-trig map: |phi(q)|.|phi(k)| in place of |a|), the magnitude the
 computation works at (DESIGN "Accuracy"). All sums are evaluated in arb balls, so the bound
@@ -26,6 +31,9 @@ itself carries no rounding error of its own; it is infinite where n u >= 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 from flint import arb, arb_mat
@@ -54,6 +62,22 @@ BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
 ELU_UNSHIFTED_MAX = 88.0
 
 
+FEATURE_MODELS = ("standard", "relative")
+FEATURE_MODEL: ContextVar[str] = ContextVar("feature_model", default="standard")
+
+
+@contextmanager
+def feature_model(model: str) -> Iterator[None]:
+    """Bounds computed inside the block assume `model` (FEATURE_MODELS) for the features."""
+    if model not in FEATURE_MODELS:
+        raise ValueError(f"feature model {model!r}; known: {', '.join(FEATURE_MODELS)}")
+    token = FEATURE_MODEL.set(model)
+    try:
+        yield
+    finally:
+        FEATURE_MODEL.reset(token)
+
+
 def gamma(n: int, u: float) -> float:
     """gamma_n = n u / (1 - n u) (Higham eq. 3.5); inf when n u >= 1."""
     return n * u / (1 - n * u) if n * u < 1 else math.inf
@@ -80,14 +104,16 @@ def feature_errors(
     # |x| e^x <= e^r (|r| e^(x - r) + 1/e), and no implementation leaves a row unshifted
     # below -ELU_UNSHIFTED_MAX (exp underflows there): within u (C_LIB e^r + phi + min(|r|,
     # ELU_UNSHIFTED_MAX) phi). In a row with a positive coordinate (r = 0) this is u (C_LIB +
-    # phi) and admits expm1(x) + 1; in an entirely negative row it does not: expm1(x) + 1
-    # cancels there (to exactly 0 below -17 in float32), an error charged to the
-    # implementation.
+    # phi) and admits expm1(x) + 1; in an entirely negative row the relative model does not:
+    # expm1(x) + 1 cancels there (to exactly 0 below -17 in float32). The standard model
+    # admits it there too: its error is within (e^x + C_LIB (1 - e^x)) u (1 + u), so the
+    # absolute term is C_LIB u whatever the row.
     if name == "elu":
         psi = []
+        textbook = FEATURE_MODEL.get() == "standard"
         for r, fr in zip(x.tolist(), phi, strict=True):
             top = min(max(r), 0.0)
-            big = arb(C_LIB) * arb(top).exp()
+            big = arb(C_LIB) * (1 if textbook else arb(top).exp())
             lift = 1 + min(-top, ELU_UNSHIFTED_MAX)
             psi.append(
                 [

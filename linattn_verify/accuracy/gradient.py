@@ -18,9 +18,10 @@ element, as s_ic is for an output element.
 - budget, per tensor (dq, dk, dv): K_BUDGET times the largest error of the golden forms'
   backward (autograd through implementations/golden.py, wide accumulation) on the same
   inputs and loss, and at least K_BUDGET times the error of rounding that exact tensor once
-  (max |g| / M, the `rounding_floor`): the rule for outputs, whose floor BUDGET_FLOOR is
-  that rounding with |out| <= s. Here M can exceed |g| by orders of magnitude, and by
-  different orders for dq, dk and dv (the Performer maps: exponents with large arguments,
+  (max |g| / M, the `rounding_floor`) the typical number of times a correct evaluation of
+  its n roundings does (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019): the rule
+  for outputs, whose floor BUDGET_FLOOR is that rounding with |out| <= s. Here M can exceed
+  |g| by orders of magnitude, and by different orders for dq, dk and dv (the Performer maps: exponents with large arguments,
   trig's cancelling features): one budget for all three, or a floor of 1 unit of u M,
   would admit errors in dq and dk thousands of times the golden ones.
 """
@@ -35,7 +36,7 @@ import torch
 
 from ..inputs import SMALLEST_SUBNORMAL
 from .bound import gamma
-from .verdict import BUDGET_FLOOR, K_BUDGET, error_units
+from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, typical_roundings
 
 NAMES = ("q", "k", "v")
 
@@ -49,7 +50,7 @@ class GradientVerdict:
     bound: float  # units of u M (inf: vacuous)
     max_error: dict[str, float]
     golden_max_error: dict[str, float] | None
-    rounding_floor: dict[str, float]  # one correct rounding of the exact gradient, u M
+    rounding_floor: dict[str, float]  # the exact gradient rounded typical_roundings times, u M
     budget: dict[str, float] | None
     violations: int  # elements above the bound, or non-finite where the exact one is finite
     worst: tuple[str, tuple[int, ...]]
@@ -142,7 +143,8 @@ def judge_gradients(
         violations += int(above.sum())
     worst_name = max(NAMES, key=lambda n: errors[n].max(initial=0.0))
     worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
-    floor = {n: rounding_floor(exact[n], scale[n], dtype, u) for n in NAMES}
+    typical = typical_roundings(roundings, u)
+    floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in NAMES}
     golden_max = budget = None
     if golden:
         golden_errors = [errors_of(g) for g in golden]

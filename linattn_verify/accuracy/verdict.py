@@ -6,12 +6,15 @@ u the unit roundoff of the implementation's dtype, s_ic the scale of bound.scale
 Two thresholds:
 - bound: the a-priori bound of bound.scale_and_bound, element by element; exceeding it is
   a bug whatever the cause;
-- budget: K_BUDGET times the largest error of the golden implementation on the same inputs
-  (at least BUDGET_FLOOR units); exceeding it means "less accurate than attainable".
+- budget: K_BUDGET times what a careful implementation attains on the same inputs: the
+  largest error of the golden implementation's forms, and at least what any correct one
+  typically makes whatever its luck (`attainable_floor`); exceeding it means "less
+  accurate than attainable".
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,6 +33,29 @@ K_BUDGET = 4.0
 # An output rounded to its dtype is already 0.5 units off; a budget below 1 unit would judge
 # the final rounding, not the algorithm.
 BUDGET_FLOOR = 1.0
+
+
+def typical_roundings(n: int, u: float) -> float:
+    """How many roundings of the result's own size a correct evaluation of n roundings
+    typically makes, at least one: sqrt(n) u_c / u, u_c the precision the golden forms
+    compute in (float32 for half precision, whose output is then rounded once). Higham &
+    Mary 2019 ("A new approach to probabilistic rounding error analysis", SISC 41(5), Thm.
+    3.1): with independent mean-zero rounding errors the error of n roundings is within
+    lambda sqrt(n) u_c with probability >= 1 - 2 exp(-lambda^2 / 2); lambda = 1 is its
+    typical scale, below which a single lucky evaluation can fall far (identical keys
+    summed 31 times: 1.2 units for one rounding of their feature, 8.3 for the next)."""
+    u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
+    return max(1.0, math.sqrt(n) * u_compute / u)
+
+
+def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
+    """The least error (units of u s) the budget takes as attainable, however the golden
+    forms' roundings fell: typical_roundings of the longest sum, n = m + Nk + 1 terms (m
+    features, Nk keys, eps), times BUDGET_FLOOR."""
+    nk, d = x.k.shape[2:]
+    rows = None if x.projection is None else x.projection.shape[0]
+    m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
+    return BUDGET_FLOOR * typical_roundings(m + nk + 1, u)
 
 
 def error_units(out: np.ndarray, ref: np.ndarray, scale: np.ndarray, u: float) -> np.ndarray:
@@ -63,10 +89,16 @@ class AccuracyVerdict:
         return self.within_bound and self.within_budget is not False
 
     @property
+    def relative_error(self) -> float:
+        """The largest error as a share of the output's scale s (max_error u)."""
+        return self.max_error * self.unit_roundoff
+
+    @property
     def message(self) -> str:
         parts = [
-            f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u (p99 "
-            f"{self.p99_error:.3g}) at {self.worst_index}, bound there {self.bound_at_worst:.3g}"
+            f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u s = "
+            f"{percent(self.relative_error)} of the output's scale (p99 {self.p99_error:.3g} u s) "
+            f"at {self.worst_index}, bound there {self.bound_at_worst:.3g}"
         ]
         if self.bound_at_worst == float("inf"):
             parts.append("the bound is vacuous there (n u >= 1): only the budget can judge")
@@ -85,7 +117,17 @@ class AccuracyVerdict:
         return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "passed": self.passed, "message": self.message}
+        return {
+            **asdict(self),
+            "relative_error": self.relative_error,
+            "passed": self.passed,
+            "message": self.message,
+        }
+
+
+def percent(share: float) -> str:
+    """A share as a percentage of two significant digits ("4.7 %", "3e-05 %", "inf %")."""
+    return f"{100 * share:.2g} %"
 
 
 def judge(
@@ -124,7 +166,7 @@ def judge(
     if golden is not None:
         goldens = golden if isinstance(golden, list | tuple) else [golden]
         golden_max = max(_largest_finite_error(g, ref, scale, u, defined) for g in goldens)
-        budget = K_BUDGET * max(golden_max, BUDGET_FLOOR)
+        budget = K_BUDGET * max(golden_max, attainable_floor(spec, x, u))
         within_budget = bool(e.max() <= budget)
     # A non-finite output where the exact value fits the dtype is wrong even where the
     # bound is vacuous; where the exact value is 0/0 the output must be NaN (DESIGN).

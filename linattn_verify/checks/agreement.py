@@ -30,12 +30,14 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     verdict = Judgement.of(q, k, v, w, impl.spec)(out)
     figures = {
         "max_error": verdict.max_error,
+        "relative_error": verdict.relative_error,
         "p99_error": verdict.p99_error,
         "bound_at_worst": verdict.bound_at_worst,
     }
     if verdict.budget is not None:
         figures["budget"] = verdict.budget
-    return Outcome(verdict.passed, verdict.message, figures)
+    severity = "wrong" if not verdict.within_bound else "inaccurate"
+    return Outcome(verdict.passed, verdict.message, figures, severity=severity)
 
 
 ORDER = {"quadratic": "(phi(Q) phi(K)^T) V", "linear": "phi(Q) (phi(K)^T V)"}

@@ -12,6 +12,7 @@ import torch
 
 from ..cases import Case
 from ..inputs import AttentionInputs, validate
+from ..regimes import regime_of
 from ..results import CheckResult
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
@@ -49,6 +50,7 @@ class Outcome:
     message: str
     figures: dict[str, float] = field(default_factory=dict)
     by_nature: str | None = None
+    severity: str = "wrong"  # of a failure: "inaccurate" when inside the bound, over budget
 
 
 CheckFn = Callable[..., CheckResult]
@@ -64,10 +66,11 @@ def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
                 outcome = body(impl, case, **options)
             except ImplementationFailure as err:
                 outcome = Outcome(False, f"{impl.name} {err}")
-            repro = None if outcome.passed else impl.reproduce(name, case)
+            failed = not outcome.passed
             return CheckResult(
                 name, outcome.passed, outcome.message, case, outcome.figures,
-                outcome.by_nature, repro,
+                outcome.by_nature, impl.reproduce(name, case) if failed else None,
+                outcome.severity if failed else None, regime_of(case, impl.spec),
             )  # fmt: skip
 
         run.__name__ = run.__qualname__ = body.__name__

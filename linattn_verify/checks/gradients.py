@@ -152,7 +152,8 @@ def gradient(impl: Implementation, case: Case) -> Outcome:
     figures["bound"] = verdict.bound
     for name, budget in (verdict.budget or {}).items():
         figures[f"budget_d{name}"] = budget
-    return Outcome(verdict.passed, verdict.message, figures)
+    severity = "wrong" if verdict.violations else "inaccurate"
+    return Outcome(verdict.passed, verdict.message, figures, severity=severity)
 
 
 def _allowance(

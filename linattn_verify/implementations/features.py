@@ -1,4 +1,4 @@
-"""Feature maps in torch, shared by every built-in implementation.
+"""Feature maps in torch, shared by the fast forms (the golden one has its own).
 
 phi(x) is returned scaled, with the log of the factor taken out, so that no exponential
 overflows the compute dtype: a per-query factor cancels between numerator and denominator,
@@ -153,8 +153,8 @@ def elu_features(x: torch.Tensor) -> torch.Tensor:
     """elu(x) + 1 = exp(min(x, 0)) + max(x, 0) (Katharopoulos et al. 2020, eq. 7): x + 1 or
     exp(x), with no cancellation, for x >= ELU_SHIFT_BELOW. On the CPU in float32 without
     autograd from native.c (one pass, about one unit in the last place); elsewhere in
-    torch (in place when no gradient is recorded). Golden and fast forms alike take their
-    features from here, so that on one machine they round them alike."""
+    torch (in place when no gradient is recorded). The golden implementation has its own
+    (golden_features.py)."""
     recording = records_grad(x)
     if not recording and native.usable(x) and x.dim() >= 2 and x.numel():
         out = torch.empty(x.shape, dtype=x.dtype)

@@ -8,7 +8,9 @@ for accuracy, not speed:
   inputs in float64; the output is rounded once, to the input dtype, at the end;
 - exponentials are evaluated in shifted form so that nothing overflows the compute dtype
   (the shifts cancel between numerator and denominator, and scale `eps` accordingly);
-- no cancellation where the formula allows none (elu(x) + 1 as where(x > 0, x + 1, exp(x))).
+- no cancellation where the formula allows none (elu(x) + 1 as where(x > 0, x + 1, exp(x)));
+- its own plain feature maps (golden_features.py): torch's exp, sin and cos, nothing shared
+  with the fast forms it budgets (no C kernel, no exp2).
 
 Output row i = sum_j sim(q_i, k_j) v_j / (eps + sum_j sim(q_i, k_j)), key j used by query i
 iff j <= i when causal (DESIGN.md, "The specs").
@@ -29,7 +31,7 @@ import torch
 
 from ..inputs import validate
 from ..specs import Spec, SpecError
-from .features import add_shifts, common_scale, exp, needs_shift, scaled_eps, scaled_features
+from .golden_features import at_one_scale, eps_in_units, golden_features, shifted_form, total
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,16 +77,16 @@ def golden_attention(
         num = weights @ vc
         den = weights.sum(dim=-1, keepdim=True)
     else:
-        n_pos = max(qc.shape[-2], kc.shape[-2])
-        shifted = needs_shift(spec, qc, kc)
-        phi_q, shift_q = scaled_features(qc, spec, w, n_pos, shifted=shifted)
-        body_k, scale_k = scaled_features(kc, spec, w, n_pos, shifted=shifted)
+        big_m = max(qc.shape[-2], kc.shape[-2])
+        shifted = shifted_form(spec, qc, kc)
+        phi_q, shift_q = golden_features(qc, spec, w, big_m, shifted)
+        body_k, scale_k = golden_features(kc, spec, w, big_m, shifted)
         if spec.causal:
             num, den, shift_k = _causal_scan(phi_q, body_k, scale_k, vc)
         else:
-            num, den, shift_k = _linear_contract(phi_q, *common_scale(body_k, scale_k), vc)
-        shift = add_shifts(shift_q, shift_k)
-    return (num / (den + scaled_eps(spec.eps, shift))).to(q.dtype)
+            num, den, shift_k = _linear_contract(phi_q, *at_one_scale(body_k, scale_k), vc)
+        shift = total(shift_q, shift_k)
+    return (num / (den + eps_in_units(spec.eps, shift))).to(q.dtype)
 
 
 # --------------------------------------------------------------------------- checks
@@ -150,19 +152,19 @@ def quadratic_weights(
         weights = (torch.relu(q) @ torch.relu(k).transpose(-2, -1)) * reweight
         shift = None
     else:
-        shifted = needs_shift(spec, q, k)
-        phi_q, shift_q = scaled_features(q, spec, w, max(nq, nk), shifted=shifted)
-        body_k, scale_k = scaled_features(k, spec, w, max(nq, nk), shifted=shifted)
+        shifted = shifted_form(spec, q, k)
+        phi_q, shift_q = golden_features(q, spec, w, max(nq, nk), shifted)
+        body_k, scale_k = golden_features(k, spec, w, max(nq, nk), shifted)
         if scale_k is None:
             weights, shift_k = phi_q @ body_k.transpose(-2, -1), None
         elif mask is None:
-            phi_k, shift_k = common_scale(body_k, scale_k)
+            phi_k, shift_k = at_one_scale(body_k, scale_k)
             weights = phi_q @ phi_k.transpose(-2, -1)
         else:  # each query's own scale: the largest over the keys it sees (j <= i)
             shift_k = torch.cummax(scale_k, dim=-2).values  # (B, H, N, 1)
             gap = (scale_k.transpose(-2, -1) - shift_k).masked_fill(~mask, -math.inf)
-            weights = (phi_q @ body_k.transpose(-2, -1)) * exp(gap)
-        shift = add_shifts(shift_q, shift_k)
+            weights = (phi_q @ body_k.transpose(-2, -1)) * torch.exp(gap)
+        shift = total(shift_q, shift_k)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     return weights, shift
@@ -197,9 +199,9 @@ def _causal_scan(
         if shifts is not None:
             now = shifts[..., i, :]  # (B, H, 1)
             if i:
-                decay = exp(shifts[..., i - 1, :] - now)
+                decay = torch.exp(shifts[..., i - 1, :] - now)
                 s, z = s * decay.unsqueeze(-1), z * decay
-            phi = phi * exp(scale_k[..., i, :] - now)
+            phi = phi * torch.exp(scale_k[..., i, :] - now)
         s = s + phi.unsqueeze(-1) * v[..., i, :].unsqueeze(-2)
         z = z + phi
         nums.append((phi_q[..., i, :].unsqueeze(-2) @ s).squeeze(-2))
