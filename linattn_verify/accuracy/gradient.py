@@ -22,8 +22,9 @@ element, as s_ic is for an output element.
   its n roundings does (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019): the rule
   for outputs, whose floor BUDGET_FLOOR is that rounding with |out| <= s. Here M can exceed
   |g| by orders of magnitude, and by different orders for dq, dk and dv (the Performer
-  maps: exponents with large arguments, trig's cancelling features): one budget for all three, or a floor of 1 unit of u M,
-  would admit errors in dq and dk thousands of times the golden ones.
+  maps: exponents with large arguments, trig's cancelling features): one budget for all
+  three, or a floor of 1 unit of u M, would admit errors in dq and dk thousands of times
+  the golden ones.
 """
 
 from __future__ import annotations
