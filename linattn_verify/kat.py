@@ -33,7 +33,7 @@ from .accuracy.bound import scale_and_bound
 from .cases import Case
 from .inputs import UNIT_ROUNDOFF, validate
 from .reference.arb import arb_decimal
-from .regimes import magnitude_range
+from .regimes import magnitude_range, regime_of
 from .specs import FEATURE_MAPS, Spec, SpecError
 from .under_test import Implementation, ImplementationFailure
 
@@ -371,7 +371,8 @@ def run_vectors(
         vector = json.loads((Path(directory) / entry["file"]).read_text())
         _, tensors = _inputs(vector)
         q, k, v, w = (None if t is None else t.to(device) for t in tensors)
-        row = {"name": entry["name"], "dtype": entry["dtype"]}
+        regime = regime_of(Case(**vector["case"]), spec)
+        row = {"name": entry["name"], "dtype": entry["dtype"], "regime": regime}
         try:
             out = impl(q, k, v, w)
             problem = _contract_problem(out, q, v)

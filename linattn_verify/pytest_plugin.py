@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from .regimes import REGIMES
 from .specs import SpecError
 from .under_test import OPTIONS, Implementation, from_options
 
@@ -26,13 +27,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     for flag, options in OPTIONS:
         group.addoption(flag, **options)
+    group.addoption(
+        "--fail-on",
+        choices=REGIMES,
+        help="the regimes whose cases the properties draw, up to this one (default: typical "
+        "for --impl, every regime for the built-in forms)",
+    )
+    group.addoption(
+        "--strict-accuracy",
+        action="store_true",
+        help="every regime, elu features held to relative accuracy (as vet --strict)",
+    )
+
+
+def drawn_regimes(config: pytest.Config) -> tuple[str, ...]:
+    """The regimes the property suite draws from: --fail-on's and the milder ones; every
+    regime with --strict-accuracy or without an implementation under test."""
+    fail_on = config.getoption("--fail-on")
+    if config.getoption("--strict-accuracy") or (fail_on is None and not _named(config)):
+        return REGIMES
+    return REGIMES[: REGIMES.index(fail_on or "typical") + 1]
+
+
+def _named(config: pytest.Config) -> bool:
+    return config.getoption("--impl") is not None or config.getoption("--form") is not None
 
 
 def implementation_under_test(config: pytest.Config) -> Implementation | None:
     """The implementation named by --impl or --form (with its claimed spec), or None."""
-    target, form = config.getoption("--impl"), config.getoption("--form")
-    if target is None and form is None:
+    if not _named(config):
         return None
+    target = config.getoption("--impl")
     values = {flag[2:].replace("-", "_"): config.getoption(flag) for flag, _ in OPTIONS}
     try:
         return from_options(target, values)

@@ -3,19 +3,20 @@
 Shapes include N = 1, ragged N (not multiples of 2, 16 or 64 chunk sizes), B and H up to 3,
 d != dv, and m = d among the projection sizes. Every draw of tensors comes from a drawn
 seed through a torch.Generator (Hypothesis does not seed torch). The magnitudes and the
-regimes they belong to are regimes.py's; `regime=` draws from one regime.
+regimes they belong to are regimes.py's; `regimes=` draws from some of them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import numpy as np
 from hypothesis import strategies as st
 
 from .cases import KINDS, Case, Pair
 from .inputs import UNIT_ROUNDOFF
-from .regimes import TYPICAL_KINDS, TYPICAL_MAGNITUDES, magnitude_range, regime_of
+from .regimes import REGIMES, TYPICAL_KINDS, TYPICAL_MAGNITUDES, magnitude_range, regime_of
 from .specs import Spec
 
 DTYPES = tuple(UNIT_ROUNDOFF)
@@ -23,17 +24,17 @@ RAGGED_N = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 23, 31, 33)
 
 
 def magnitudes(
-    spec: Spec, kind: str, dtype: str, regime: str | None = None
+    spec: Spec, kind: str, dtype: str, regimes: Collection[str] = REGIMES
 ) -> st.SearchStrategy[float]:
     """10^e for e in the range of `spec` and `kind` (regimes.magnitude_range), its ends
-    included; within a regime, the part of the range that regime can hold."""
+    included; the part of the range that `regimes` can hold."""
     low, top = magnitude_range(spec, kind, dtype)
-    if regime == "typical":
+    if set(regimes) == {"typical"}:
         low, top = (math.log10(t) for t in TYPICAL_MAGNITUDES)
         top = min(top, magnitude_range(spec, kind, dtype)[1] - 1e-9)  # below the edge
-    ends = (st.just(low), st.just(top)) if regime in (None, "extreme") else ()
-    middle = () if regime == "extreme" else (st.floats(low, top),)
-    one = (st.just(0.0),) if regime in (None, "typical") else ()
+    ends = (st.just(low), st.just(top)) if "extreme" in regimes else ()
+    middle = () if set(regimes) == {"extreme"} else (st.floats(low, top),)
+    one = (st.just(0.0),) if "typical" in regimes else ()
     return st.one_of(*one, *middle, *ends).map(lambda e: float(10.0**e))
 
 
@@ -50,13 +51,13 @@ def corner_cases(
     spec: Spec,
     dtypes_allowed: tuple[str, ...] = DTYPES,
     device: str = "cpu",
-    regime: str | None = None,
+    regimes: Collection[str] = REGIMES,
 ) -> list[Case]:
     """Cases random draws reach rarely, for each dtype (B = H = 2, ragged N = 9, dv = 2 and
     d = m = 3, or 8 for the typical kinds, whose rows then have a coordinate above elu's
     ELU_ROW_FLOOR): one of each typical kind, the structured stress kinds, and the ends of
     the range (random signs at the smallest and largest magnitude, each one-signed kind at
-    its largest); those of `regime` only, when given."""
+    its largest); those of `regimes`."""
     out = []
     for dtype in dtypes_allowed:
         for kind, at in CORNERS:
@@ -65,7 +66,7 @@ def corner_cases(
             d = 8 if kind in TYPICAL_KINDS and at not in ("low", "top") else 3
             m = d if spec.info.needs_projection else None
             case = Case(2, 2, 9, d, 2, dtype, kind, 10.0**exponent, 1, m, device)
-            if regime is None or regime_of(case, spec) == regime:
+            if set(regimes) == set(REGIMES) or regime_of(case, spec) in regimes:
                 out.append(case)
     return out
 
@@ -78,20 +79,20 @@ def random_cases(
     kinds: tuple[str, ...] = KINDS,
     max_n: int = max(RAGGED_N),
     device: str = "cpu",
-    regime: str | None = None,
+    regimes: Collection[str] = REGIMES,
 ) -> Case:
-    """A Case for `spec`: shape, dtype, kind, magnitude, seed (and m for Performer maps);
-    one of `regime` when given."""
+    """A Case for `spec`: shape, dtype, kind, magnitude, seed (and m for Performer maps),
+    drawn where `regimes` lie (cases() keeps those in them)."""
     n = draw(st.sampled_from([n for n in RAGGED_N if n <= max_n]))
     b, h = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     d = draw(st.integers(1, 6))
     dv = draw(st.integers(1, 5))
     m = draw(st.sampled_from((1, 2, d, 2 * d, 8))) if spec.info.needs_projection else None
     dtype = draw(st.sampled_from(dtypes_allowed))
-    if regime == "typical":
+    if set(regimes) == {"typical"}:
         kinds = tuple(k for k in kinds if k in TYPICAL_KINDS) or kinds
     kind = draw(st.sampled_from(kinds))
-    magnitude = draw(magnitudes(spec, kind, dtype, regime))
+    magnitude = draw(magnitudes(spec, kind, dtype, regimes))
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(b, h, n, d, dv, dtype, kind, magnitude, seed, m, device)
 
@@ -102,14 +103,14 @@ def cases(
     kinds: tuple[str, ...] = KINDS,
     max_n: int = max(RAGGED_N),
     device: str = "cpu",
-    regime: str | None = None,
+    regimes: Collection[str] = REGIMES,
 ) -> st.SearchStrategy[Case]:
-    """Random cases and, about as often, a corner case; of `regime` only, when given."""
-    corners = corner_cases(spec, dtypes_allowed, device, regime)
+    """Random cases and, about as often, a corner case, of `regimes` (all by default)."""
+    corners = corner_cases(spec, dtypes_allowed, device, regimes)
     corners = [c for c in corners if c.kind in kinds]
-    randoms = random_cases(spec, dtypes_allowed, kinds, max_n, device, regime)
-    if regime is not None:
-        randoms = randoms.filter(lambda case: regime_of(case, spec) == regime)
+    randoms = random_cases(spec, dtypes_allowed, kinds, max_n, device, regimes)
+    if set(regimes) != set(REGIMES):
+        randoms = randoms.filter(lambda case: regime_of(case, spec) in regimes)
     return st.one_of(randoms, st.sampled_from(corners)) if corners else randoms
 
 

@@ -29,12 +29,17 @@ def assert_linear_attention(
     device: str = "cpu",
     cost: str | None = None,
     thorough: bool = False,
+    fail_on: str = "typical",
+    strict: bool = False,
 ) -> VetReport:
     """Every applicable check of vet on fn (DESIGN's contract) claiming the spec; the report
-    when all pass, AssertionError with the summary when one fails. cost: "linear" or
-    "quadratic" (default: quadratic for softmax, else linear)."""
+    when the verdict passes, AssertionError with the summary when it fails. cost: "linear"
+    or "quadratic" (default: quadratic for softmax, else linear). fail_on: the regime up
+    to which findings fail (default typical: the others are warnings in the report);
+    strict: every regime, elu features held to relative accuracy (vet --strict)."""
     impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout, cost=cost)
-    options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough)
+    options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
+                         fail_on=fail_on, strict=strict, envelope=False)  # fmt: skip
     report = vet_in_process(impl, options)
     if report.failed:
         raise AssertionError(report.summary())

@@ -5,18 +5,22 @@ not, in each of its forms; on CPU, and on CUDA when available). With
 `--impl MODULE:FN --feature-map NAME [--causal] [--eps E] [--layout bnhd]` it runs over
 that one implementation instead (importable from the working directory or PYTHONPATH, or
 `path/to/file.py:fn`); `--impl ADAPTER` over a third-party library's, `--form FORM
---feature-map NAME ...` over one built-in form. Those options come from linattn_verify's
-pytest plugin (linattn_verify/pytest_plugin.py), which the root conftest.py loads.
+--feature-map NAME ...` over one built-in form. An implementation named so is judged on
+typical inputs (`--fail-on stress` or `extreme` for more, `--strict-accuracy` for every
+regime with relatively accurate elu features); the built-in forms on every regime. Those
+options come from linattn_verify's pytest plugin (linattn_verify/pytest_plugin.py), which
+the root conftest.py loads.
 """
 
 from __future__ import annotations
 
+import property_helpers
 import pytest
 import torch
 
 from linattn_verify.checks import not_applicable
 from linattn_verify.implementations.forms import forms_of
-from linattn_verify.pytest_plugin import implementation_under_test
+from linattn_verify.pytest_plugin import drawn_regimes, implementation_under_test
 from linattn_verify.specs import FEATURE_MAPS, Spec
 from linattn_verify.under_test import Implementation, resolve
 
@@ -35,6 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): the property test runs check `name`")
     config.addinivalue_line("markers", "builtin_only: skipped under --impl")
     config.stash[_IMPL] = implementation_under_test(config)
+    property_helpers.DRAWN.update(
+        regimes=drawn_regimes(config),
+        features="relative" if config.getoption("--strict-accuracy") else "standard",
+    )
 
 
 _IMPL = pytest.StashKey[Implementation | None]()

@@ -19,4 +19,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for row in sorted(rows, key=lambda r: (not r["broken"], r["name"])):
         verdict = "broken " if row["broken"] else "correct"
         killers = ", ".join(row["killed_by"]) or "-"
-        terminalreporter.write_line(f"{verdict}  {row['name']:<38} {killers}")
+        warned = f"   warned: {', '.join(row['warned'])}" if row.get("warned") else ""
+        terminalreporter.write_line(f"{verdict}  {row['name']:<38} {killers}{warned}")

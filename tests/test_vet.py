@@ -28,7 +28,11 @@ def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
     assert {"contract", "reference", "causality", "scaling", "accuracy float16"} <= names
     assert "accuracy float64" not in names
     assert all({"name", "status", "detail"} <= set(c) for c in report["checks"])
-    assert {c["status"] for c in report["checks"]} <= {"pass", "not applicable"}
+    assert {c["status"] for c in report["checks"]} == {"pass", "not applicable", "envelope"}
+    assert report["findings"] == [] and report["failing_regimes"] == ["typical"]
+    envelope = [c for c in report["checks"] if c["status"] == "envelope"]
+    assert [c["name"] for c in envelope] == ["envelope float16", "envelope float32"]
+    assert all(0 < c["figures"]["low"] < 1 < c["figures"]["high"] for c in envelope)
     assert report["environment"]["packages"]["torch"]
     assert "verdict: pass" in capsys.readouterr().out
 

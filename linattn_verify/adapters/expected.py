@@ -1,14 +1,21 @@
 """What vet finds on each adapter, as the project expects it (expected.txt beside this file),
-array-api-tests style: one line per adapter and failing check, `ADAPTER::CHECK`; an adapter
-without a line passes. A comment `# ADAPTER: text` says why, in the README's table.
+array-api-tests style, one fact a line:
 
-tests/test_adapter_verdicts.py vets every installed adapter (vet's plan with the
-known-answer vectors) and asserts that its failing checks are the file's, and
-`python -m linattn_verify adapters --readme README.md` writes the README's table from it.
+    ADAPTER::CHECK                          a check that fails the default verdict
+    ADAPTER top: SEVERITY, REGIME, SHARE    the top-ranked finding; SHARE its largest error
+                                            as a share of the output's scale (or "-")
+    ADAPTER envelope: LOW .. HIGH           float32 holds for LOW <= sigma <= HIGH
+    # ADAPTER: text                         why, for the README's table
+
+An adapter without a line passes with no finding. tests/test_adapter_verdicts.py vets every
+installed adapter (`vet ADAPTER --kat`) and compares; `python -m linattn_verify adapters
+--record` writes the facts from such a run (keeping the reasons), `--readme README.md` the
+README's table.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,51 +23,100 @@ from pathlib import Path
 from .base import Adapter
 
 EXPECTED_FILE = Path(__file__).with_name("expected.txt")
-_LINE = re.compile(r"^(?P<adapter>[\w.-]+)::(?P<check>\S.*?)\s*$")
+HEADER = """\
+# Expected vet verdicts of the adapters: linattn_verify/adapters/expected.py reads this file,
+# tests/test_adapter_verdicts.py checks it on every installed adapter, and
+# `python -m linattn_verify adapters --record` writes it (the reasons are kept).
+"""
+_FAILING = re.compile(r"^(?P<adapter>[\w.-]+)::(?P<check>\S.*?)\s*$")
+_TOP = re.compile(r"^(?P<adapter>[\w.-]+) top: (?P<severity>\w+), (?P<regime>\w+), (?P<share>\S+)$")
+_ENVELOPE = re.compile(r"^(?P<adapter>[\w.-]+) envelope: (?P<low>\S+) \.\. (?P<high>\S+)$")
 _REASON = re.compile(r"^#\s*(?P<adapter>[\w.-]+):\s+(?P<text>.*)$")
 
 
 @dataclass
 class Expected:
-    """An adapter's expected failing checks (vet row names) and the reason for them."""
+    """An adapter's expected verdict: failing checks (vet row names, with the line of each),
+    the top finding (severity, regime, share), the float32 envelope, and the reason."""
 
     failing: set[str] = field(default_factory=set)
+    lines: dict[str, int] = field(default_factory=dict)
+    top: tuple[str, str, float | None] | None = None
+    envelope: tuple[float, float] | None = None
     reason: str = ""
-    lines: dict[str, int] = field(default_factory=dict)  # check -> line number in the file
 
 
 def load_expected(path: Path = EXPECTED_FILE) -> dict[str, Expected]:
     """The file's expectations by adapter name (adapters with no line are absent)."""
     expected: dict[str, Expected] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if match := _LINE.match(line):
+        if match := _REASON.match(line):
+            entry = expected.setdefault(match["adapter"], Expected())
+            entry.reason = f"{entry.reason} {match['text']}".strip()
+        elif match := _TOP.match(line):
+            share = None if match["share"] == "-" else float(match["share"])
+            entry = expected.setdefault(match["adapter"], Expected())
+            entry.top = (match["severity"], match["regime"], share)
+        elif match := _ENVELOPE.match(line):
+            entry = expected.setdefault(match["adapter"], Expected())
+            entry.envelope = (float(match["low"]), float(match["high"]))
+        elif match := _FAILING.match(line):
             entry = expected.setdefault(match["adapter"], Expected())
             entry.failing.add(match["check"])
             entry.lines[match["check"]] = number
-        elif match := _REASON.match(line):
-            entry = expected.setdefault(match["adapter"], Expected())
-            entry.reason = f"{entry.reason} {match['text']}".strip()
     return expected
 
 
+def record(measured: dict[str, Expected], old: dict[str, Expected]) -> str:
+    """expected.txt for `measured` (by adapter, in registry order), the reasons kept from
+    `old`."""
+    out = [HEADER]
+    for name, entry in measured.items():
+        reason = old.get(name, Expected()).reason
+        out.append("")
+        if reason:
+            out.append(f"# {name}: {reason}")
+        out += [f"{name}::{check}" for check in sorted(entry.failing)]
+        if entry.top is not None:
+            severity, regime, share = entry.top
+            out.append(
+                f"{name} top: {severity}, {regime}, {'-' if share is None else f'{share:.3g}'}"
+            )
+        if entry.envelope is not None:
+            out.append(f"{name} envelope: {entry.envelope[0]:.3g} .. {entry.envelope[1]:.3g}")
+    return "\n".join(out) + "\n"
+
+
 def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -> str:
-    """The README's table: per adapter its claim, the expected verdict, the failing checks
-    and why."""
+    """The README's table: per adapter its claim, the default verdict, the checks that fail
+    it, the top finding, the float32 envelope, and why."""
     rows = [
-        "| adapter (library function) | claimed spec | verdict | failing checks | why |",
-        "|---|---|---|---|---|",
+        "| adapter (library function) | claimed spec | verdict | failing checks | top finding "
+        "| float32 envelope (sigma) | why |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, adapter in adapters.items():
         entry = expected.get(name, Expected())
         verdict = "fail" if entry.failing else "pass"
         if adapter.device == "cuda":
             verdict = "not vetted (CUDA)"
-        checks = _checks(entry.failing) or "-"
+        envelope = "-" if entry.envelope is None else "{:.2g} to {:.2g}".format(*entry.envelope)
         why = (entry.reason or adapter.note).replace("|", "\\|")  # a cell holds no bare |
         rows.append(
-            f"| `{name}` (`{adapter.function}`) | {adapter.spec} | {verdict} | {checks} | {why} |"
+            f"| `{name}` (`{adapter.function}`) | {adapter.spec} | {verdict} | "
+            f"{_checks(entry.failing) or '-'} | {_top(entry.top)} | {envelope} | {why} |"
         )
     return "\n".join(rows)
+
+
+def _top(top: tuple[str, str, float | None] | None) -> str:
+    if top is None:
+        return "-"
+    severity, regime, share = top
+    if share is None:
+        return f"{severity}, {regime}"
+    size = "non-finite" if not math.isfinite(share) else f"{100 * share:.2g} %"
+    return f"{severity}, {regime}, {size}"
 
 
 def _checks(failing: set[str]) -> str:

@@ -8,13 +8,14 @@ result, shrunk to a small case when asked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from ..cases import Case
+from ..regimes import REGIMES, regime_of
 from ..results import CheckResult
 from ..strategies import DTYPES, cases, corner_cases
 from ..under_test import Implementation
@@ -23,9 +24,10 @@ from . import ALL_CHECKS
 # Cases searched per check after the regime's corners, one budget per use. Each is a
 # runtime budget, not a tuned figure (README, "vet" and "The property suite" give the
 # times); the corners carry the adversarial extremes, which random draws reach rarely.
-VET_EXAMPLES = 25  # vet's default plan, for every check of every zoo entry in CI
-THOROUGH_EXAMPLES = 200  # vet --thorough
-CHECK_EXAMPLES = 50  # the check command's search for one check
+# vet and check search each regime in turn, the mildest first (search_regimes)
+VET_EXAMPLES = {"typical": 20, "stress": 10, "extreme": 5}  # vet's default plan (the zoo, CI)
+THOROUGH_EXAMPLES = {"typical": 120, "stress": 60, "extreme": 20}  # vet --thorough
+CHECK_EXAMPLES = {"typical": 30, "stress": 15, "extreme": 5}  # the check command
 # pytest properties/, per test: a share of the loaded Hypothesis profile's examples (the
 # suite runs every check over ~40 built-in implementations), at least a few
 PROPERTY_SHARE, PROPERTY_LEAST = 5, 10  # forward checks (ci profile: 20)
@@ -41,26 +43,28 @@ def find_failure(
     name: str,
     impl: Implementation,
     device: str = "cpu",
-    max_examples: int = VET_EXAMPLES,
+    max_examples: int = sum(VET_EXAMPLES.values()),
     nature: bool = False,
     shrink: bool = False,
     dtypes: tuple[str, ...] = DTYPES,
     extra_cases: Sequence[Case] = (),
     corners: bool = True,
+    regimes: Collection[str] = REGIMES,
     **options: Any,
 ) -> CheckResult | None:
-    """The first case on which check `name` fails for impl, or None: the regime's corners
-    (unless corners=False) and `extra_cases` first, then the search, all in `dtypes`.
-    nature=False looks for real failures (the spec's own by-nature violations count as
-    passes); nature=True for a by-nature counterexample."""
+    """The first case of `regimes` on which check `name` fails for impl, or None: the
+    corner cases (unless corners=False) and `extra_cases` first, then the search, all in
+    `dtypes`. nature=False looks for real failures (the spec's own by-nature violations
+    count as passes); nature=True for a by-nature counterexample."""
     check = ALL_CHECKS[name]
 
     def fails(case) -> bool:
         result = check(impl, case, **options)
         return not result.passed and bool(result.by_nature) == nature
 
-    fixed = corner_cases(impl.spec, dtypes, device) if corners else []
-    for case in [*fixed, *extra_cases]:  # every one
+    fixed = corner_cases(impl.spec, dtypes, device, regimes) if corners else []
+    extra = [c for c in extra_cases if regime_of(c, impl.spec) in regimes]
+    for case in [*fixed, *extra]:  # every one
         if fails(case):
             return check(impl, case, **options)
 
@@ -74,7 +78,29 @@ def find_failure(
         suppress_health_check=list(HealthCheck),
     )
     try:
-        case = find(cases(impl.spec, dtypes, device=device), fails, settings=search)
+        strategy = cases(impl.spec, dtypes, device=device, regimes=regimes)
+        case = find(strategy, fails, settings=search)
     except NoSuchExample:
         return None
     return check(impl, case, **options)
+
+
+def search_regimes(
+    name: str,
+    impl: Implementation,
+    budgets: Mapping[str, int],
+    device: str = "cpu",
+    **search: Any,
+) -> tuple[CheckResult | None, dict[str, int]]:
+    """Check `name`'s first failure in the mildest regime that has one, searching each of
+    `budgets` (regime -> cases searched) in turn from typical; with the cases searched per
+    regime up to there (corner and extra cases not counted)."""
+    searched: dict[str, int] = {}
+    for regime in REGIMES:
+        if regime not in budgets:
+            continue
+        searched[regime] = budgets[regime]
+        found = find_failure(name, impl, device, budgets[regime], regimes=(regime,), **search)
+        if found is not None:
+            return found, searched
+    return None, searched

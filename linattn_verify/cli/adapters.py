@@ -22,7 +22,8 @@ def add(sub) -> None:
         "is installed here (and CUDA, for the GPU-only kernels). --table prints the "
         "expected verdicts (linattn_verify/adapters/expected.txt, checked by the test "
         "suite) as the README's Markdown table; --readme writes it into a README between "
-        f"the lines {BEGIN} and {END}.",
+        f"the lines {BEGIN} and {END}; --record vets every installed adapter and rewrites "
+        "expected.txt from the verdicts (a minute or two).",
         [
             "python -m linattn_verify adapters",
             "python -m linattn_verify adapters --table",
@@ -32,6 +33,11 @@ def add(sub) -> None:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--table", action="store_true", help="print the verdict table")
     what.add_argument("--readme", metavar="PATH", help="write the verdict table into PATH")
+    what.add_argument(
+        "--record",
+        action="store_true",
+        help="vet every installed adapter and write expected.txt from what vet finds",
+    )
     parser.set_defaults(func=run)
 
 
@@ -59,12 +65,39 @@ def list_adapters() -> int:
     return 0
 
 
+def record() -> int:
+    """Vet every adapter that loads here and rewrite expected.txt (reasons kept); adapters
+    that do not load keep their old lines."""
+    from ..adapters import ADAPTERS, AdapterUnavailable
+    from ..adapters.expected import EXPECTED_FILE, load_expected
+    from ..adapters.expected import record as render
+    from ..vet.verdicts import measured_verdict
+
+    old = load_expected()
+    measured = {}
+    for name in ADAPTERS:
+        try:
+            measured[name], report = measured_verdict(name)
+            print(f"{name}: {report.verdict}", flush=True)
+        except AdapterUnavailable as err:
+            print(f"{name}: kept as it was ({err})", flush=True)
+            if name in old:
+                measured[name] = old[name]
+    staged = EXPECTED_FILE.with_name(".expected.txt.staged")
+    staged.write_text(render(measured, old))
+    os.replace(staged, EXPECTED_FILE)
+    print(f"{EXPECTED_FILE}: {len(measured)} adapters")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from ..adapters import ADAPTERS
     from ..adapters.expected import load_expected, verdict_table
 
-    if not (args.table or args.readme):
+    if not (args.table or args.readme or args.record):
         return list_adapters()
+    if args.record:
+        return record()
     table = verdict_table(ADAPTERS, load_expected())
     if args.table:
         print(table)

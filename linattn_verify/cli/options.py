@@ -71,6 +71,31 @@ def implementation(args: argparse.Namespace, load: bool = True):
     return from_options(args.target, vars(args), load)
 
 
+POLICY = (
+    "By default the verdict fails on a finding in typical inputs (what trained models feed); "
+    "findings in stress and extreme inputs are robustness warnings. --fail-on stress or "
+    "extreme widens that; --strict fails on every regime and holds elu features to relative "
+    "accuracy (regimes: README, 'Verdicts')."
+)
+
+
+def add_policy(parser: argparse.ArgumentParser) -> None:
+    """--fail-on REGIME and --strict: which findings fail the verdict."""
+    from ..regimes import REGIMES
+
+    parser.add_argument(
+        "--fail-on",
+        choices=REGIMES,
+        default="typical",
+        help="fail on findings in this regime and milder ones (default typical)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on every regime, elu features held to relative accuracy",
+    )
+
+
 def add_output(parser: argparse.ArgumentParser) -> None:
     """--json and --quiet, which every command has."""
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")

@@ -21,8 +21,12 @@ def add(sub) -> None:
         "Hypothesis search (N = 1, ragged N, B, H >= 2, d != dv, d = m, non-contiguous "
         "inputs, adversarial magnitudes), accuracy against the exact reference per dtype, "
         "cost scaling, and on request the known-answer vectors, a projection sampler's "
-        "statistics and the backward. Exit 0 when every check passes, 1 when one fails, 2 "
-        "for usage errors or a TARGET that cannot be loaded. " + options.CONTRACT,
+        "statistics and the backward; then the operating envelope per dtype. Failures are "
+        "grouped into findings, each with its severity (wrong: outside the a-priori bound; "
+        "inaccurate: within it, over the budget) and the regime of inputs it shows in. "
+        + options.POLICY
+        + " Exit 0 when the verdict passes, 1 when it fails, 2 for usage "
+        "errors or a TARGET that cannot be loaded. " + options.CONTRACT,
         [
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal",
             "python -m linattn_verify vet mypkg.ops:favor --feature-map performer-positive \\",
@@ -51,6 +55,8 @@ def add(sub) -> None:
         help=f"{THOROUGH_EXAMPLES} searched cases a check, not {VET_EXAMPLES}",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
+    parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")
+    options.add_policy(parser)
     parser.add_argument(
         "--timeout",
         type=float,
@@ -99,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         thorough=args.thorough,
         seed=args.seed,
         timeout=args.timeout,
+        fail_on=args.fail_on,
+        strict=args.strict,
+        envelope=not args.no_envelope,
     )
     report = vet(
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)
@@ -107,12 +116,8 @@ def run(args: argparse.Namespace) -> int:
     options.write_json(
         args.json,
         {
-            "verdict": report.verdict,
-            "target": report.target,
-            "implementation": report.implementation,
-            "spec": report.spec,
+            **report.to_dict(),
             "reproduce": f"python -m linattn_verify vet {declared.command}",
-            "checks": report.rows,
             "environment": environment(args.device),
         },
     )

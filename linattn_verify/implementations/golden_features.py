@@ -25,7 +25,8 @@ def shifted_form(spec: Spec, q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the features are taken with a log-scale per row."""
     if spec.feature_map.startswith("performer"):
         return True
-    return spec.feature_map == "elu" and min(float(q.min()), float(k.min())) < ELU_SHIFTED_BELOW
+    lowest = min(float(q.detach().min()), float(k.detach().min()))
+    return spec.feature_map == "elu" and lowest < ELU_SHIFTED_BELOW
 
 
 def golden_features(

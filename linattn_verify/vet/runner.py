@@ -1,6 +1,9 @@
 """vet: every applicable check on one implementation, run in a worker process, and one
 verdict. The plan: contract first, then the other property checks, accuracy per dtype, cost
-scaling, and on request the known-answer vectors, a sampler's statistics and the rate."""
+scaling, and on request the known-answer vectors, a sampler's statistics and the rate; then
+the operating envelope. The verdict: the failing rows grouped into findings (findings.py);
+by default it fails on a finding in typical inputs, and reports the others as robustness
+warnings (fail_on widens that, strict is every regime with relatively accurate features)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
+from ..regimes import REGIMES
 from ..specs import SpecError
 from ..strategies import DTYPES
 from ..under_test import Implementation
+from .findings import Finding, findings
 from .worker import Worker, WorkerDied, WorkerHung, describe, run_task
 
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
@@ -28,6 +33,19 @@ class VetOptions:
     thorough: bool = False
     seed: int = 0
     timeout: float = DEFAULT_TIMEOUT
+    fail_on: str = "typical"  # the verdict fails on findings in this regime and milder ones
+    strict: bool = False  # every regime, and elu features held to relative accuracy
+    envelope: bool = True  # the operating envelope per dtype
+
+    def __post_init__(self) -> None:
+        if self.fail_on not in REGIMES:
+            raise SpecError(f"fail_on must be one of {', '.join(REGIMES)}, got {self.fail_on!r}")
+
+    @property
+    def failing_regimes(self) -> tuple[str, ...]:
+        """The regimes whose findings fail the verdict."""
+        last = len(REGIMES) if self.strict else REGIMES.index(self.fail_on) + 1
+        return REGIMES[:last]
 
 
 @dataclass
@@ -36,30 +54,62 @@ class VetReport:
     implementation: str
     spec: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    failing_regimes: tuple[str, ...] = ("typical",)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return findings(self.rows)
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r["status"] in ("fail", "not run")]
+        """The rows that fail the verdict: those of the findings in failing_regimes, and
+        what was not run."""
+        blocking = {c for f in self.findings if f.regime in self.failing_regimes for c in f.checks}
+        return [r for r in self.rows if r["name"] in blocking or r["status"] == "not run"]
 
     @property
     def verdict(self) -> str:
         return "fail" if self.failed else "pass"
 
     def summary(self) -> str:
-        """One line per check, then the verdict; failures with their case and command."""
+        """What matters first (the verdict, the findings by rank, warnings apart), then one
+        line per check and the envelope."""
+        found = self.findings
+        blocking = [f for f in found if f.regime in self.failing_regimes]
+        warnings = [f for f in found if f.regime not in self.failing_regimes]
+        not_run = [r for r in self.rows if r["status"] == "not run"]
+        verdict = "FAIL" if blocking or not_run else "pass"
         lines = [f"vet {self.target}: {self.implementation} claiming {self.spec}"]
+        counts = [f"{len(blocking)} finding(s) on {' or '.join(self.failing_regimes)} inputs"]
+        counts.append(f"{len(warnings)} robustness warning(s)")
+        if not_run:
+            counts.append(f"{len(not_run)} check(s) not run")
+        lines.append(f"verdict: {verdict}: " + "; ".join(counts))
+        for index, finding in enumerate(found, 1):
+            mark = "" if finding.regime in self.failing_regimes else "[warning] "
+            lines.append(f"  {index}. {mark}{finding.headline()}")
+            lines.append(f"     {finding.detail}")
+            if finding.reproduce:
+                lines.append(f"     reproduce: {finding.reproduce}")
+        lines.append("checks:")
         for row in self.rows:
-            status = "FAIL" if row["status"] == "fail" else row["status"]
-            lines.append(f"  {status:>14}  {row['name']}: {row['detail']}")
-            if row["status"] == "fail" and row.get("case"):
-                lines.append(f"{'':18}case: {row['case']}")
-            if row["status"] == "fail" and row.get("reproduce"):
-                lines.append(f"{'':18}reproduce: {row['reproduce']}")
-        failed = len(self.failed)
-        lines.append(
-            f"verdict: {'FAIL' if failed else 'pass'} ({failed} of {len(self.rows)} failed)"
-        )
+            status = {"fail": "FAIL", "envelope": "range"}.get(row["status"], row["status"])
+            where = (
+                f" ({row.get('severity')}, {row.get('regime')})" if row["status"] == "fail" else ""
+            )
+            lines.append(f"  {status:>14}  {row['name']}{where}: {row['detail']}")
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "target": self.target,
+            "implementation": self.implementation,
+            "spec": self.spec,
+            "failing_regimes": list(self.failing_regimes),
+            "findings": [f.to_dict() for f in self.findings],
+            "checks": self.rows,
+        }
 
 
 def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, str, dict]]:
@@ -86,11 +136,19 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if spec.info.needs_projection:
         rate = {"sampler_target": options.sampler, "seed": options.seed}
         steps.append(("rate", "rate", {**rate, "device": options.device, "dtypes": options.dtypes}))
-    return steps
+    if options.envelope:
+        where = {"device": options.device, "dtypes": options.dtypes}
+        steps.append(("envelope", "envelope", where))
+    features = "relative" if options.strict else "standard"
+    return [
+        (name, task, {**task_options, "features": features}) for name, task, task_options in steps
+    ]
 
 
 def _report(target: str, description: dict[str, Any], options: VetOptions) -> VetReport:
-    report = VetReport(target, description["name"], str(description["spec"]))
+    report = VetReport(
+        target, description["name"], str(description["spec"]), [], options.failing_regimes
+    )
     from ..checks import GRAD_CHECKS
 
     for name, reason in description["not_applicable"].items():

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..cases import Case
 from ..checks import CHECKS
-from ..checks.search import find_failure
+from ..checks.search import search_regimes
+from ..regimes import REGIMES
 from ..results import CheckResult
 from ..specs import Spec
 from ..under_test import Implementation
@@ -46,24 +47,32 @@ def vet_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
 
 
 def property_check(
-    impl: Implementation, name: str, device: str, examples: int, dtypes: tuple[str, ...]
+    impl: Implementation,
+    name: str,
+    device: str,
+    examples: dict[str, int],
+    dtypes: tuple[str, ...],
 ) -> list[Row]:
-    """Check `name`: the regime's corners, vet_cases, then `examples` searched cases; the
-    first failure, shrunk."""
+    """Check `name` in each regime in turn, the mildest first (`examples` cases searched per
+    regime, after its corner cases and vet_cases): the first failure, shrunk, in the
+    mildest regime that has one."""
     extra = vet_cases(impl.spec, dtypes, device)
-    found = find_failure(
-        name, impl, device, examples, shrink=True, dtypes=dtypes, extra_cases=extra
+    found, searched = search_regimes(
+        name, impl, examples, device, shrink=True, dtypes=dtypes, extra_cases=extra
     )
     if found is not None:
         return [found.to_dict()]
-    searched = len(extra) + examples
-    detail = f"no failure in the regime's corners and {searched} cases ({', '.join(dtypes)})"
+    counts = ", ".join(f"{n} {regime}" for regime, n in searched.items())
+    detail = (
+        f"no failure in the corner cases, vet's cases and {counts} searched ({', '.join(dtypes)})"
+    )
     return [CheckResult(name, True, detail).to_dict()]
 
 
 def accuracy(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
-    """Per dtype, the reference check on the corners and vet_cases of that dtype: the largest
-    error in units of u s, with the bound and budget at the worst element."""
+    """Per dtype, the reference check on vet_cases and the corner cases of that dtype: the
+    first failure in the mildest regime that has one, else the largest error on typical
+    inputs (units of u s, with the bound and budget at the worst element)."""
     from ..strategies import corner_cases
 
     rows = []
@@ -74,14 +83,16 @@ def accuracy(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list
         ]
         results = [CHECKS["reference"](impl, case) for case in panel]
         failed = [r for r in results if not r.passed and not r.by_nature]
-        errors = [r.figures.get("max_error", math.nan) for r in results]
+        failed.sort(key=lambda r: REGIMES.index(r.regime))
+        typical = [r for r in results if r.regime == "typical"] or results
+        errors = [r.figures.get("max_error", math.nan) for r in typical]
         worst = (
-            results[int(np.nanargmax(errors))] if not all(map(math.isnan, errors)) else results[0]
+            typical[int(np.nanargmax(errors))] if not all(map(math.isnan, errors)) else typical[0]
         )
         shown = failed[0] if failed else worst
         row = shown.to_dict()
         row["name"] = f"accuracy {dtype}"
-        what = "first failure" if failed else "largest error"
+        what = f"first failure ({shown.regime})" if failed else "largest typical error"
         row["detail"] = f"{len(failed)} of {len(results)} cases fail; {what}: {shown.message}"
         rows.append(row)
     return rows
@@ -174,12 +185,17 @@ def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) ->
     rows = run_vectors(impl, device=device)
     rows = [r for r in rows if r["dtype"] in dtypes]
     bad = [r for r in rows if r.get("problem") or r["outside_bound"]]
+    bad.sort(key=lambda r: REGIMES.index(r["regime"]))
     worst = max(rows, key=lambda r: r["max_error_units"])
     detail = f"{len(bad)} of {len(rows)} vectors outside the bound or broken"
     shown = bad[0] if bad else worst
-    detail += f"; {'first' if bad else 'worst'}: {shown['name']} ({shown['dtype']}): " + (
+    what = f"first ({shown['regime']})" if bad else "worst"
+    detail += f"; {what}: {shown['name']} ({shown['dtype']}): " + (
         shown.get("problem")
         or f"{shown['max_error_units']:.3g} u s, bound {shown['bound_units']:.3g}"
     )
     figures = {r["name"]: r["max_error_units"] for r in rows}  # the error of every vector
-    return [CheckResult("known-answers", not bad, detail, figures=figures).to_dict()]
+    severity = "wrong" if bad else None
+    result = CheckResult("known-answers", not bad, detail, figures=figures, severity=severity,
+                         regime=shown["regime"] if bad else None)  # fmt: skip
+    return [result.to_dict()]

@@ -13,6 +13,7 @@ from typing import Any
 from ..specs import SpecError
 from ..under_test import Implementation
 from . import tasks
+from .envelope import envelope
 
 CONTEXT = multiprocessing.get_context("spawn")  # no state inherited from the parent
 # Starting the worker imports torch and the target: seconds, a minute on a busy machine; a
@@ -48,14 +49,20 @@ TASKS = {
     "rate": tasks.rate,
     "known-answers": tasks.known_answers,
     "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
+    "envelope": envelope,
 }
 
 
 def run_task(impl, task: str, options: dict[str, Any]) -> list[tasks.Row]:
-    """One task; an exception that escapes it (the implementation raising outside a check,
-    a sampler that cannot be loaded) is a failed row naming it."""
+    """One task, its bounds under options' feature model ("features", accuracy/bound.py);
+    an exception that escapes it (the implementation raising outside a check, a sampler
+    that cannot be loaded) is a failed row naming it."""
+    from ..accuracy.bound import feature_model
+
+    options = dict(options)
     try:
-        return TASKS[task](impl, **options)
+        with feature_model(options.pop("features", "standard")):
+            return TASKS[task](impl, **options)
     except Exception as err:  # the target's failure is a finding, not a crash of vet
         name = options.get("name", task)
         return [{"name": name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}]

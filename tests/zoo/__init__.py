@@ -21,6 +21,8 @@ class Entry:
     default). caught_by: for a broken entry, the checks its bug must fail (the right
     reason), among whatever else it fails. grad: vet it with the gradient checks too
     (`vet --grad`); a broken entry with grad fails those alone (its forward is right).
+    regime: for a broken entry, the mildest regime its bug shows in (regimes.py); a bug
+    that shows only in stress or extreme inputs is a robustness warning by default.
     """
 
     name: str
@@ -34,11 +36,14 @@ class Entry:
     cost: str | None = None
     caught_by: tuple[str, ...] = ()
     grad: bool = False
+    regime: str = "typical"
 
 
 # The entry modules import Entry from here, so they come after its definition.
-from . import backward, broken, correct  # noqa: E402
+from . import backward, broken, correct, subtle, textbook  # noqa: E402
 
-ZOO: tuple[Entry, ...] = broken.ENTRIES + correct.ENTRIES + backward.ENTRIES
+ZOO: tuple[Entry, ...] = (
+    broken.ENTRIES + subtle.ENTRIES + correct.ENTRIES + textbook.ENTRIES + backward.ENTRIES
+)
 
 __all__ = ["ZOO", "Entry"]

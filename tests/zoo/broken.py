@@ -389,8 +389,9 @@ ENTRIES: tuple[Entry, ...] = (
         "elu",
         causal=False,
         bug="the normaliser sum_j phi(k_j) is accumulated in the input dtype: overflows float16 "
-        "for large sums",
+        "for large sums (at the dtype's limits here; in typical inputs from N ~ 56k)",
         caught_by=("reference",),
+        regime="extreme",
     ),
     _broken(
         "elu-input-dtype-cancellation",
@@ -400,6 +401,7 @@ ENTRIES: tuple[Entry, ...] = (
         bug="phi is formed as elu(x) + 1 in the input dtype: cancels to 0 below about -8 in "
         "float16 (-17 in float32), and a row of such values gives 0/0",
         caught_by=("reference",),
+        regime="stress",
     ),
     _broken(
         "relu-plus-one-for-elu",
@@ -469,6 +471,7 @@ ENTRIES: tuple[Entry, ...] = (
         bug="exp(W x' - |x'|^2/2) unshifted and in the input dtype: underflows to 0/0 or "
         "overflows for large norms",
         caught_by=("positivity",),
+        regime="extreme",
     ),
     _broken(
         "cosformer-angle-missing-two",

@@ -115,11 +115,6 @@ def favor_global_max(q: Tensor, k: Tensor, v: Tensor, projection: Tensor) -> Ten
     return _favor_attention(q, k, v, projection, lambda a: a.amax(dim=(-2, -1), keepdim=True))
 
 
-def favor_column_max(q: Tensor, k: Tensor, v: Tensor, projection: Tensor) -> Tensor:
-    """FAVOR+ non-causal; keys stabilised per random feature (its largest over the keys)."""
-    return _favor_attention(q, k, v, projection, lambda a: a.amax(dim=-2, keepdim=True))
-
-
 class _EluEinsumWithBackward(torch.autograd.Function):
     """elu_einsum's forward (non-causal) with its backward written by hand."""
 
@@ -180,8 +175,6 @@ ENTRIES: tuple[Entry, ...] = (
               "row max subtracted, masked", cost="quadratic"),
     _textbook("textbook-favor-global-max", favor_global_max, "performer-positive", False,
               "FAVOR+, queries by their row max, keys by the head's max"),
-    _textbook("textbook-favor-column-max", favor_column_max, "performer-positive", False,
-              "FAVOR+, queries by their row max, keys per feature"),
     _textbook("textbook-elu-backward", elu_einsum_backward, "elu", False,
               "F.elu(x) + 1 einsum with a hand-written backward", grad=True),
 )  # fmt: skip

@@ -1,0 +1,27 @@
+"""An adapter's verdict as adapters/expected.txt records it, measured: vet's default plan with
+the known-answer vectors (the envelope in float32 only), on the device the adapter needs."""
+
+from __future__ import annotations
+
+from ..adapters import ADAPTERS
+from ..adapters.expected import Expected
+from ..under_test import resolve
+from .envelope import envelope
+from .runner import VetOptions, VetReport, vet_in_process
+
+ENVELOPE_DTYPE = "float32"
+
+
+def measured_verdict(name: str) -> tuple[Expected, VetReport]:
+    """What expected.txt would say of adapter `name`, and the report it comes from;
+    AdapterUnavailable when its library (or CUDA) is missing."""
+    impl = resolve(name)
+    device = "cuda" if ADAPTERS[name].device == "cuda" else "cpu"
+    report = vet_in_process(impl, VetOptions(kat=True, device=device, envelope=False))
+    found = report.findings
+    top = None if not found else (found[0].severity, found[0].regime, found[0].relative_error)
+    (row,) = envelope(impl, device, (ENVELOPE_DTYPE,))
+    figures = row["figures"]
+    bounds = None if figures["low"] is None else (figures["low"], figures["high"])
+    failing = {r["name"] for r in report.failed}
+    return Expected(failing=failing, top=top, envelope=bounds), report
