@@ -89,6 +89,12 @@ class AccuracyVerdict:
         return self.within_bound and self.within_budget is not False
 
     @property
+    def severity(self) -> str:
+        """How much a failure matters (results.SEVERITIES): wrong outside the bound,
+        inaccurate within it and over the budget."""
+        return "wrong" if not self.within_bound else "inaccurate"
+
+    @property
     def relative_error(self) -> float:
         """The largest error as a share of the output's scale s (max_error u)."""
         return self.max_error * self.unit_roundoff

@@ -36,8 +36,7 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     }
     if verdict.budget is not None:
         figures["budget"] = verdict.budget
-    severity = "wrong" if not verdict.within_bound else "inaccurate"
-    return Outcome(verdict.passed, verdict.message, figures, severity=severity)
+    return Outcome(verdict.passed, verdict.message, figures, severity=verdict.severity)
 
 
 ORDER = {"quadratic": "(phi(Q) phi(K)^T) V", "linear": "phi(Q) (phi(K)^T V)"}

@@ -75,7 +75,8 @@ def accuracy_rows(
                     continue
                 figures = verdict.to_dict()
                 del figures["spec"], figures["dtype"]  # in `where` already
-                rows.append({**where, "form": form, **figures})
+                severity = None if verdict.passed else verdict.severity
+                rows.append({**where, "form": form, **figures, "severity": severity})
             if n == max(sweep.ns):
                 margins.append({**where, **denominator_margins(q, k, spec, w)})
             step(f"{spec} N={n} {dtype}")

@@ -135,7 +135,8 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                 "accuracy": {
                     "ns": list(ns),
                     "shape_B_H_d_dv": [sweep.b, sweep.h, sweep.d, sweep.dv],
-                    "inputs": "N(0, 1) from numpy PCG64([seed, N]), rounded to each dtype",
+                    "inputs": "N(0, 1) from numpy PCG64([seed, N]), rounded to each dtype "
+                    "(typical inputs, regimes.py: every failure fails the verdict)",
                     "projection": "orthogonal rows with chi(d) norms, m = d, PCG64(seed)",
                 },
                 "gradients": {
