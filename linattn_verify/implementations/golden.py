@@ -79,8 +79,8 @@ def golden_attention(
     else:
         big_m = max(qc.shape[-2], kc.shape[-2])
         shifted = shifted_form(spec, qc, kc)
-        phi_q, shift_q = golden_features(qc, spec, w, big_m, shifted)
-        body_k, scale_k = golden_features(kc, spec, w, big_m, shifted)
+        phi_q, shift_q = golden_features(qc, spec, w, big_m, shifted, divide=True)
+        body_k, scale_k = golden_features(kc, spec, w, big_m, shifted, divide=True)
         if spec.causal:
             num, den, shift_k = _causal_scan(phi_q, body_k, scale_k, vc)
         else:

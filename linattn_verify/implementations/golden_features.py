@@ -30,10 +30,19 @@ def shifted_form(spec: Spec, q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def golden_features(
-    x: torch.Tensor, spec: Spec, w: torch.Tensor | None, big_m: int, shifted: bool
+    x: torch.Tensor,
+    spec: Spec,
+    w: torch.Tensor | None,
+    big_m: int,
+    shifted: bool,
+    divide: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(body, log_scale) of the rows of x (positions 0, 1, ... for cosFormer, whose M is
-    big_m); log_scale None where the map needs none."""
+    big_m); log_scale None where the map needs none. x' = x d^(-1/4) is formed as x times
+    d^(-1/4), or with `divide` as x / d^(1/4): the two ways a careful kernel writes it, whose
+    constants round differently. The exponents of the Performer maps amplify that one
+    rounding by |x'|^2 (a fifth of the error of a performer-trig row at d = 2, in either
+    direction), so the golden forms take one each and the budget the worse of them."""
     name, d = spec.feature_map, x.shape[-1]
     if name == "elu":  # Katharopoulos et al. 2020, eq. 7: x + 1 above 0, exp(x) below
         if not shifted:
@@ -46,7 +55,7 @@ def golden_features(
         a = torch.arange(x.shape[-2], device=x.device, dtype=x.dtype) * (math.pi / (2 * big_m))
         r = torch.clamp(x, min=0.0)
         return torch.cat((r * a.cos().unsqueeze(-1), r * a.sin().unsqueeze(-1)), dim=-1), None
-    scaled = x / d**0.25  # x' = x d^(-1/4)
+    scaled = x / d**0.25 if divide else x * d**-0.25  # x' = x d^(-1/4)
     if name == "taylor":  # Arora et al. 2024: [1, x', vec(x' x'^T) / sqrt(2)]
         pairs = torch.einsum("...i,...j->...ij", scaled, scaled).flatten(-2) / math.sqrt(2.0)
         return torch.cat((torch.ones_like(scaled[..., :1]), scaled, pairs), dim=-1), None
