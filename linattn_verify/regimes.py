@@ -2,7 +2,8 @@
 the checks draw or build is in exactly one, `regime_of(case, spec)`:
 
 - typical: what trained models feed: kinds TYPICAL_KINDS (coordinates of q and k N(0,
-  sigma^2), values with a mean, a channel an order of magnitude larger) with sigma in
+  sigma^2), values with a mean, a channel an order of magnitude larger among at least
+  OUTLIER_TYPICAL_D) with sigma in
   TYPICAL_MAGNITUDES, a few units: the scale of the projections of layer-normed
   activations, before the spec's own scaling (x d^(-1/4), q.k / sqrt(d)). For elu, also
   every row of q and k has a coordinate at or above ELU_ROW_FLOOR = -ln(K_BUDGET): below
@@ -58,6 +59,9 @@ from .specs import Spec
 REGIMES = ("typical", "stress", "extreme")  # mildest first
 TYPICAL_KINDS = ("normal", "mean-values", "outlier-channels")
 TYPICAL_MAGNITUDES = (0.1, 10**0.5)  # sigma of the coordinates of q and k
+# an outlier channel among fewer coordinates is the whole vector an order larger, not an
+# outlier: outlier-channels cases of smaller d are stress
+OUTLIER_TYPICAL_D = 8
 ELU_ROW_FLOOR = -math.log(K_BUDGET)
 
 
@@ -110,6 +114,8 @@ def regime_of(case: Case, spec: Spec) -> str:
         return "extreme"
     lo, hi = TYPICAL_MAGNITUDES
     if case.kind not in TYPICAL_KINDS or not lo <= case.magnitude <= hi * (1 + 1e-12):
+        return "stress"
+    if case.kind == "outlier-channels" and case.d < OUTLIER_TYPICAL_D:
         return "stress"
     if spec.feature_map == "elu":
         q, k, _, _ = case.tensors()

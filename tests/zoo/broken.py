@@ -471,7 +471,6 @@ ENTRIES: tuple[Entry, ...] = (
         bug="exp(W x' - |x'|^2/2) unshifted and in the input dtype: underflows to 0/0 or "
         "overflows for large norms",
         caught_by=("positivity",),
-        regime="extreme",
     ),
     _broken(
         "cosformer-angle-missing-two",
