@@ -6,6 +6,8 @@ import os
 import torch
 from hypothesis import settings
 
+from linattn_verify.checks.search import import_whole_package
+
 # the --impl options (also an installed pytest11 plugin of the same name, loaded once)
 pytest_plugins = ("linattn_verify.pytest_plugin",)
 
@@ -18,3 +20,7 @@ settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True
 settings.register_profile("dev", deadline=None)
 settings.register_profile("thorough", deadline=None, max_examples=1000)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Hypothesis draws from the constants of the local modules loaded: load all of ours now, so
+# that what a test draws does not depend on the tests that ran before it in its worker
+import_whole_package()

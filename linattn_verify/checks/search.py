@@ -8,6 +8,9 @@ result, shrunk to a small case when asked.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +42,20 @@ def property_examples(share: int = PROPERTY_SHARE, least: int = PROPERTY_LEAST) 
     return max(least, settings.default.max_examples // share)
 
 
+@functools.cache
+def import_whole_package() -> None:
+    """Import every module of linattn_verify, once. Hypothesis biases its draws with the
+    literal constants of the local modules loaded (hypothesis.internal.constants_ast), so a
+    search would depend on which of ours happened to be imported before it (a rate check
+    run earlier loads the stats modules): with all of them loaded, the same search draws
+    the same cases whatever ran before, in a test worker, a vet worker or the command line."""
+    import linattn_verify
+
+    for module in pkgutil.walk_packages(linattn_verify.__path__, "linattn_verify."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+
+
 def find_failure(
     name: str,
     impl: Implementation,
@@ -56,6 +73,7 @@ def find_failure(
     corner cases (unless corners=False) and `extra_cases` first, then the search, all in
     `dtypes`. nature=False looks for real failures (the spec's own by-nature violations
     count as passes); nature=True for a by-nature counterexample."""
+    import_whole_package()
     check = ALL_CHECKS[name]
 
     def fails(case) -> bool:

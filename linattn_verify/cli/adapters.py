@@ -67,12 +67,17 @@ def list_adapters() -> int:
 
 def record() -> int:
     """Vet every adapter that loads here and rewrite expected.txt (reasons kept); adapters
-    that do not load keep their old lines."""
+    that do not load keep their old lines. One torch thread, as the test suite runs
+    (conftest.py): a matmul's rounding depends on how many threads split it, and a figure at
+    the edge of a budget must come out the same in both."""
+    import torch
+
     from ..adapters import ADAPTERS, AdapterUnavailable
     from ..adapters.expected import EXPECTED_FILE, load_expected
     from ..adapters.expected import record as render
     from ..vet.verdicts import measured_verdict
 
+    torch.set_num_threads(1)
     old = load_expected()
     measured = {}
     for name in ADAPTERS:
