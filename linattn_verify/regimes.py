@@ -48,6 +48,7 @@ are never a reason for a case to leave typical.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -106,8 +107,10 @@ def dtype_limits(dtype: str) -> tuple[float, float]:
     return math.sqrt(info.tiny), math.sqrt(info.max)
 
 
+@functools.lru_cache(maxsize=4096)
 def regime_of(case: Case, spec: Spec) -> str:
-    """The regime of `case` for `spec` (module docstring)."""
+    """The regime of `case` for `spec` (module docstring); cached, since every check result
+    and every filtered draw asks, and elu's row floor builds the case's tensors."""
     low, high = dtype_limits(case.dtype)
     edge = 10.0 ** magnitude_range(spec, case.kind, case.dtype)[1]
     if not low <= case.magnitude <= high or case.magnitude >= edge * (1 - 1e-9):

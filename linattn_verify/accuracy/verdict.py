@@ -101,10 +101,12 @@ class AccuracyVerdict:
 
     @property
     def message(self) -> str:
+        rel = self.relative_error
+        share = f" = {percent(rel)} of the output's scale" if math.isfinite(rel) else ""
         parts = [
-            f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u s = "
-            f"{percent(self.relative_error)} of the output's scale (p99 {self.p99_error:.3g} u s) "
-            f"at {self.worst_index}, bound there {self.bound_at_worst:.3g}"
+            f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u s{share} (p99 "
+            f"{self.p99_error:.3g} u s) at {self.worst_index}, bound there "
+            f"{self.bound_at_worst:.3g}"
         ]
         if self.bound_at_worst == float("inf"):
             parts.append("the bound is vacuous there (n u >= 1): only the budget can judge")
@@ -132,8 +134,9 @@ class AccuracyVerdict:
 
 
 def percent(share: float) -> str:
-    """A share as a percentage of two significant digits ("4.7 %", "3e-05 %", "inf %")."""
-    return f"{100 * share:.2g} %"
+    """A share as a percentage of two significant digits ("4.7 %", "3e-05 %"), or
+    "non-finite"."""
+    return f"{100 * share:.2g} %" if math.isfinite(share) else "non-finite"
 
 
 def judge(

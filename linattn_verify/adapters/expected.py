@@ -15,11 +15,11 @@ README's table.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..accuracy.verdict import percent
 from .base import Adapter
 
 EXPECTED_FILE = Path(__file__).with_name("expected.txt")
@@ -115,8 +115,7 @@ def _top(top: tuple[str, str, float | None] | None) -> str:
     severity, regime, share = top
     if share is None:
         return f"{severity}, {regime}"
-    size = "non-finite" if not math.isfinite(share) else f"{100 * share:.2g} %"
-    return f"{severity}, {regime}, {size}"
+    return f"{severity}, {regime}, {percent(share)}"
 
 
 def _checks(failing: set[str]) -> str:

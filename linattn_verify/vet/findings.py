@@ -13,10 +13,10 @@ relative error, largest first.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..accuracy.verdict import percent
 from ..regimes import REGIMES
 from ..results import SEVERITIES
 
@@ -37,7 +37,8 @@ class Finding:
     reproduce: str | None = None
 
     def headline(self) -> str:
-        size = "" if self.relative_error is None else f", error {_share(self.relative_error)}"
+        share = self.relative_error
+        size = "" if share is None else f", error {percent(share)} of the output's scale"
         return f"{self.severity} on {self.regime} inputs{size}: {', '.join(self.checks)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -50,12 +51,6 @@ class Finding:
             "case": self.case,
             "reproduce": self.reproduce,
         }
-
-
-def _share(share: float) -> str:
-    return (
-        "non-finite" if not math.isfinite(share) else f"{100 * share:.2g} % of the output's scale"
-    )
 
 
 def _cause(row: Row) -> tuple:

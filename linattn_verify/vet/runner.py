@@ -78,7 +78,7 @@ class VetReport:
         blocking = [f for f in found if f.regime in self.failing_regimes]
         warnings = [f for f in found if f.regime not in self.failing_regimes]
         not_run = [r for r in self.rows if r["status"] == "not run"]
-        verdict = "FAIL" if blocking or not_run else "pass"
+        verdict = "FAIL" if self.verdict == "fail" else "pass"
         lines = [f"vet {self.target}: {self.implementation} claiming {self.spec}"]
         counts = [f"{len(blocking)} finding(s) on {' or '.join(self.failing_regimes)} inputs"]
         counts.append(f"{len(warnings)} robustness warning(s)")
