@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .checks.long_context import LONGEST
 from .strategies import DTYPES
 from .under_test import resolve
 from .vet import VetOptions, VetReport, vet_in_process
@@ -31,15 +32,18 @@ def assert_linear_attention(
     thorough: bool = False,
     fail_on: str = "typical",
     strict: bool = False,
+    longest: int = LONGEST,
 ) -> VetReport:
     """Every applicable check of vet on fn (DESIGN's contract) claiming the spec; the report
     when the verdict passes, AssertionError with the summary when it fails. cost: "linear"
     or "quadratic" (default: quadratic for softmax, else linear). fail_on: the regime up
     to which findings fail (default typical: the others are warnings in the report);
-    strict: every regime, elu features held to relative accuracy (vet --strict)."""
+    strict: every regime, elu features held to relative accuracy (vet --strict). longest:
+    the long-context check to N = longest and longest + 1 (0 skips it; vet --long)."""
     impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout, cost=cost)
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
-                         fail_on=fail_on, strict=strict, envelope=False)  # fmt: skip
+                         fail_on=fail_on, strict=strict, envelope=False,
+                         longest=longest)  # fmt: skip
     report = vet_in_process(impl, options)
     if report.failed:
         raise AssertionError(report.summary())

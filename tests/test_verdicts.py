@@ -141,10 +141,12 @@ def test_the_policy_fails_typical_findings_and_warns_about_the_others():
     assert VetOptions(fail_on="stress").failing_regimes == ("typical", "stress")
     assert VetOptions(strict=True).failing_regimes == REGIMES
     impl = resolve(textbook.elu_einsum, feature_map="elu")
-    report = vet_in_process(impl, VetOptions(dtypes=("float32",), envelope=False))
+    report = vet_in_process(impl, VetOptions(dtypes=("float32",), envelope=False, longest=0))
     assert report.verdict == "pass" and report.findings, report.summary()
     assert "robustness warning" in report.summary()
-    strict = vet_in_process(impl, VetOptions(dtypes=("float32",), envelope=False, strict=True))
+    strict = vet_in_process(
+        impl, VetOptions(dtypes=("float32",), envelope=False, strict=True, longest=0)
+    )
     assert strict.verdict == "fail"
 
 

@@ -21,11 +21,15 @@ def _vet(name: str, *extra: str) -> int:
 
 def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
     out = tmp_path / "vet.json"
-    assert _vet("elu_linear", "--dtypes", "float16", "float32", "--json", str(out)) == 0
+    args = ["--dtypes", "float16", "float32", "--long", "2048", "--json", str(out)]
+    assert _vet("elu_linear", *args) == 0
     report = json.loads(out.read_text())
     assert report["verdict"] == "pass"
     names = {c["name"] for c in report["checks"]}
     assert {"contract", "reference", "causality", "scaling", "accuracy float16"} <= names
+    assert "N = 1024, 2048, 2049 in float16, float32" in next(
+        c["detail"] for c in report["checks"] if c["name"] == "long-context"
+    )
     assert "accuracy float64" not in names
     assert all({"name", "status", "detail"} <= set(c) for c in report["checks"])
     assert {c["status"] for c in report["checks"]} == {"pass", "not applicable", "envelope"}
@@ -64,7 +68,8 @@ def test_a_hanging_implementation_fails_within_the_timeout(capsys):
 def test_a_biased_sampler_fails_the_random_feature_statistics(tmp_path, capsys):
     out = tmp_path / "vet.json"
     sampler = "tests.zoo.random_features:unit_norm_rows"
-    args = ["--dtypes", "float32", "--sampler", sampler, "--claim", "iid", "--json", str(out)]
+    args = ["--dtypes", "float32", "--sampler", sampler, "--claim", "iid", "--long", "0"]
+    args += ["--json", str(out)]
     assert (
         main(
             ["vet", f"{TARGETS}:performer", "--feature-map", "performer-positive", "--quiet", *args]
@@ -99,6 +104,8 @@ def test_a_biased_sampler_fails_the_random_feature_statistics(tmp_path, capsys):
             "cannot import",
         ),
         (["vet", "fla.linear-attn-chunk"], "--device cuda"),
+        (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--long", "100"], "at least"),
+        (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--long", "2" * 14], "GiB"),
     ],
 )
 def test_usage_errors_exit_2(args, message, capsys):

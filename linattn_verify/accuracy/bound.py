@@ -34,6 +34,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import numpy as np
 from flint import arb, arb_mat
@@ -46,8 +47,16 @@ from ..reference.balls import (
     features,
     kernel_sums,
     masked,
-    performer_arguments,
     working_precision,
+)
+from ..reference.certified import (
+    SAFETY,
+    U64,
+    depth,
+    float_features,
+    gamma64,
+    performer_arguments,
+    streamed_sums,
 )
 from ..reference.common import MAX_PREC
 from ..specs import Spec
@@ -56,6 +65,7 @@ from ..specs import Spec
 # and CUDA's libdevice for these arguments; C_LIB = 2 units of roundoff.
 C_LIB = 2
 BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
+FAST_BOUND_WORK = 2**16  # query-key pairs per head beyond which the sums run in float64
 # ln of float32's largest value: an unshifted exp(x) below -88 underflows float32, so any
 # working elu implementation shifts rows that negative (float64 ones may not: 745 there,
 # and their extra error |r| u beyond 88 u is charged to them)
@@ -83,21 +93,37 @@ def gamma(n: int, u: float) -> float:
     return n * u / (1 - n * u) if n * u < 1 else math.inf
 
 
-def _grow(rel: arb, g: float) -> arb:
-    """(1 + rel)(1 + g) - 1: relative errors compose."""
-    return (1 + rel) * (1 + arb(g)) - 1
+def gamma_probabilistic(n: int, u: float, lam: float) -> float:
+    """Higham & Mary 2019 ("A new approach to probabilistic rounding error analysis", SISC
+    41(5), Thm. 3.1): with rounding errors independent and of mean zero, a product of n
+    factors (1 + delta) is within exp(lam sqrt(n) u + n u^2 / (1 - u)) - 1 of 1 with
+    probability at least 1 - 2 exp(-lam^2 (1 - u)^2 / 2); `probabilistic_lambda` picks lam."""
+    return math.expm1(lam * math.sqrt(n) * u + n * u * u / (1 - u))
+
+
+def probabilistic_lambda(terms: int, failure: float, u: float) -> float:
+    """The lam for which `terms` products (each sum's terms, all elements) all hold but with
+    probability `failure` at most (a union bound over Higham & Mary's Thm. 3.1)."""
+    return math.sqrt(2 * math.log(2 * terms / failure)) / (1 - u)
 
 
 def feature_errors(
-    x: np.ndarray, positions: range, head: Head, name: str, u: float, stab: arb
-) -> tuple[list[list[arb]], list[list[arb]]]:
-    """(phi(x_i), psi(x_i)): features and bounds on their absolute evaluation error.
+    x: np.ndarray,
+    positions: np.ndarray,
+    big_m: int,
+    w,
+    name: str,
+    u: float,
+    stab: float,
+    phi: np.ndarray,
+) -> np.ndarray:
+    """psi(x_i): bounds on the absolute error of any sane evaluation of phi(x_i) in
+    precision u, given |phi| <= phi (float64 upper bounds); inflated by SAFETY, which
+    covers this function's own float64 arithmetic.
 
     stab bounds the magnitude of the stabiliser a Performer implementation may subtract from
     its exponents (the largest exponent of the head).
     """
-    phi = features(x, positions, head, name)
-    ua = arb(u)
     # x + 1 (one rounding), or exp(x) for x <= 0 without cancellation: directly (C_LIB
     # relative), as exp2(x log2 e) (absolute |x| e^x u), or shifted by the row's largest
     # coordinate r < 0, exp(x - r) e^r (absolute |x - r| e^(x - r) u <= u / e, times e^r).
@@ -109,75 +135,75 @@ def feature_errors(
     # admits it there too: its error is within (e^x + C_LIB (1 - e^x)) u (1 + u), so the
     # absolute term is C_LIB u whatever the row.
     if name == "elu":
-        psi = []
-        textbook = FEATURE_MODEL.get() == "standard"
-        for r, fr in zip(x.tolist(), phi, strict=True):
-            top = min(max(r), 0.0)
-            big = arb(C_LIB) * (1 if textbook else arb(top).exp())
-            lift = 1 + min(-top, ELU_UNSHIFTED_MAX)
-            psi.append(
-                [
-                    f * ua * (1 + ua) if t > 0 else (big + lift * f) * ua * (1 + ua)
-                    for t, f in zip(r, fr)
-                ]
-            )
-        return phi, psi
-    if name == "relu":
-        return phi, [[arb(0)] * len(r) for r in phi]
-    if name == "cosformer":
+        top = np.minimum(x.max(axis=1, keepdims=True), 0.0)
+        big = C_LIB * (1.0 if FEATURE_MODEL.get() == "standard" else np.exp(top))
+        lift = 1 + np.minimum(-top, ELU_UNSHIFTED_MAX)
+        psi = np.where(x > 0, phi, big + lift * phi) * u * (1 + u)
+    elif name == "relu":
+        psi = np.zeros_like(phi)
+    elif name == "cosformer":
         # theta = pi i / 2M after 3 roundings: |d theta| <= 3 u theta; cos and sin add C_LIB u
         # (absolute, not relative: cos is small near pi/2); the product with relu(x) one more
-        psi = []
-        for i, r, fr in zip(positions, x.tolist(), phi, strict=True):
-            theta = arb.pi() * i / (2 * head.big_m)
-            trig_err = (3 * theta + C_LIB) * ua
-            rel = [max(t, 0.0) * trig_err * (1 + ua) for t in r]
-            psi.append([e + abs(f) * ua for e, f in zip(rel + rel, fr, strict=True)])
-        return phi, psi
-    if name == "taylor":
+        theta = np.pi * positions[:, None] / (2 * big_m)
+        rel = np.maximum(x, 0.0) * (3 * theta + C_LIB) * u * (1 + u)
+        psi = np.concatenate([rel, rel], 1) + phi * u
+    elif name == "taylor":
         # 1 exact; x' = x / d^(1/4): the root (C_LIB) and the division (1); x'_a x'_b / sqrt(2):
         # two such factors, their product, sqrt(2) (C_LIB) and the division: 3 C_LIB + 4
-        d = x.shape[1]
+        _n, d = x.shape
         lin, quad = gamma(C_LIB + 1, u), gamma(3 * C_LIB + 4, u)
-        rel = [arb(0)] + [arb(lin)] * d + [arb(quad)] * (d * d)
-        return phi, [[abs(f) * r for f, r in zip(fr, rel, strict=True)] for fr in phi]
-    _, half_sq = performer_arguments(x, head.w)
-    d = x.shape[1]
-    norms = (arb_mat(balls(np.abs(x))) * arb_mat(balls(np.abs(head.w))).transpose()).tolist()
-    scale = arb(d).rsqrt().sqrt()
+        rel = np.concatenate([np.zeros(1), np.full(d, lin), np.full(d * d, quad)])
+        psi = phi * rel
+    else:
+        psi = _performer_errors(x, w, name, u, stab, phi)
+    return psi * SAFETY
+
+
+def _grow(rel, g: float):
+    """(1 + rel)(1 + g) - 1: relative errors compose."""
+    return (1 + rel) * (1 + g) - 1
+
+
+def _performer_errors(x, w, name: str, u: float, stab: float, phi: np.ndarray) -> np.ndarray:
+    """psi of the Performer maps (feature_errors)."""
+    d, m = x.shape[1], w.shape[0]
+    _, _, half_sq, err_half = performer_arguments(x, w)
+    hs = half_sq + err_half
+    norms = (np.abs(x) @ np.abs(w).T) * SAFETY
+    scale = d**-0.25 * SAFETY
     # exponent: the dot product over d, x' = x d^(-1/4) (C_LIB + 1), subtracting |x'|^2/2 and
     # a stabiliser (2), exp as exp2(x log2 e) (1); then the value: a feature may be formed
     # as exp(a - max a) exp(scale - shift) (two exps, 2 C_LIB, and their product, 1) and
     # divided by sqrt(m) (1)
     g_arg, g_lib = gamma(d + C_LIB + 4, u), gamma(2 * C_LIB + 2, u)
-    psi = []
-    for fr, nr, hs in zip(phi, norms, half_sq, strict=True):
+    with np.errstate(over="ignore", invalid="ignore"):
         if name == "performer-trig":  # exp(|x'|^2/2)/sqrt(m) times sin/cos of W x'
-            rel_e = _grow((g_arg * (hs + stab)).exp() - 1, g_lib)
-            m = len(nr)
-            e = hs.exp() * arb(m).rsqrt()
-            row = []
-            for f, n in zip(fr, nr + nr, strict=True):
-                dtheta = g_arg * n * scale + C_LIB * ua
-                row.append(abs(f) * rel_e + e * dtheta * (1 + rel_e))
-            psi.append(row)
-        else:  # exp(+-W x' - |x'|^2/2) / sqrt(m or 2m)
-            dalpha = [g_arg * (n * scale + hs + stab) for n in nr]
-            if name == "performer-hyperbolic":
-                dalpha = dalpha + dalpha
-            psi.append([f * _grow(da.exp() - 1, g_lib) for f, da in zip(fr, dalpha, strict=True)])
-    return phi, psi
+            rel_e = _grow(np.expm1(g_arg * (hs + stab)), g_lib)
+            e = np.exp(hs) / math.sqrt(m) * SAFETY
+            dtheta = g_arg * np.concatenate([norms, norms], 1) * scale + C_LIB * u
+            return phi * rel_e + e * dtheta * (1 + rel_e)
+        dalpha = g_arg * (norms * scale + hs + stab)  # exp(+-W x' - |x'|^2/2) / sqrt(m or 2m)
+        if name == "performer-hyperbolic":
+            dalpha = np.concatenate([dalpha, dalpha], 1)
+        return phi * _grow(np.expm1(dalpha), g_lib)
 
 
-def _stabiliser(head: Head, name: str) -> arb:
+def _stabiliser(q: np.ndarray, k: np.ndarray, w, name: str) -> float:
     """Largest |exponent| over the head's queries and keys for the Performer maps."""
     if not name.startswith("performer"):
-        return arb(0)
-    tops = [arb(0)]
-    for rows in (head.q, head.k):
-        proj, half_sq = performer_arguments(rows, head.w)
-        tops += [(abs(p) + hs).upper() for pr, hs in zip(proj, half_sq, strict=True) for p in pr]
-    return max(tops)
+        return 0.0
+    tops = [0.0]
+    for rows in (q, k):
+        proj, err_proj, half_sq, err_half = performer_arguments(rows, w)
+        tops.append(float(np.max(np.abs(proj) + err_proj + half_sq + err_half)))
+    return max(tops) * SAFETY
+
+
+def _features(x: np.ndarray, positions: np.ndarray, big_m: int, w, name: str, u, stab):
+    """(features in float64, upper bounds on the exact |phi(x_i)|, psi(x_i))."""
+    f = float_features(x, positions, big_m, w, name)
+    a = (np.abs(f.phi) + f.err) * SAFETY
+    return f, a, feature_errors(x, positions, big_m, w, name, u, stab, a)
 
 
 def _abs(rows: list[list[arb]]) -> list[list[arb]]:
@@ -188,10 +214,24 @@ def _add(*mats: list[list[arb]]) -> list[list[arb]]:
     return [[sum(ts, arb(0)) for ts in zip(*rows, strict=True)] for rows in zip(*mats, strict=True)]
 
 
-def _head_sums(head: Head, spec: Spec, u: float, x: list[list[arb]]):
-    """(num-and-den sums, A sums, F sums, m) for one head; see the module docstring."""
+@dataclass(frozen=True)
+class HeadSums:
+    """One head's sums over |eps + D|, as float64 upper bounds (ratios stay in range where
+    the sums themselves do not, e^-1e6): A (|terms| with |v| columns, then 1), F (the
+    features' errors, same columns); where D + eps is exactly zero; m (features per term)."""
+
+    a: np.ndarray
+    f: np.ndarray
+    zero: np.ndarray
+    m: int
+
+
+def _arb_sums(head: Head, spec: Spec, u: float, final: bool) -> HeadSums | None:
+    """HeadSums in ball arithmetic; None if some denominator is not resolved away from 0,
+    unless `final` (the last precision: then its lower end is taken as it is)."""
     name, causal = spec.feature_map, spec.causal
     nq, nk = head.q.shape[0], head.k.shape[0]
+    x = balls(np.concatenate([np.abs(head.v), np.ones((nk, 1))], 1))
     if name == "softmax":
         rows = list(range(nq))
         sims = masked(direct_sims(head, rows, name), rows, causal)
@@ -208,28 +248,105 @@ def _head_sums(head: Head, spec: Spec, u: float, x: list[list[arb]]):
             rel.append([_grow(e.exp() - 1, g_lib) for e in ds])
         f = [[a * r for a, r in zip(ar, rr, strict=True)] for ar, rr in zip(sims, rel, strict=True)]
         xm = arb_mat(x)
-        nd = (arb_mat(sims) * xm).tolist()
-        return nd, nd, (arb_mat(f) * xm).tolist(), 1
-    stab = _stabiliser(head, name)
-    pq, sq = feature_errors(head.q, range(nq), head, name, u, stab)
-    pk, sk = feature_errors(head.k, range(nk), head, name, u, stab)
-    aq, ak = _abs(pq), _abs(pk)
-    nd = kernel_sums(pq, pk, x, causal)
-    a_sums = nd if spec.info.positive and name != "taylor" else kernel_sums(aq, ak, x, causal)
-    f = _add(
-        kernel_sums(sq, ak, x, causal),
-        kernel_sums(aq, sk, x, causal),
-        kernel_sums(sq, sk, x, causal),
-    )
-    return nd, a_sums, f, len(pq[0])
+        a_sums = (arb_mat(sims) * xm).tolist()
+        nd, f, m = a_sums, (arb_mat(f) * xm).tolist(), 1
+    else:
+        big_m = max(nq, nk)
+        stab = _stabiliser(head.q, head.k, head.w, name)
+        pq, pk = (features(t, range(len(t)), head, name) for t in (head.q, head.k))
+        sq, sk = (
+            balls(_features(t, np.arange(len(t)), big_m, head.w, name, u, stab)[2])
+            for t in (head.q, head.k)
+        )
+        aq, ak = _abs(pq), _abs(pk)
+        ones = balls(np.ones((nk, 1)))
+        nd = kernel_sums(pq, pk, ones, causal)
+        a_sums = kernel_sums(aq, ak, x, causal)
+        f = _add(
+            kernel_sums(sq, ak, x, causal),
+            kernel_sums(aq, sk, x, causal),
+            kernel_sums(sq, sk, x, causal),
+        )
+        m = len(pq[0])
+    dens = [abs(r[-1] + spec.eps) for r in nd]
+    zero = np.array([t.is_zero() for t in dens])
+    if not final and not all(z or t > 0 for z, t in zip(zero, dens, strict=True)):
+        return None
+    return HeadSums(_ratios(a_sums, dens), _ratios(f, dens), zero, m)
+
+
+def _ratios(rows: list[list[arb]], dens: list[arb]) -> np.ndarray:
+    """Upper bounds on row / den, element by element (inf where den may be 0)."""
+    return np.array([[_upper(t / den) for t in r] for r, den in zip(rows, dens, strict=True)])
 
 
 def _upper(t: arb) -> float:
     return float(t.upper()) if t.is_finite() else math.inf
 
 
+def _fast_sums(head: Head, spec: Spec, u: float) -> HeadSums:
+    """HeadSums in float64 (reference/certified.py's streamed sums), whose own rounding is
+    bounded a posteriori: for long sequences, where ball arithmetic is too slow."""
+    name, causal, eps = spec.feature_map, spec.causal, spec.eps
+    q, k, v, w = head.q, head.k, head.v, head.w
+    nq, nk = q.shape[0], k.shape[0]
+    big_m, stab = max(nq, nk), _stabiliser(q, k, w, name)
+
+    def lefts(start: int, stop: int) -> list[np.ndarray]:
+        f, a, psi = _features(q[start:stop], np.arange(start, stop), big_m, w, name, u, stab)
+        return [f.phi, a, np.concatenate([psi, a], 1), np.concatenate([f.err, a], 1)]
+
+    def rights(start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        f, a, psi = _features(k[start:stop], np.arange(start, stop), big_m, w, name, u, stab)
+        ones = np.ones((stop - start, 1))
+        mags = np.concatenate([np.abs(v[start:stop]), ones], 1)
+        return [
+            (f.phi, ones),
+            (a, mags),
+            (np.concatenate([a + psi, psi], 1), mags),
+            (np.concatenate([a + f.err, f.err], 1), ones),
+        ]
+
+    blocks = list(streamed_sums(lefts, rights, nq, nk, causal))
+    value, mags, errs, errs64 = (np.concatenate([b[2][i] for b in blocks]) for i in range(4))
+    m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
+    g64 = gamma64(depth(2 * m, nk))
+    a, f = mags / (1 - g64) * SAFETY, errs / (1 - g64) * SAFETY
+    den_hat = np.abs(value[:, 0] + eps)
+    den = den_hat * (1 - 2 * U64) - (g64 * a[:, -1] + errs64[:, 0] / (1 - g64)) * SAFETY
+    zero = (den_hat == 0) & (a[:, -1] == 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = np.where(den > 0, 1 / den, np.inf)[:, None] * SAFETY
+    return HeadSums(a * over, f * over, zero, m)
+
+
+def _bound_rows(sums: HeadSums, out, u: float, nk: int, tiny: float, lam: float | None):
+    """(scale, bound in units of u s) of one head from its sums (module docstring); out is
+    |ref| or None (then s stands in for it). NaN where the denominator is exactly 0."""
+    g = gamma(sums.m + nk + 1, u)
+    if lam is not None:
+        g = min(g, gamma_probabilistic(sums.m + nk + 1, u, lam))
+    dv = sums.a.shape[1] - 1
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = sums.a[:, :dv]
+        out = s if out is None else out
+        err_den = (1 + g) * sums.f[:, -1:] + g * sums.a[:, -1:]
+        err_num = (1 + g) * sums.f[:, :dv] + g * sums.a[:, :dv]
+        err = (err_num + out * err_den) / (1 - err_den) * (1 + u) + u * out + tiny / 2
+        err = np.where(err_den < 1, err * SAFETY, np.inf)
+        bound = np.where(err == 0, 0.0, np.where(s > 0, err / (u * s), np.inf))
+    s[sums.zero], bound[sums.zero] = np.nan, np.nan
+    return s, bound
+
+
 def scale_and_bound(
-    x: AttentionInputs, spec: Spec, ref: np.ndarray | None, u: float, tiny: float = 0.0
+    x: AttentionInputs,
+    spec: Spec,
+    ref: np.ndarray | None,
+    u: float,
+    tiny: float = 0.0,
+    engine: str = "auto",
+    lam: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(s, bound): the scale s_ic and the a-priori error bound in units of u s_ic.
 
@@ -239,50 +356,27 @@ def scale_and_bound(
     tiny is the dtype's smallest subnormal: the output's own rounding may lose half of it
     to underflow (an exact 1e-52 is 0 in float32). Underflow inside the computation is
     outside the standard model and this bound.
+    engine: "arb" (the sums in balls), "fast" (in float64 with their rounding bounded, not
+    for softmax) or "auto" (fast for kernelised specs past FAST_BOUND_WORK key-query pairs).
+    lam: also Higham & Mary's probabilistic bound with that lambda (gamma_probabilistic),
+    the smaller of the two; it holds but with the probability its lambda was chosen for.
     """
-    b_, h_, nq, _, _, dv = x.shape
+    b_, h_, nq, nk, _, dv = x.shape
+    if engine == "auto":
+        fast = spec.info.kernelised and nq * nk > FAST_BOUND_WORK
+        engine = "fast" if fast else "arb"
     scale = np.full((b_, h_, nq, dv), np.nan)
     bound = np.full((b_, h_, nq, dv), np.nan)
     for b in range(b_):
         for h in range(h_):
-            prec = BOUND_PREC
-            while True:  # exponents of 1e39 need more than 64 bits to stay resolved
+            head = Head.of(x, b, h)
+            prec, sums = BOUND_PREC, None
+            while engine == "arb" and sums is None:  # exponents of 1e39 need more than 64 bits
                 with working_precision(prec):
-                    done = _head_bound(
-                        Head.of(x, b, h), spec, ref, u, tiny, scale[b, h], bound[b, h], b, h
-                    )
-                if done or prec >= MAX_PREC:
-                    break
+                    sums = _arb_sums(head, spec, u, final=prec >= MAX_PREC)
                 prec *= 4
+            if engine == "fast":
+                sums = _fast_sums(head, spec, u)
+            out = None if ref is None else np.abs(ref[b, h])
+            scale[b, h], bound[b, h] = _bound_rows(sums, out, u, nk, tiny, lam)
     return scale, bound
-
-
-def _head_bound(
-    head: Head, spec: Spec, ref, u: float, tiny: float, scale, bound, b: int, h: int
-) -> bool:
-    """Fill one head's scale and bound rows; False if some denominator was not resolved
-    away from zero at the working precision."""
-    v = head.v
-    nq, nk, dv = head.q.shape[0], head.k.shape[0], v.shape[1]
-    cols = balls(np.concatenate([v, np.abs(v), np.ones((nk, 1))], 1))
-    nd, a_sums, f, m = _head_sums(head, spec, u, cols)
-    g = arb(gamma(m + nk + 1, u))
-    resolved = True
-    for i in range(nq):
-        den = abs(nd[i][-1] + spec.eps)
-        if den.is_zero():
-            continue
-        resolved &= bool(den > 0)
-        err_den = ((1 + g) * f[i][-1] + g * a_sums[i][-1]) / den
-        for c in range(dv):
-            s = a_sums[i][dv + c] / den
-            out = s if ref is None else abs(arb(ref[b, h, i, c]))
-            err_num = ((1 + g) * f[i][dv + c] + g * a_sums[i][dv + c]) / den
-            if not err_den < 1:
-                err = arb("inf")
-            else:
-                err = (err_num + out * err_den) / (1 - err_den) * (1 + u) + u * out
-                err = err + tiny / 2
-            scale[i, c] = float(s.mid())
-            bound[i, c] = 0.0 if err.is_zero() else _upper(err / (u * s)) if s > 0 else math.inf
-    return resolved

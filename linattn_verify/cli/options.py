@@ -161,3 +161,17 @@ def shape(text: str) -> tuple[int, ...]:
 
 
 ERRORS = (UsageError, SpecError, OSError)
+
+
+def check_long(longest: int) -> None:
+    """UsageError for a --long N that is negative, below the check's first length, or beyond
+    this machine's memory."""
+    from ..checks.long_context import lengths, memory_problem
+
+    if longest == 0:
+        return
+    if longest < lengths()[0]:
+        raise UsageError(f"--long must be 0 (skip) or at least {lengths()[0]}, got {longest}")
+    problem = memory_problem(longest)
+    if problem:
+        raise UsageError(problem)

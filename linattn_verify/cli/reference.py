@@ -38,7 +38,13 @@ def add(sub) -> None:
     )
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--eps", type=float, default=0.0, help="denominator eps (default 0)")
-    parser.add_argument("--engine", choices=["auto", "mp", "arb"], default="auto")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "mp", "arb", "certified"),
+        default="auto",
+        help="certified: float64 with a rigorous bound per element (within 2^-34 of its "
+        "scale, not correctly rounded), for long N",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
     parser.add_argument("--out", help="write the output to this .npz (array 'out')")
     options.add_output(parser)

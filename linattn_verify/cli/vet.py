@@ -9,6 +9,7 @@ from . import options
 
 def add(sub) -> None:
     from ..checks import GRAD_CHECKS
+    from ..checks.long_context import LONGEST
     from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
     from ..vet.runner import DEFAULT_TIMEOUT
 
@@ -34,6 +35,7 @@ def add(sub) -> None:
             "python -m linattn_verify vet fla.based-naive --kat",
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal --grad",
             "python -m linattn_verify vet --form chunked --feature-map elu --causal",
+            "python -m linattn_verify vet mykernels.py:attn --feature-map elu --long 1048576",
             "python -m linattn_verify vet --list",
         ],
     )
@@ -56,6 +58,15 @@ def add(sub) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")
+    parser.add_argument(
+        "--long",
+        type=int,
+        default=LONGEST,
+        metavar="N",
+        help=f"the long-context check at N = 2^10, 2^12, ... up to N and N + 1 (default "
+        f"{LONGEST}; 0 skips it); refused up front beyond this machine's memory; its "
+        "timeout grows with N",
+    )
     options.add_policy(parser)
     parser.add_argument(
         "--timeout",
@@ -87,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     options.cuda_check(args.device)
     if args.timeout <= 0:
         raise options.UsageError(f"--timeout must be positive, got {args.timeout}")
+    options.check_long(args.long)
     if args.sampler:
         if not declared.spec.info.needs_projection:
             raise options.UsageError(
@@ -108,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         fail_on=args.fail_on,
         strict=args.strict,
         envelope=not args.no_envelope,
+        longest=args.long,
     )
     report = vet(
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)

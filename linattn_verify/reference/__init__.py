@@ -3,7 +3,9 @@
 Two independent engines compute the same thing: `mp` (the literal quadratic definition in
 mpmath, the ground truth for small cases) and `arb` (ball arithmetic in linear form, fast for
 large N). `reference` picks mpmath below MP_MAX_WORK and arb above it; tests cross-check
-them. Neither imports an implementation.
+them. A third, `certified` (float64 at matmul speed with a rigorous bound per element, arb for
+the rows it cannot certify), is within 2^-34 of each element's scale rather than correctly
+rounded: for judging float32 and lower precisions at long N. None imports an implementation.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import numpy as np
 from ..inputs import AttentionInputs, validate
 from ..specs import Spec, SpecError
 from .arb import arb_attention
+from .certified import CERTIFIED_SHARE, Certified, certified_attention
 from .common import MAX_PREC, ReferenceAccuracyError
 from .mp import mp_attention
 
-ENGINES = ("auto", "mp", "arb")
+ENGINES = ("auto", "mp", "arb", "certified")
 # Largest B*H*Nq*Nk*(d + dv) for which "auto" uses mpmath, the literal definition: small
 # cases, where it is quick (README, "Exact references"; tests/test_reference.py
 # cross-checks the engines on such sizes).
@@ -32,6 +35,8 @@ def exact(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.ndarray:
     if engine == "auto":
         b, h, nq, nk, d, dv = x.shape
         engine = "mp" if b * h * nq * nk * (d + dv) <= MP_MAX_WORK else "arb"
+    if engine == "certified":
+        return certified_attention(x, spec).values
     return mp_attention(x, spec) if engine == "mp" else arb_attention(x, spec)
 
 
@@ -55,4 +60,13 @@ def reference(
     return exact(validate(q, k, v, spec, projection), spec, engine)
 
 
-__all__ = ["ENGINES", "MAX_PREC", "ReferenceAccuracyError", "exact", "reference"]
+__all__ = [
+    "CERTIFIED_SHARE",
+    "ENGINES",
+    "MAX_PREC",
+    "Certified",
+    "ReferenceAccuracyError",
+    "certified_attention",
+    "exact",
+    "reference",
+]

@@ -84,9 +84,14 @@ def _quotients(num_den: list[list[arb]], eps: float) -> list[list[float | None]]
 
 
 def arb_attention(
-    x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
+    x: AttentionInputs,
+    spec: Spec,
+    prec: int = DEFAULT_PREC,
+    max_prec: int = MAX_PREC,
+    pending: dict[tuple[int, int], list[int]] | None = None,
 ) -> np.ndarray:
-    """Exact attention (B, H, Nq, dv), each element within one ulp of float64 (see module)."""
+    """Exact attention (B, H, Nq, dv), each element within one ulp of float64 (see module);
+    only the rows `pending` of the heads it names, if given (NaN elsewhere)."""
     nq = x.q.shape[2]
 
     def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,7 +104,7 @@ def arb_attention(
         values = np.array([[math.nan if t is None else t for t in row] for row in quot])
         return values, done
 
-    return refine(x, settle, prec, max_prec, "arb")
+    return refine(x, settle, prec, max_prec, "arb", pending)
 
 
 def arb_denominator_signs(

@@ -28,21 +28,30 @@ def allowed_keys(i: int, n_keys: int, causal: bool) -> range:
 Settle = Callable[[int, int, list[int], int], tuple[np.ndarray, np.ndarray]]
 
 
-def refine(x: AttentionInputs, settle: Settle, prec: int, max_prec: int, engine: str):
+def refine(
+    x: AttentionInputs,
+    settle: Settle,
+    prec: int,
+    max_prec: int,
+    engine: str,
+    pending: dict[tuple[int, int], list[int]] | None = None,
+):
     """Run `settle` on every head at prec, 2 prec, ... on the rows not yet done; the
-    precision control both engines share. Returns the (B, H, Nq, dv) float64 output."""
+    precision control both engines share. Returns the (B, H, Nq, dv) float64 output.
+    pending: only these rows of these heads (the rest of the output is NaN)."""
     b_, h_, nq = x.q.shape[:3]
-    out = np.empty((b_, h_, nq, x.v.shape[3]))
-    for b in range(b_):
-        for h in range(h_):
-            rows, p = list(range(nq)), prec
-            while rows:
-                if p > max_prec:
-                    raise ReferenceAccuracyError(
-                        f"{engine} engine: rows {rows[:5]} of head ({b}, {h}) are not "
-                        f"resolved to float64 at {max_prec} bits"
-                    )
-                values, done = settle(b, h, rows, p)
-                out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
-                rows, p = [i for i, ok in zip(rows, done) if not ok], 2 * p
+    out = np.full((b_, h_, nq, x.v.shape[3]), np.nan)
+    if pending is None:
+        pending = {(b, h): list(range(nq)) for b in range(b_) for h in range(h_)}
+    for (b, h), todo in pending.items():
+        rows, p = list(todo), prec
+        while rows:
+            if p > max_prec:
+                raise ReferenceAccuracyError(
+                    f"{engine} engine: rows {rows[:5]} of head ({b}, {h}) are not "
+                    f"resolved to float64 at {max_prec} bits"
+                )
+            values, done = settle(b, h, rows, p)
+            out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
+            rows, p = [i for i, ok in zip(rows, done) if not ok], 2 * p
     return out

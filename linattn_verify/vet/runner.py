@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks.long_context import LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
 from ..regimes import REGIMES
 from ..specs import SpecError
@@ -36,6 +37,7 @@ class VetOptions:
     fail_on: str = "typical"  # the verdict fails on findings in this regime and milder ones
     strict: bool = False  # every regime, and elu features held to relative accuracy
     envelope: bool = True  # the operating envelope per dtype
+    longest: int = LONGEST  # the long-context check to this N (and N + 1); 0: not run
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -119,6 +121,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     spec = description["spec"]
     examples = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
     search = {"device": options.device, "examples": examples, "dtypes": options.dtypes}
+    where = {"device": options.device, "dtypes": options.dtypes}
     steps = [
         (name, "check", {"name": name, **search})
         for name in [*CHECKS, *(GRAD_CHECKS if options.grad else ())]
@@ -127,6 +130,9 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
     expected = description["cost"]
     steps.append(("scaling", "scaling", {"device": options.device, "expected": expected}))
+    if options.longest:
+        long = {"longest": options.longest, "seed": options.seed}
+        steps.append(("long-context", "long-context", {**long, **where}))
     if options.kat and spec.eps == 0:
         kat = {"device": options.device, "dtypes": options.dtypes}
         steps.append(("known-answers", "known-answers", kat))
@@ -137,7 +143,6 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
         rate = {"sampler_target": options.sampler, "seed": options.seed}
         steps.append(("rate", "rate", {**rate, "device": options.device, "dtypes": options.dtypes}))
     if options.envelope:
-        where = {"device": options.device, "dtypes": options.dtypes}
         steps.append(("envelope", "envelope", where))
     features = "relative" if options.strict else "standard"
     return [
@@ -160,6 +165,13 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     return report
 
 
+def _timeout(task: str, options: VetOptions) -> float:
+    """Seconds the task may take: the long-context check's grows with its longest N."""
+    if task == "long-context":
+        return options.timeout * max(1.0, options.longest / LONGEST)
+    return options.timeout
+
+
 def vet(
     declared: Implementation, options: VetOptions, progress: Callable[[str], None] | None = None
 ) -> VetReport:
@@ -175,7 +187,7 @@ def vet(
         for i, (name, task, task_options) in enumerate(steps):
             say(f"[{i + 1}/{len(steps)}] {name} ...")
             try:
-                report.rows += worker.run(task, task_options)
+                report.rows += worker.run(task, task_options, _timeout(task, options))
                 continue
             except WorkerHung as err:
                 report.rows.append({"name": name, "status": "fail", "detail": f"hung: {err}"})

@@ -134,6 +134,23 @@ def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048)
     ]
 
 
+def long_context(
+    impl: Implementation, device: str, dtypes: tuple[str, ...], longest: int, seed: int
+) -> list[Row]:
+    """checks/long_context.py's check: accuracy, finiteness, growth and prefix consistency
+    at N = 2^10 ... longest + 1; not applicable to a kernel of declared quadratic cost."""
+    from ..checks import long_context as long
+
+    reason = long.not_applicable(impl, dtypes)
+    if reason:
+        return [{"name": long.NAME, "status": "not applicable", "detail": reason}]
+    result = long.long_context(impl, dtypes, device, longest, seed)
+    row = result.to_dict()
+    if result.figures.get("stopped"):
+        row["status"] = "not run"
+    return [row]
+
+
 def _one_row(name: str, results: list[CheckResult]) -> Row:
     """Several results of one check as one row: the first failure, or a count of passes."""
     failed = [r for r in results if not r.passed]

@@ -1,5 +1,6 @@
 """An adapter's verdict as adapters/expected.txt records it, measured: vet's default plan with
-the known-answer vectors (the envelope in float32 only), on the device the adapter needs."""
+the known-answer vectors (the envelope in float32 only), on the device the adapter needs,
+without the long-context check (minutes per adapter; benchmarks/long_adapters.py runs it)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def measured_verdict(name: str) -> tuple[Expected, VetReport]:
     AdapterUnavailable when its library (or CUDA) is missing."""
     impl = resolve(name)
     device = "cuda" if ADAPTERS[name].device == "cuda" else "cpu"
-    report = vet_in_process(impl, VetOptions(kat=True, device=device, envelope=False))
+    report = vet_in_process(impl, VetOptions(kat=True, device=device, envelope=False, longest=0))
     found = report.findings
     top = None if not found else (found[0].severity, found[0].regime, found[0].relative_error)
     (row,) = envelope(impl, device, (ENVELOPE_DTYPE,))

@@ -48,6 +48,7 @@ TASKS = {
     "scaling": tasks.scaling,
     "rate": tasks.rate,
     "known-answers": tasks.known_answers,
+    "long-context": tasks.long_context,
     "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
     "envelope": envelope,
 }
@@ -124,7 +125,10 @@ class Worker:
                 return f"killed by signal {-code}"
         return f"exit code {code}"
 
-    def run(self, task: str, options: dict[str, Any]) -> list[tasks.Row]:
+    def run(
+        self, task: str, options: dict[str, Any], timeout: float | None = None
+    ) -> list[tasks.Row]:
+        """The rows of `task`; WorkerHung past `timeout` (default: the worker's)."""
         what = options.get("name", task)
         try:
             self._conn.send((task, options))
@@ -132,7 +136,7 @@ class Worker:
             how = self._exit()
             self.close()
             raise WorkerDied(f"{what}: the worker process died ({how})") from None
-        return self._receive(what, self.timeout)
+        return self._receive(what, timeout or self.timeout)
 
     def close(self) -> None:
         if self._process.is_alive():

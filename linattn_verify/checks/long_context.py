@@ -1,0 +1,300 @@
+"""The long-context check: the implementation at the lengths linear attention is for.
+
+Per dtype and head dimension, one input of the typical regime at the longest length (q, k
+~ N(0, 1) with the keys sharing a direction, values ~ N(1, 1): a mean, so that errors
+proportional to the output show), and its prefixes of LENGTHS tokens. At each length:
+
+- finiteness: a non-finite output where the exact one is finite is wrong;
+- accuracy against the certified reference (reference/certified.py): the a-priori bound at
+  that N, the smaller of Higham's deterministic gamma_n and Higham & Mary's probabilistic
+  one (accuracy/bound.py; the deterministic one is vacuous past n u >= 1, e.g. float16
+  past N = 2048), with a false-failure probability of FALSE_FAILURE per case; and the
+  budget, K_BUDGET times the golden implementation's error at the same N;
+- for causal specs whose weights do not depend on N (all but cosFormer), prefix
+  consistency: the first n rows of the longest run against the run of length n, within
+  the two budgets (implied by the accuracy of both; it names the failure better);
+and over the lengths, growth: an error that grows faster with N than the golden's by
+GROWTH_EXCESS in the log-log slope, and exceeds GROWTH_MARGIN times the golden's at the
+longest N, is flagged (an error growing like n u where the golden's grows like sqrt(n) u).
+A failure names the smallest N where it shows. float64 is judged against correctly rounded
+references elsewhere (the certified one is within 2^-34 s, not 2^-53): not here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..accuracy.bound import probabilistic_lambda, scale_and_bound
+from ..accuracy.verdict import AccuracyVerdict, attainable_floor, error_units, judge
+from ..implementations.golden import golden_attention
+from ..implementations.projection import sample_projection_torch
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
+from ..reference.certified import certified_attention
+from ..results import CheckResult
+from ..specs import Spec
+from ..under_test import Implementation, ImplementationFailure
+from .core import as_array
+
+NAME = "long-context"
+LONGEST = 2**16
+DIMS = (16, 64)
+MAX_FEATURES = 1024  # head dimensions whose feature vector is longer are left out (taylor)
+FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (DESIGN: 1e-6 per run)
+GROWTH_EXCESS = 0.3  # log-log slope of the error beyond the golden's
+GROWTH_MARGIN = 2.0  # and the error at the longest N beyond this many times the golden's
+SHARED_DIRECTION = 0.6  # keys: 0.6 r + 0.8 z_j, one direction r shared by every key
+TIME_LIMIT = 120.0  # seconds of kernel time a length may be predicted to take
+MEMORY_ARRAYS = 24  # (N, d) float64 arrays the check holds at its peak (memory_estimate)
+
+
+def lengths(longest: int = LONGEST) -> tuple[int, ...]:
+    """2^10, 2^12, ... below `longest`, `longest` itself and `longest` + 1: exact at a
+    power of two and wrong one past it is a known failure (fla #906)."""
+    steps = [2**e for e in range(10, 64, 2) if 2**e < longest]
+    return (*steps, longest, longest + 1)
+
+
+def memory_estimate(longest: int, d: int = max(DIMS)) -> int:
+    """Bytes the check needs at `longest`: float64 copies of the inputs, the reference's
+    values, bound and scale, the golden's and the kernel's outputs and their temporaries,
+    about MEMORY_ARRAYS arrays of (N, d) doubles (README, "Long context")."""
+    return MEMORY_ARRAYS * 8 * (longest + 1) * d
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_problem(longest: int) -> str | None:
+    """Why `longest` cannot be checked on this machine, with the estimate, or None."""
+    need, have = memory_estimate(longest), available_memory()
+    if have is None or need <= have:
+        return None
+    return (
+        f"--long {longest} needs about {need / 2**30:.3g} GiB (the check's estimate), "
+        f"and {have / 2**30:.3g} GiB are available: give a smaller N"
+    )
+
+
+@dataclass
+class Panel:
+    """One dtype and shape: per length, the verdict and the golden's largest error."""
+
+    dtype: str
+    b: int
+    h: int
+    d: int
+    errors: dict[int, float] = field(default_factory=dict)
+    golden: dict[int, float] = field(default_factory=dict)
+    floors: dict[int, float] = field(default_factory=dict)
+    problem: tuple[int, str, str] | None = None  # (N, severity, what) of the first failure
+
+    @property
+    def label(self) -> str:
+        return f"{self.dtype} B={self.b} H={self.h} d={self.d}"
+
+
+def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, device: str):
+    """q, k, v (and W) of the typical regime, (B, H, n, d) in `dtype` (module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    r = torch.randn(b, h, 1, d, generator=gen, dtype=torch.float64)
+    z = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    k = SHARED_DIRECTION * r + math.sqrt(1 - SHARED_DIRECTION**2) * z
+    v = 1.0 + torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    w = None
+    if spec.info.needs_projection:
+        w = sample_projection_torch(d, d, "orthogonal", gen, dtype=torch.float64)
+    as_dtype = getattr(torch, dtype)
+    return (*(t.to(device=device, dtype=as_dtype) for t in (q, k, v)), w)
+
+
+def long_context(
+    impl: Implementation,
+    dtypes: tuple[str, ...],
+    device: str = "cpu",
+    longest: int = LONGEST,
+    seed: int = 0,
+    say: Callable[[str], None] = lambda text: None,
+) -> CheckResult:
+    """The check (module docstring) over `dtypes` and DIMS, plus one panel with B = H = 2."""
+    spec = impl.spec
+    ns = lengths(longest)
+    judged = [t for t in dtypes if t != "float64"]
+    dims = [d for d in DIMS if spec.info.feature_dim(d, d) <= MAX_FEATURES]
+    shapes = [(1, 1, d) for d in dims] + [(2, 2, dims[0])]
+    panels = [Panel(t, b, h, d) for t in judged for b, h, d in shapes]
+    stopped = None
+    for i, panel in enumerate(panels):
+        upto = ns if panel.b * panel.h == 1 else tuple(n for n in ns if n <= 2**12)
+        say(f"{NAME}: {panel.label} ({i + 1}/{len(panels)}), N up to {upto[-1]}")
+        stopped = _run_panel(impl, panel, upto, device, seed + i) or stopped
+    return _result(spec, panels, ns, stopped, judged, dtypes)
+
+
+def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
+    """Why the check does not apply to `impl` in `dtypes`, or None."""
+    if impl.cost == "quadratic":
+        return "the implementation declares quadratic cost: long N is not what it is for"
+    if all(t == "float64" for t in dtypes):
+        return "float64 only: it is judged against correctly rounded references at N <= 1024"
+    return None
+
+
+def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> str | None:
+    """Judge every length of the panel in turn; stop at the first failure (the smallest N
+    shows it) or when the next length is predicted to take over TIME_LIMIT."""
+    spec, u = impl.spec, UNIT_ROUNDOFF[panel.dtype]
+    q, k, v, w = inputs(spec, ns[-1], panel.b, panel.h, panel.d, panel.dtype, seed, device)
+    prefix_stable = spec.causal and spec.feature_map != "cosformer"
+    runs: dict[int, tuple[np.ndarray, AccuracyVerdict]] = {}
+    full = None
+    times: list[tuple[int, float]] = []
+    for n in ns:
+        late = _predicted_too_slow(times, n)
+        if late:
+            return late
+        qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
+        start = time.perf_counter()
+        try:
+            result = impl(qn, kn, vn, w)
+        except ImplementationFailure as err:
+            panel.problem = (n, "wrong", f"the implementation {err}")
+            return None
+        times.append((n, time.perf_counter() - start))
+        out = as_array(result)
+        x = validate(qn, kn, vn, spec, w)
+        if prefix_stable and full is None:  # row i depends on tokens <= i alone: once
+            full = _reference_and_golden(spec, q, k, v, w)
+        ref, golden = full if prefix_stable else _reference_and_golden(spec, qn, kn, vn, w)
+        ref, golden = ref[:, :, :n], golden[:, :, :n]
+        lam = probabilistic_lambda(_terms(x, spec), FALSE_FAILURE, u)
+        tiny = SMALLEST_SUBNORMAL[panel.dtype]
+        bounds = {panel.dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}
+        verdict = judge(result, x, spec, ref, golden, bounds)
+        panel.errors[n], panel.golden[n] = verdict.max_error, verdict.golden_max_error
+        panel.floors[n] = attainable_floor(spec, x, u)
+        runs[n] = (out, verdict)
+        if not verdict.passed:
+            bad = (~np.isfinite(out) & np.isfinite(ref)).any()
+            what = "non-finite" if bad else "bound" if not verdict.within_bound else "budget"
+            panel.problem = (n, verdict.severity, f"{what}: {verdict.message}")
+            return None
+        if prefix_stable and n != ns[0]:
+            problem = _prefix_problem(runs, n, x, spec, u, bounds[panel.dtype][0])
+            if problem:
+                panel.problem = (n, "wrong", problem)
+                return None
+    panel.problem = _growth_problem(panel)
+    return None
+
+
+def _terms(x, spec: Spec) -> int:
+    """Products whose roundings the probabilistic bound covers: per output element, two
+    sums (numerator, denominator) of Nk m terms."""
+    b, h, nq, nk, d, dv = x.shape
+    m = spec.info.feature_dim(d, None if x.projection is None else x.projection.shape[0])
+    return 2 * b * h * nq * dv * nk * m
+
+
+def _reference_and_golden(spec: Spec, q, k, v, w) -> tuple[np.ndarray, torch.Tensor]:
+    """The certified reference and the golden linear form's output."""
+    ref = certified_attention(validate(q, k, v, spec, w), spec).values
+    return ref, golden_attention(q, k, v, spec, w, "linear")
+
+
+def _predicted_too_slow(times: list[tuple[int, float]], n: int) -> str | None:
+    """A reason to stop before length n, if the kernel's time so far predicts it takes
+    over TIME_LIMIT (the growth fitted from the last two lengths)."""
+    if len(times) < 2:
+        return None
+    (n1, t1), (n2, t2) = times[-2:]
+    slope = math.log(max(t2, 1e-4) / max(t1, 1e-4)) / math.log(n2 / n1)
+    predicted = t2 * (n / n2) ** max(slope, 1.0)
+    if predicted <= TIME_LIMIT:
+        return None
+    return (
+        f"stopped before N = {n}: the kernel's time grows as N^{slope:.2g} "
+        f"({t2:.3g} s at N = {n2}), so N = {n} would take about {predicted:.3g} s"
+    )
+
+
+def _prefix_problem(runs, n: int, x, spec: Spec, u: float, scale) -> str | None:
+    """The first rows of the run at n against each shorter run, within both budgets."""
+    out, verdict = runs[n]
+    for short, (out_short, verdict_short) in runs.items():
+        if short >= n:
+            continue
+        e = error_units(out[:, :, :short], out_short, scale[:, :, :short], u)
+        allowed = verdict.budget + verdict_short.budget
+        if e.max() > allowed:
+            return (
+                f"prefix: the first {short} rows of the run of length {n} differ from the "
+                f"run of length {short} by {e.max():.3g} u s, more than the two budgets "
+                f"{allowed:.3g}: rows change when the sequence grows"
+            )
+    return None
+
+
+def _slope(values: dict[int, float]) -> float:
+    """Least-squares slope of log error against log N (errors floored at half a unit)."""
+    ns = np.log2(list(values))
+    es = np.log2(np.maximum(list(values.values()), 0.5))
+    return float(np.polyfit(ns, es, 1)[0]) if len(ns) >= 2 else 0.0
+
+
+def _growth_problem(panel: Panel) -> tuple[int, str, str] | None:
+    if len(panel.errors) < 3:
+        return None
+    top = max(panel.errors)
+    careful = max(panel.golden[top], panel.floors[top])
+    mine, theirs = _slope(panel.errors), _slope(panel.golden)
+    if mine - theirs <= GROWTH_EXCESS or panel.errors[top] <= GROWTH_MARGIN * careful:
+        return None
+    return (
+        top,
+        "inaccurate",
+        f"growth: the error grows as N^{mine:.2g} where the golden's grows as N^{theirs:.2g} "
+        f"({panel.errors[top]:.3g} u s at N = {top}, golden {panel.golden[top]:.3g}): "
+        "it will leave the budget at longer N",
+    )
+
+
+def _result(spec, panels, ns, stopped, judged, dtypes) -> CheckResult:
+    failed = [p for p in panels if p.problem]
+    figures = {f"max_error {p.label} N={n}": e for p in panels for n, e in p.errors.items()}
+    skipped = "" if len(judged) == len(dtypes) else "; float64 not judged here (module docstring)"
+    if failed:
+        first = min(failed, key=lambda p: (p.problem[0], p.problem[1] != "wrong"))
+        n, severity, what = first.problem
+        also = f" ({len(failed)} of {len(panels)} panels fail)" if len(failed) > 1 else ""
+        detail = f"{spec} {first.label}: fails from N = {n}: {what}{also}"
+        figures["relative_error"] = first.errors.get(n, math.inf) * UNIT_ROUNDOFF[first.dtype]
+        return CheckResult(
+            NAME, False, detail, figures=figures, severity=severity, regime="typical"
+        )
+    if stopped:
+        return CheckResult(NAME, False, f"not run in full: {stopped}", figures={"stopped": 1.0})
+    worst = max(panels, key=lambda p: max(p.errors.values(), default=0.0))
+    top = max(worst.errors, default=ns[-1])
+    detail = (
+        f"N = {', '.join(map(str, ns))} in {', '.join(judged)}, d in "
+        f"{sorted({p.d for p in panels})}: within bound and budget, no growth beyond the "
+        f"golden's; largest error {worst.errors.get(top, 0.0):.3g} u s ({worst.label}, N = {top}, "
+        f"golden {worst.golden.get(top, 0.0):.3g}){skipped}"
+    )
+    return CheckResult(NAME, True, detail, figures=figures)
