@@ -33,6 +33,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="scaling: time every built-in form over N = 2^8 ... 2^16 (use with "
         "--benchmark-enable --benchmark-json=PATH); default: a small grid",
     )
+    group.addoption(
+        "--long-property",
+        type=int,
+        default=2**16,
+        metavar="N",
+        help="long context: the longest N (and N + 1) the property judges (default 65536)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,6 +17,8 @@ from dataclasses import replace
 import pytest
 
 from linattn_verify.checks import ALL_CHECKS, GRAD_CHECKS
+from linattn_verify.checks.long_context import LONGEST
+from linattn_verify.checks.long_context import NAME as LONG_CONTEXT
 from linattn_verify.regimes import REGIMES
 from linattn_verify.results import SEVERITIES
 from linattn_verify.under_test import Implementation, resolve
@@ -39,7 +41,8 @@ def implementation(entry: Entry) -> Implementation:
 
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
 def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
-    report = vet_in_process(implementation(entry), VetOptions(grad=entry.grad, envelope=False))
+    options = VetOptions(grad=entry.grad, envelope=False, longest=LONGEST if entry.long else 0)
+    report = vet_in_process(implementation(entry), options)
     found = report.findings
     killers = [row["name"] for row in report.failed]
     warned = [f"{c} ({f.regime})" for f in found if f.regime != "typical" for c in f.checks]
@@ -70,9 +73,12 @@ def test_the_zoo_is_big_enough():
     assert len(broken) >= 15 and len(ZOO) - len(broken) >= 5
     assert len({e.name for e in ZOO}) == len(ZOO)
     for entry in broken:  # each bug names the checks it must fail, and they exist
-        assert entry.caught_by and set(entry.caught_by) <= set(ALL_CHECKS), entry.name
+        known = {*ALL_CHECKS, *([LONG_CONTEXT] if entry.long else [])}
+        assert entry.caught_by and set(entry.caught_by) <= known, entry.name
     assert (
         sum(e.grad and e.broken for e in ZOO) >= 3
         and sum(e.grad and not e.broken for e in ZOO) >= 2
     )
     assert all(e.regime in REGIMES for e in ZOO)
+    long = [e for e in ZOO if e.long]  # long-context bugs and correct long kernels
+    assert sum(e.broken for e in long) >= 6 and sum(not e.broken for e in long) >= 4

@@ -317,7 +317,7 @@ def _fast_sums(head: Head, spec: Spec, u: float) -> HeadSums:
     zero = (den_hat == 0) & (a[:, -1] == 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         over = np.where(den > 0, 1 / den, np.inf)[:, None] * SAFETY
-    return HeadSums(a * over, f * over, zero, m)
+        return HeadSums(a * over, f * over, zero, m)
 
 
 def _bound_rows(sums: HeadSums, out, u: float, nk: int, tiny: float, lam: float | None):
@@ -380,3 +380,32 @@ def scale_and_bound(
             out = None if ref is None else np.abs(ref[b, h])
             scale[b, h], bound[b, h] = _bound_rows(sums, out, u, nk, tiny, lam)
     return scale, bound
+
+
+def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
+    """kappa_i = sum_j |phi(q_i)|.|phi(k_j)| / |eps + D_i| (B, H, Nq, 1), the factor by which
+    rounding in the denominator's terms is amplified (1 for non-negative features; for
+    softmax 1), from float64 sums (a condition number: estimated, not bounded)."""
+    b_, h_, nq, nk, _, _ = x.shape
+    kappa = np.ones((b_, h_, nq, 1))
+    name = spec.feature_map
+    if not spec.info.kernelised or (spec.info.positive and name != "taylor"):
+        return kappa
+    for b in range(b_):
+        for h in range(h_):
+            q, k, w = x.q[b, h], x.k[b, h], x.projection
+            big_m = max(nq, nk)
+
+            def lefts(start: int, stop: int, q=q, w=w, big_m=big_m) -> list[np.ndarray]:
+                phi = float_features(q[start:stop], np.arange(start, stop), big_m, w, name).phi
+                return [phi, np.abs(phi)]
+
+            def rights(start: int, stop: int, k=k, w=w, big_m=big_m):
+                phi = float_features(k[start:stop], np.arange(start, stop), big_m, w, name).phi
+                ones = np.ones((stop - start, 1))
+                return [(phi, ones), (np.abs(phi), ones)]
+
+            for start, stop, (d, a) in streamed_sums(lefts, rights, nq, nk, spec.causal):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    kappa[b, h, start:stop] = a / np.abs(d + spec.eps)
+    return kappa

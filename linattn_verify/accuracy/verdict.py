@@ -146,6 +146,7 @@ def judge(
     ref: np.ndarray,
     golden: Any = None,
     bounds: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    resolvable: np.ndarray | None = None,
 ) -> AccuracyVerdict:
     """Judge `out` (same shape as ref, any float dtype) against the exact `ref`.
 
@@ -155,7 +156,9 @@ def judge(
     careful ones is within budget (the feature expansion of taylor is inherently less
     accurate than 1 + s + s^2/2, and both are legitimate). bounds, if given, caches the
     scale and bound per dtype for outputs judged on the same (x, spec, ref): the bound is
-    the costly part, and every form of a spec shares it.
+    the costly part, and every form of a spec shares it. resolvable, if given, marks the
+    elements the budget compares (broadcast to out's shape): rows so ill-conditioned that
+    correct evaluations differ by chance beyond K_BUDGET are left to the bound.
     """
     dtype = dtype_name(out)
     u = UNIT_ROUNDOFF.get(dtype)
@@ -173,10 +176,11 @@ def judge(
     worst = np.unravel_index(int(np.argmax(e)), e.shape)
     golden_max = budget = within_budget = None
     if golden is not None:
+        budgeted = defined if resolvable is None else defined & resolvable
         goldens = golden if isinstance(golden, list | tuple) else [golden]
-        golden_max = max(_largest_finite_error(g, ref, scale, u, defined) for g in goldens)
+        golden_max = max(_largest_finite_error(g, ref, scale, u, budgeted) for g in goldens)
         budget = K_BUDGET * max(golden_max, attainable_floor(spec, x, u))
-        within_budget = bool(e.max() <= budget)
+        within_budget = bool(np.max(e, where=budgeted, initial=0.0) <= budget)
     # A non-finite output where the exact value fits the dtype is wrong even where the
     # bound is vacuous; where the exact value is 0/0 the output must be NaN (DESIGN).
     overflow = np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)

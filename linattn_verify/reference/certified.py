@@ -251,9 +251,15 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
     for b in range(b_):
         for h in range(h_):
             q, k, v = x.q[b, h], x.k[b, h], x.v[b, h]
-            for start, stop, sums in _head_sums(q, k, v, x.projection, spec):
-                out = _quotients(*sums, v)
-                values[b, h, start:stop], bound[b, h, start:stop], scale[b, h, start:stop] = out
+            colmax = np.abs(v).max(axis=0, initial=0.0)
+            for relative in (spec.feature_map in RELATIVE, False):
+                lost = [False]
+                for start, stop, sums in _head_sums(q, k, v, x.projection, spec, relative, lost):
+                    out = _quotients(*sums, colmax)
+                    rows = slice(start, stop)
+                    values[b, h, rows], bound[b, h, rows], scale[b, h, rows] = out
+                if not lost[0]:
+                    break
             ok = bound[b, h] <= CERTIFIED_SHARE * scale[b, h]  # 0 <= 0 where 0/0 exactly
             rows = np.flatnonzero(~ok.all(axis=1)).tolist()
             if rows:
@@ -266,10 +272,18 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
     return Certified(values, bound, scale, sum(map(len, pending.values())))
 
 
-def _head_sums(q, k, v, w, spec: Spec):
+# Maps whose features' error bounds are relative (err <= r |phi|), so that the features'
+# error sums are (2 r + r^2) times the |term| sums and need no matmuls of their own
+RELATIVE = ("elu", "relu", "performer-positive", "performer-hyperbolic", "taylor")
+
+
+def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
     """Per block of query rows: (start, stop, (value sums [num, den], |term| sums [num,
-    den], error sums [num, den], their depths, eps)) of one head, the numerator and
-    denominator and bounds on their error, and eps in the sums' units."""
+    den], error sums [num, den], their depths, eps, small)) of one head, the numerator and
+    denominator and bounds on their error, and eps in the sums' units. With `relative`,
+    the error sums come from the largest relative error r met so far; lost[0] is set if a
+    feature's error was not relative after all (an underflow): the sums are then not
+    certified, and the caller runs the head again without `relative`."""
     name, causal = spec.feature_map, spec.causal
     if name == "softmax":
         yield from _softmax_sums(q, k, v, causal, spec.eps)
@@ -277,18 +291,24 @@ def _head_sums(q, k, v, w, spec: Spec):
     nq, nk, dv = q.shape[0], k.shape[0], v.shape[1]
     big_m = max(nq, nk)
     positive = spec.info.positive and name != "taylor"  # features >= 0
-
     smallest = [math.inf]  # the least nonzero |factor| met so far
+    worst = [0.0]  # the largest relative error of a feature met so far
 
     def features(x: np.ndarray, start: int, stop: int) -> Features:
         f = float_features(x[start:stop], np.arange(start, stop), big_m, w, name)
         smallest[0] = min(smallest[0], _least_nonzero(f.phi))
+        if relative:
+            a = np.abs(f.phi)
+            lost[0] |= bool(np.any((a == 0) & (f.err > 0)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                worst[0] = max(worst[0], float(np.max(f.err / a, where=a > 0, initial=0.0)))
         return f
 
     def lefts(start: int, stop: int) -> list[np.ndarray]:
         f = features(q, start, stop)
         a = np.abs(f.phi)
-        return [f.phi] + ([] if positive else [a]) + [np.concatenate([f.err, a], 1)]
+        error = [] if relative else [np.concatenate([f.err, a], 1)]
+        return [f.phi] + ([] if positive else [a]) + error
 
     def rights(start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
         f = features(k, start, stop)
@@ -300,7 +320,7 @@ def _head_sums(q, k, v, w, spec: Spec):
             chains = [(f.phi, np.concatenate([vb, av, ones], 1))]
         else:
             chains = [(f.phi, np.concatenate([vb, ones], 1)), (a, mags)]
-        return [*chains, (np.concatenate([a + f.err, f.err], 1), mags)]
+        return chains if relative else [*chains, (np.concatenate([a + f.err, f.err], 1), mags)]
 
     m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
     depths = depth(m, nk), depth(2 * m, nk)
@@ -309,8 +329,11 @@ def _head_sums(q, k, v, w, spec: Spec):
             value, magnitude = sums[0][:, [*range(dv), 2 * dv]], sums[0][:, dv:]
         else:
             value, magnitude = sums[0], sums[1]
+        r = worst[0] * SAFETY
+        errors = (2 * r + r * r) * magnitude if relative else sums[-1]
+        lost[0] |= relative and smallest[0] < SMALL
         small = smallest[0] < SMALL
-        yield start, stop, (value, magnitude, sums[-1], *depths, spec.eps, small)
+        yield start, stop, (value, magnitude, errors, *depths, spec.eps, small)
 
 
 def _least_nonzero(a: np.ndarray) -> float:
@@ -344,28 +367,29 @@ def _softmax_sums(q, k, v, causal: bool, eps: float):
         yield start, rows[-1] + 1, (value, magnitude, errors, nk + 2, nk + 2, shifted_eps, True)
 
 
-def _quotients(value, magnitude, errors, n_value, n_errors, eps, small: bool, v):
+def _quotients(value, magnitude, errors, n_value, n_errors, eps, small: bool, colmax):
     """(out, bound, scale) from the sums: out = N / (eps + D), |d out| <= (|dN| + |out|
     |dD|) / (|eps + D| - |dD|) (1 + u) + u |out|, dN and dD the value sums' rounding
     (gamma_n |terms|) and the features' error (the error sums), eps + D one more rounding;
-    `small`: some factor is below SMALL, so that products may have underflowed."""
+    `small`: some factor is below SMALL, so that products may have underflowed (colmax:
+    the largest |v| per column). Per-row factors first: few passes over the elements."""
     g, g_err = gamma64(n_value), gamma64(n_errors)
-    mag = magnitude / (1 - g)  # the computed sums of non-negative terms err by gamma_n
-    err = errors / (1 - g_err)
-    dv = v.shape[1]
-    colmax = np.abs(v).max(axis=0, initial=0.0)
-    underflow = n_value * UNDERFLOW * np.append(colmax, 1.0) * small  # products below 2^-1022
-    total = (g * mag + err + underflow) * SAFETY
+    # the computed sums of non-negative terms err by gamma_n: divide by 1 - gamma
+    total = magnitude * (g / (1 - g) * SAFETY) + errors * (SAFETY / (1 - g_err))
+    if small:  # products below 2^-1022
+        total += n_value * UNDERFLOW * np.append(colmax, 1.0) * SAFETY
+    dv = total.shape[1] - 1
     den = value[:, dv] + np.ravel(eps)
     err_den = total[:, dv] + U64 * np.abs(den)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    slack = np.abs(den) - err_den
+    zero = (den == 0) & (err_den == 0)  # every weight exactly 0: 0/0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         out = value[:, :dv] / den[:, None]
         a_out = np.abs(out) * (1 + U64)
-        slack = np.abs(den) - err_den
-        bound = (total[:, :dv] + a_out * err_den[:, None]) / slack[:, None] * (1 + U64)
-        bound = np.where(slack[:, None] > 0, bound * SAFETY + U64 * a_out, np.inf)
-        scale = mag[:, :dv] / np.abs(den)[:, None]
-    zero = (den == 0) & (err_den == 0)  # every weight exactly 0: 0/0
+        per_row = np.where(slack > 0, (1 + U64) * SAFETY / slack, np.inf)[:, None]
+        bound = (total[:, :dv] + a_out * err_den[:, None]) * per_row + U64 * a_out
+        scale = magnitude[:, :dv] * (1 / ((1 - g) * np.abs(den)))[:, None]
     out[zero], bound[zero], scale[zero] = np.nan, 0.0, 0.0
-    bound = np.where(np.isfinite(out) | zero[:, None], bound, np.inf)
+    unresolved = ~np.isfinite(bound) | ~np.isfinite(out)
+    bound[unresolved & ~zero[:, None]] = np.inf
     return out, bound, scale

@@ -1,0 +1,134 @@
+"""Speed and peak memory of the certified engine beside the arb and mpmath engines (the long
+context issue's target: B=H=1, d=dv=64, N=2^16 in <= 2 s and N=2^20 in <= 30 s on one core,
+causal and not, elu and performer-positive).
+
+    python benchmarks/bench_certified.py [--max-n 1048576] [--json PATH]
+
+Inputs: q, k ~ N(0, 1) rounded to float32 (what a float32 kernel is judged on), v ~ N(1, 1),
+an orthogonal W with m = d. Per case: the certified engine's time (one run: at 2^20 a run
+is the measurement), its peak resident memory above the inputs' (each case in a fresh
+process, ru_maxrss), the largest certified bound as a share of the element's scale, and the
+rows it handed to arb; the arb engine timed at N = 2^10 and 2^12 and extrapolated linearly
+(its cost is N d^2 in the linear form), mpmath at N = 16, 32 and extrapolated as N^2.
+One BLAS and one torch thread. Prints Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+D = 64
+NS = (2**16, 2**20)
+SPECS = (("elu", False), ("elu", True), ("performer-positive", False), ("performer-positive", True))
+
+
+def _inputs(n: int, name: str, causal: bool):
+    import numpy as np
+
+    from linattn_verify.inputs import validate
+    from linattn_verify.sampling import sample_projection
+    from linattn_verify.specs import Spec
+
+    spec = Spec(name, causal=causal)
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 1, 1, n, D)).astype(np.float32)
+    v = (1 + rng.standard_normal((1, 1, n, D))).astype(np.float32)
+    w = sample_projection(D, D, "orthogonal", 0) if spec.info.needs_projection else None
+    return validate(q, k, v, spec, w), spec
+
+
+def _one(engine: str, n: int, name: str, causal: bool) -> dict:
+    """Time one engine on one case in this process (the child's side)."""
+    import resource
+    import time
+
+    import numpy as np
+
+    from linattn_verify.reference import certified_attention
+    from linattn_verify.reference.arb import arb_attention
+    from linattn_verify.reference.mp import mp_attention
+
+    x, spec = _inputs(n, name, causal)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    if engine == "certified":
+        got = certified_attention(x, spec)
+        extra = {
+            "max_bound_share": float(np.nanmax(got.bound / got.scale)),
+            "recomputed_rows": got.recomputed,
+        }
+    else:
+        (arb_attention if engine == "arb" else mp_attention)(x, spec)
+        extra = {}
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    return {"seconds": seconds, "peak_mib_above_inputs": peak / 1024, **extra}
+
+
+def _run(engine: str, n: int, name: str, causal: bool) -> dict:
+    """_one in a fresh process, so that its peak memory is its own."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", engine, str(n), name, str(int(causal))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-n", type=int, default=max(NS))
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        engine, n, name, causal = args.child
+        print(json.dumps(_one(engine, int(n), name, causal == "1")))
+        return
+    rows = []
+    for name, causal in SPECS:
+        arb = [(n, _run("arb", n, name, causal)["seconds"]) for n in (2**10, 2**12)]
+        mp = [(n, _run("mp", n, name, causal)["seconds"]) for n in (16, 32)]
+        for n in (m for m in NS if m <= args.max_n):
+            got = _run("certified", n, name, causal)
+            kind = "causal" if causal else "non-causal"
+            rows.append(
+                {
+                    "case": f"{name} {kind} N=2^{n.bit_length() - 1}",
+                    **got,
+                    "arb_seconds_extrapolated": arb[-1][1] * n / arb[-1][0],
+                    "arb_measured": arb,
+                    "mp_seconds_extrapolated": mp[-1][1] * (n / mp[-1][0]) ** 2,
+                    "mp_measured": mp,
+                }
+            )
+            print(f"{rows[-1]['case']}: {got['seconds']:.2f} s", file=sys.stderr, flush=True)
+    print("| case (B=H=1, d=dv=64) | certified (s) | peak memory (MiB) | largest bound / s "
+          "| rows to arb | arb (s, extrapolated) | mpmath (s, extrapolated) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['case']} | {r['seconds']:.2f} | {r['peak_mib_above_inputs']:.0f} | "
+            f"{r['max_bound_share']:.2g} | {r['recomputed_rows']} | "
+            f"{r['arb_seconds_extrapolated']:.3g} | {r['mp_seconds_extrapolated']:.3g} |"
+        )
+    print(
+        "\narb measured: "
+        + "; ".join(f"{r['case']}: " + ", ".join(f"N={n}: {t:.2f} s" for n, t in r["arb_measured"])
+                    for r in rows[:: len([m for m in NS if m <= args.max_n])])
+    )  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

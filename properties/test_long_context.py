@@ -1,0 +1,16 @@
+"""Long context: every implementation of linear cost at N = 2^10, 2^12, ... up to
+--long-property N (default 2^16) and N + 1, in float32 with d = 16 (checks/long_context.py:
+accuracy against the certified reference with the deterministic and probabilistic bounds
+and the golden's budget, finiteness, error growth, prefix consistency). vet's check runs
+every dtype and d = 64 too."""
+
+import pytest
+
+from linattn_verify.checks.long_context import long_context
+
+
+@pytest.mark.check(None, impls_filter=lambda impl: impl.cost != "quadratic")
+def test_long_context(impl, device, request):
+    longest = request.config.getoption("--long-property")
+    result = long_context(impl, ("float32",), device, longest, dims=(16,))
+    assert result.passed, result.report()
