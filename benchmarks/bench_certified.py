@@ -6,8 +6,9 @@ causal and not, elu and performer-positive).
 
 Inputs: q, k ~ N(0, 1) rounded to float32 (what a float32 kernel is judged on), v ~ N(1, 1),
 an orthogonal W with m = d. Per case: the certified engine's time (one run: at 2^20 a run
-is the measurement), its peak resident memory above the inputs' (each case in a fresh
-process, ru_maxrss), the largest certified bound as a share of the element's scale, and the
+is the measurement), its peak resident memory above what the process held with the inputs
+made (each case in a fresh process: ru_maxrss minus the resident set before), the largest
+certified bound as a share of the element's scale, and the
 rows it handed to arb; the arb engine timed at N = 2^10 and 2^12 and extrapolated linearly
 (its cost is N d^2 in the linear form), mpmath at N = 16, 32 and extrapolated as N^2.
 One BLAS and one torch thread. Prints Markdown.
@@ -56,7 +57,8 @@ def _one(engine: str, n: int, name: str, causal: bool) -> dict:
     from linattn_verify.reference.mp import mp_attention
 
     x, spec = _inputs(n, name, causal)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/statm") as f:  # resident pages now, not the peak of the set-up
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
     start = time.perf_counter()
     if engine == "certified":
         got = certified_attention(x, spec)

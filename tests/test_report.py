@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import linattn_verify.report.build as build
+import linattn_verify.report.long as report_long
 import linattn_verify.report.random_features as report_rf
 from linattn_verify.cli import main
 from linattn_verify.inputs import UNIT_ROUNDOFF
@@ -40,6 +41,7 @@ def small_sweep():
         mp.setattr(build, "DEFAULT_NS", (8, 16))
         mp.setattr(build, "COST_NS", (256, 512))
         mp.setattr(build, "TIME_NS", (256, 512))
+        mp.setattr(report_long, "LONG_NS", (16, 64))
         mp.setattr(
             report_rf,
             "plot_mse_vs_m",
@@ -74,6 +76,7 @@ def test_the_document_has_the_documented_top_level_keys(report):
         "environment",
         "accuracy",
         "gradients",
+        "long_context",
         "scaling",
         "random_features",
     }
@@ -104,6 +107,23 @@ def test_every_form_spec_dtype_and_n_is_judged_once(report):
         floor = max(1.0, math.sqrt(terms) * UNIT_ROUNDOFF["float32"] / r["unit_roundoff"])
         assert r["budget"] == pytest.approx(4 * max(r["golden_max_error"], floor))
         assert r["unit_roundoff"] == {"float16": 2**-11, "float32": 2**-24}[r["dtype"]]
+
+
+def test_the_long_sequences_cover_the_default_share_of_the_specs(report):
+    _, out, doc = report
+    rows = doc["long_context"]["rows"]
+    keys = {(r["spec"], r["form"], r["dtype"], r["n"]) for r in rows}
+    assert len(keys) == len(rows) and keys == {
+        (f"elu ({'causal' if causal else 'non-causal'})", form, dtype, n)
+        for causal in (False, True)
+        for form in FORMS[causal]
+        for dtype in DTYPES
+        for n in (16, 64)
+    }  # elu's two of LONG_SPECS; performer-trig with --full only
+    assert all(r["passed"] for r in rows)
+    assert doc["long_context"]["plots"] == {t: f"long_context_{t}.png" for t in DTYPES}
+    assert doc["environment"]["sweep"]["long_context"]["ns"] == [16, 64]
+    assert (out / "report.md").read_text().count("](long_context_") == len(DTYPES)
 
 
 def test_every_form_spec_and_dtype_has_its_gradients_judged(report):
@@ -213,6 +233,7 @@ def test_markdown_opens_with_the_summary_at_the_largest_n(report):
     assert line.split(" | ")[3] == cell  # the float32 column, at N = 16 (not 8)
     for section in (
         "## Accuracy vs N",
+        "## Accuracy vs N at long sequences",
         "## Positivity margins",
         "## Gradients",
         "## Random features",

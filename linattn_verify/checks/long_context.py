@@ -221,7 +221,7 @@ def _resolvable(x, spec: Spec, lam: float) -> np.ndarray:
     return denominator_condition(x, spec) * g < 0.5
 
 
-def _terms(x, spec: Spec) -> int:
+def probabilistic_terms(x, spec: Spec) -> int:
     """Products whose roundings the probabilistic bound covers: per output element, two
     sums (numerator, denominator) of Nk m terms."""
     b, h, nq, nk, d, dv = x.shape
@@ -265,7 +265,7 @@ def _standard(draw: Draw, n: int, model: str):
     else:
         ref = certified_attention(x, spec).values
         golden = golden_attention(q, k, v, spec, w, "linear")
-    lam = probabilistic_lambda(_terms(x, spec), FALSE_FAILURE, u)
+    lam = probabilistic_lambda(probabilistic_terms(x, spec), FALSE_FAILURE, u)
     tiny = SMALLEST_SUBNORMAL[draw.dtype]
     with feature_model(model):
         bounds = {draw.dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}

@@ -16,7 +16,18 @@ from ..specs import Spec
 from ..under_test import Implementation, resolve
 from .accuracy import Sweep, accuracy_rows
 from .gradients import GRADIENT_N, gradient_rows
-from .plots import plot_error_vs_n, plot_margins
+from .long import (
+    FULL_LONGEST,
+    LONG_D,
+    LONG_SPECS,
+    QUADRATIC_LONGEST,
+    UNJUDGED_DTYPES,
+    LongSweep,
+    long_ns,
+    long_section,
+    sweep_ns,
+)
+from .plots import plot_error_vs_n, plot_long_context, plot_margins
 from .random_features import random_features
 from .scaling import ScalingPlan, scaling_rows
 
@@ -44,20 +55,31 @@ class ReportOptions:
 
 @dataclass
 class Plan:
-    """The implementations to judge, grouped by spec (form name -> implementation), and
-    those to measure (implementation, expected growth, timed)."""
+    """The implementations to judge, grouped by spec (form name -> implementation), those
+    to measure (implementation, expected growth, timed), and the groups of the long
+    sequences with their N (report/long.py)."""
 
     groups: list[tuple[Spec, dict[str, Implementation]]]
     scaled: list[tuple[Implementation, str, bool]]
     fast_form: dict[str, str] = field(default_factory=dict)  # spec -> form plotted vs N
+    long: list[tuple[Spec, dict[str, Implementation], tuple[int, ...]]] = field(
+        default_factory=list
+    )
 
 
 def make_plan(options: ReportOptions) -> Plan:
-    """Every form of every spec (causal and not), or the one options.impl."""
+    """Every form of every spec (causal and not), or the one options.impl. At long N: with
+    --full every spec but softmax, by default those of LONG_SPECS in the report (none: the
+    first other spec's two)."""
     if options.impl is not None:
         impl = options.impl
+        group = {"impl": impl}
+        ns = long_ns(impl.spec, group, options.full, chosen=True)
         return Plan(
-            [(impl.spec, {"impl": impl})], [(impl, impl.cost, True)], {str(impl.spec): "impl"}
+            [(impl.spec, group)],
+            [(impl, impl.cost, True)],
+            {str(impl.spec): "impl"},
+            [(impl.spec, group, ns)] if ns else [],
         )
     plan = Plan([], [])
     timed_map = TIMED_MAP if TIMED_MAP in options.specs else options.specs[0]
@@ -69,6 +91,13 @@ def make_plan(options: ReportOptions) -> Plan:
             fast = forms[fast_form(spec)]
             plan.scaled.append((fast, fast.cost, options.full or name == timed_map))
             plan.fast_form[str(spec)] = fast_form(spec)
+    long = [
+        (spec, forms, long_ns(spec, forms, options.full, str(spec) in LONG_SPECS))
+        for spec, forms in plan.groups
+    ]
+    long = [group for group in long if group[2]]  # not softmax
+    chosen = [group for group in long if str(group[0]) in LONG_SPECS]
+    plan.long = long if options.full else chosen or long[:2]
     return plan
 
 
@@ -78,7 +107,9 @@ def units(options: ReportOptions, plan: Plan) -> int:
     per_group = len(ns) + options.grad
     accuracy = len(plan.groups) * per_group * len(options.dtypes) * len(options.devices)
     random = 0 if options.impl else 3 + options.full
-    return accuracy + len(plan.scaled) * len(options.devices) + random
+    judged = [t for t in options.dtypes if t not in UNJUDGED_DTYPES]
+    long = sum(len(ns) for _, _, ns in plan.long) * len(judged) * len(options.devices)
+    return accuracy + len(plan.scaled) * len(options.devices) + random + long
 
 
 def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]) -> dict[str, Any]:
@@ -89,6 +120,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
     accuracy: dict[str, Any] = {"rows": [], "margins": [], "plots": {}}
     gradients: dict[str, Any] = {"rows": []}
     scaling: dict[str, Any] = {"rows": [], "plots": {}}
+    long: dict[str, Any] = {"rows": [], "plots": {}}
     timed_all: dict[str, Any] = {}
     costs_all: dict[str, Any] = {}
     for device in options.devices:
@@ -99,6 +131,8 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
             accuracy["margins"] += margins
             if options.grad:
                 gradients["rows"] += gradient_rows(spec, impls, sweep, step)
+        long_sweep = LongSweep(options.dtypes, device, seed=options.seed)
+        long["rows"] += long_section(plan.long, long_sweep, step)
         scaling_plan = ScalingPlan(
             FULL_COST_NS if options.full else COST_NS,
             FULL_TIME_NS if options.full else TIME_NS,
@@ -116,6 +150,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                 )
             costs_all[name + suffix] = result.costs
     _accuracy_plots(accuracy, plan, options, folder)
+    _long_plots(long, options, folder)
     if timed_all:
         plot_scaling(timed_all, costs_all, folder / "scaling.png")
         scaling["plots"]["scaling"] = "scaling.png"
@@ -143,12 +178,24 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                     "n": GRADIENT_N,
                     "loss": "sum(out * G), G N(0, 1) from PCG64([seed, N, 1]), in the dtype",
                 },
+                "long_context": {
+                    "ns": list(sweep_ns(options.full)),
+                    "full_longest_but_long_specs": FULL_LONGEST if options.full else None,
+                    "quadratic_longest": QUADRATIC_LONGEST,
+                    "shape_B_H_d_dv": [1, 1, LONG_D, LONG_D],
+                    "inputs": "the long-context check's typical regime (checks/long_context.py "
+                    "inputs: keys sharing a direction, values N(1, 1)), one draw per spec and "
+                    "dtype at its longest N and its prefixes; seed as above",
+                    "reference": "certified (reference/certified.py), float64 within 2^-34 s",
+                    "torch_threads": 1,
+                },
                 "scaling": {**asdict(scaling_plan), "inputs": "float32", "torch_threads": 1},
             },
             "seconds": time.perf_counter() - start,
         },
         "accuracy": accuracy,
         "gradients": gradients,
+        "long_context": long,
         "scaling": scaling,
         "random_features": random,
     }
@@ -176,10 +223,20 @@ def _accuracy_plots(
     accuracy["plots"]["margins"] = "margins.png"
 
 
+def _long_plots(long: dict[str, Any], options: ReportOptions, folder: Path) -> None:
+    """long_context_DTYPE.png per dtype judged, on the first device's rows."""
+    rows = [r for r in long["rows"] if r["device"] == options.devices[0]]
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        name = f"long_context_{dtype}.png"
+        plot_long_context(rows, dtype, folder / name)
+        long["plots"][dtype] = name
+
+
 def verdict(document: dict[str, Any]) -> str:
-    """ "pass" when every accuracy and gradient judgement, every cost growth and every
-    sampler passes."""
+    """ "pass" when every accuracy, long-sequence and gradient judgement, every cost growth
+    and every sampler passes."""
     failed = [r for r in document["accuracy"]["rows"] if not r["passed"]]
+    failed += [r for r in document.get("long_context", {}).get("rows", []) if not r["passed"]]
     failed += [r for r in document["gradients"]["rows"] if not r["passed"]]
     failed += [r for r in document["scaling"]["rows"] if not r["cost_passed"]]
     failed += [s for s in document["random_features"].get("samplers", []) if not s["passed"]]

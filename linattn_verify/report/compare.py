@@ -12,7 +12,8 @@ Thresholds (a regression is reported, and the command exits 1, beyond them):
   lets the repeats at one N spread by 1.25x (scaling/timing.py).
 - a counted FLOP or byte slope up by more than SLOPE_TOLERANCE (counts are exact, so any
   growth of the order shows);
-- any pass that became a fail (accuracy, cost growth, a sampler's statistics).
+- any pass that became a fail (accuracy, long sequences included, cost growth, a sampler's
+  statistics).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def compare(old: dict[str, Any], new: dict[str, Any], against: str) -> Compariso
         )
         return result
     _compare_errors(old["accuracy"]["rows"], new["accuracy"]["rows"], "u s", result)
+    _compare_errors(
+        old.get("long_context", {}).get("rows", []), new["long_context"]["rows"], "u s", result
+    )
     _compare_errors(
         old.get("gradients", {}).get("rows", []), new["gradients"]["rows"], "u M", result
     )

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..accuracy.verdict import K_BUDGET
 from ..stats.decide import ALPHA, Z_TWO_SIDED
+from .long import (
+    FALSE_FAILURE,
+    FULL_LONG_NS,
+    FULL_LONGEST,
+    LONG_SPECS,
+    QUADRATIC_LONGEST,
+    power_of_2,
+)
 
 Row = dict[str, Any]
 
@@ -86,6 +95,113 @@ def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
         "",
         *_table(["spec", "form", *dtypes], body),
     ]
+
+
+LONG_CURVES = (  # per-N figures of the long rows, shown below each spec's forms
+    ("golden_max_error", "golden"),
+    ("budget", "budget"),
+    ("bound_max", "bound"),
+    ("probabilistic_bound_max", "probabilistic bound"),
+)
+
+
+def _long_context(document: dict[str, Any]) -> list[str]:
+    long = document.get("long_context")
+    if long is None:  # a report of an earlier version
+        return []
+    head = ["## Accuracy vs N at long sequences", ""]
+    rows = long["rows"]
+    if not rows:
+        dtypes = document["environment"]["options"]["dtypes"]
+        why = (
+            "float64 only (the certified reference is within 2^-34 s, not 2^-53)"
+            if set(dtypes) == {"float64"}
+            else "softmax only (its a-priori bound is evaluated in arb alone, quadratic work)"
+        )
+        return [*head, f"Not run: {why}."]
+    sweep = document["environment"]["sweep"]["long_context"]
+    device = rows[0]["device"]
+    rows = [r for r in rows if r["device"] == device]
+    dtypes = _unique(rows, "dtype")
+    ns_of = {s: sorted({r["n"] for r in rows if r["spec"] == s}) for s in _unique(rows, "spec")}
+    body = []
+    for spec, ns in ns_of.items():
+        at = {(r["form"], r["dtype"], r["n"]): r for r in rows if r["spec"] == spec}
+        first = {(t, n): r for (_, t, n), r in reversed(at.items())}  # per-N figures
+        for form in dict.fromkeys(f for f, _, _ in at):
+            chains = [" → ".join(_long_cell(at.get((form, t, n))) for n in ns) for t in dtypes]
+            body.append([spec, form, *chains])
+        for key, what in LONG_CURVES:
+            chains = [" → ".join(_bound(first.get((t, n)), key) for n in ns) for t in dtypes]
+            body.append([spec, f"*{what}*", *chains])
+    by_range: dict[str, list[str]] = {}  # specs grouped by their N
+    for spec, ns in ns_of.items():
+        by_range.setdefault(f"N = {power_of_2(ns[0])} to {power_of_2(ns[-1])}", []).append(spec)
+    covered = "; ".join(f"{', '.join(specs)} at {ns}" for ns, specs in by_range.items())
+    share = ""
+    if not document["environment"]["options"]["full"]:
+        share = (
+            f" Without --full the section covers {', '.join(LONG_SPECS)} where the report "
+            "has them (else its first spec, non-causal and causal); --full covers every spec "
+            f"of the report but softmax, to N = {power_of_2(FULL_LONG_NS[-1])} for those and "
+            f"to {power_of_2(FULL_LONGEST)} for the others."
+        )
+    if "softmax" in document["environment"]["options"]["specs"]:
+        share += (
+            " Not softmax: its a-priori bound is evaluated in arb alone, quadratic work in ball "
+            "arithmetic (about a minute per case at N = 2^12)."
+        )
+    left_out = [t for t in document["environment"]["options"]["dtypes"] if t not in dtypes]
+    if left_out:
+        share += (
+            f" Not judged here: {', '.join(left_out)} (the certified reference is within "
+            "2^-34 s, not 2^-53; see Accuracy vs N)."
+        )
+    text = [
+        f"Every form against the certified reference ({device}) for {covered}.{share}",
+        "",
+        "Inputs: the long-context check's typical regime (keys sharing a direction, values "
+        f"N(1, 1)), B = H = 1, d = dv = {sweep['shape_B_H_d_dv'][2]}, one draw per spec and "
+        "dtype at its longest N and its prefixes; quadratic-cost forms up to N = "
+        f"{power_of_2(QUADRATIC_LONGEST)}. Each cell is the max error in units of u s at "
+        "each N in turn; *golden*: the golden linear form's; *budget*: "
+        f"{K_BUDGET:g} x the golden's error, or of what any correct evaluation typically "
+        "makes where that is larger (sqrt(m + N + 1) roundings in the golden's float32 or "
+        "float64, at least 1); *bound*: the largest element of Higham's deterministic bound "
+        "(∞: vacuous, the denominator's relative error bound reaching 1); *probabilistic "
+        "bound*: that of the smaller of it and Higham & Mary's at a false-failure probability "
+        f"of 1e{math.log10(FALSE_FAILURE):.0f} per case, the bound a form is judged against. A "
+        "form outside the bound or over the budget (**FAIL**) fails the report's verdict.",
+        "",
+    ]
+    plots = [f"![long sequences, {t}]({name})" for t, name in long["plots"].items()]
+    return [
+        *head,
+        *text,
+        *[line for image in plots for line in (image, "")],
+        *_table(["spec", "form", *dtypes], body),
+    ]
+
+
+def _unique(rows: list[Row], key: str) -> list[Any]:
+    return list(dict.fromkeys(r[key] for r in rows))
+
+
+def _long_cell(row: Row | None) -> str:
+    """One form's max error at one N: '–' where not run, FAIL in bold, the failure's text."""
+    if row is None:
+        return "–"
+    if "error" in row:
+        return f"**{row['error']}**"
+    text = "∞" if row["max_error"] is None else _num(row["max_error"])
+    return text if row["passed"] else f"**{text} FAIL**"
+
+
+def _bound(row: Row | None, key: str) -> str:
+    """A per-N figure: '–' where absent, ∞ where null (inf in the JSON: vacuous)."""
+    if row is None or key not in row:
+        return "–"
+    return "∞" if row[key] is None else _num(row[key])
 
 
 def _margins(document: dict[str, Any]) -> list[str]:
@@ -287,9 +403,15 @@ def _environment(document: dict[str, Any]) -> list[str]:
 
 
 def counts(document: dict[str, Any]) -> str:
-    """How many accuracy and gradient judgements pass."""
+    """How many accuracy, long-sequence and gradient judgements pass."""
     parts = []
-    for key, what in (("accuracy", "accuracy"), ("gradients", "gradient")):
+    for key, what in (
+        ("accuracy", "accuracy"),
+        ("long_context", "long-sequence"),
+        ("gradients", "gradient"),
+    ):
+        if key not in document:  # a report of an earlier version
+            continue
         rows = document[key]["rows"]
         failed = sum(not r["passed"] for r in rows)
         parts.append(f"{len(rows) - failed} of {len(rows)} {what} judgements pass")
@@ -312,7 +434,15 @@ def render(document: dict[str, Any], comparison: list[str] | None = None) -> str
     ]
     if comparison:
         lines += [*comparison, ""]
-    sections = (_accuracy_vs_n, _margins, _gradients, _random_features, _scaling, _environment)
+    sections = (
+        _accuracy_vs_n,
+        _long_context,
+        _margins,
+        _gradients,
+        _random_features,
+        _scaling,
+        _environment,
+    )
     for section in sections:
         lines += [*section(document), ""]
     return "\n".join(lines)
