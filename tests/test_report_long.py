@@ -46,6 +46,9 @@ def test_every_form_n_and_dtype_but_float64_has_one_passing_row(elu_causal):
     for r in rows:
         assert r["spec"] == "elu (causal)" and r["device"] == "cpu" and r["passed"], r["message"]
         assert 0 <= r["max_error"] <= r["budget"] and r["max_error"] <= r["bound_at_worst"]
+        # positive features: every row's denominator resolved, the budget compares them all
+        assert r["rows_left_to_bound"] == 0
+        assert r["budget_golden_max_error"] == r["golden_max_error"]
         assert r["budget"] >= 4 * r["golden_max_error"]
         # the probabilistic bound is the smaller of the two, element by element
         assert r["probabilistic_bound_max"] <= r["bound_max"]

@@ -211,7 +211,7 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> str | None:
     return None
 
 
-def _resolvable(x, spec: Spec, lam: float) -> np.ndarray:
+def resolvable_rows(x, spec: Spec, lam: float) -> np.ndarray:
     """The rows whose denominator a float32 evaluation resolves (kappa gamma~_n(float32) <
     1/2, Higham & Mary's gamma with `lam`): elsewhere (performer-trig's denominators cancel
     more as N grows) correct evaluations differ by chance beyond any fixed budget, and
@@ -269,7 +269,7 @@ def _standard(draw: Draw, n: int, model: str):
     tiny = SMALLEST_SUBNORMAL[draw.dtype]
     with feature_model(model):
         bounds = {draw.dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}
-    return ref, golden, bounds, _resolvable(x, spec, lam)
+    return ref, golden, bounds, resolvable_rows(x, spec, lam)
 
 
 @functools.lru_cache(maxsize=2)

@@ -102,6 +102,7 @@ LONG_CURVES = (  # per-N figures of the long rows, shown below each spec's forms
     ("budget", "budget"),
     ("bound_max", "bound"),
     ("probabilistic_bound_max", "probabilistic bound"),
+    ("rows_left_to_bound", "rows left to the bound"),  # shown where not 0
 )
 
 
@@ -132,6 +133,8 @@ def _long_context(document: dict[str, Any]) -> list[str]:
             chains = [" → ".join(_long_cell(at.get((form, t, n))) for n in ns) for t in dtypes]
             body.append([spec, form, *chains])
         for key, what in LONG_CURVES:
+            if key == "rows_left_to_bound" and not any(r.get(key) for r in first.values()):
+                continue
             chains = [" → ".join(_bound(first.get((t, n)), key) for n in ns) for t in dtypes]
             body.append([spec, f"*{what}*", *chains])
     by_range: dict[str, list[str]] = {}  # specs grouped by their N
@@ -163,15 +166,24 @@ def _long_context(document: dict[str, Any]) -> list[str]:
         "Inputs: the long-context check's typical regime (keys sharing a direction, values "
         f"N(1, 1)), B = H = 1, d = dv = {sweep['shape_B_H_d_dv'][2]}, one draw per spec and "
         "dtype at its longest N and its prefixes; quadratic-cost forms up to N = "
-        f"{power_of_2(QUADRATIC_LONGEST)}. Each cell is the max error in units of u s at "
-        "each N in turn; *golden*: the golden linear form's; *budget*: "
-        f"{K_BUDGET:g} x the golden's error, or of what any correct evaluation typically "
-        "makes where that is larger (sqrt(m + N + 1) roundings in the golden's float32 or "
-        "float64, at least 1); *bound*: the largest element of Higham's deterministic bound "
-        "(∞: vacuous, the denominator's relative error bound reaching 1); *probabilistic "
-        "bound*: that of the smaller of it and Higham & Mary's at a false-failure probability "
-        f"of 1e{math.log10(FALSE_FAILURE):.0f} per case, the bound a form is judged against. A "
-        "form outside the bound or over the budget (**FAIL**) fails the report's verdict.",
+        f"{power_of_2(QUADRATIC_LONGEST)}. Each cell gives a figure at each N in turn, in "
+        "units of u s:",
+        "",
+        "- a form: its max error; **FAIL** where outside the bound or over the budget, which "
+        "fails the report's verdict;",
+        "- *golden*: the golden linear form's max error;",
+        f"- *budget*: {K_BUDGET:g} x the golden's error, or of what any correct evaluation "
+        "typically makes where that is larger (sqrt(m + N + 1) roundings in the golden's "
+        "float32 or float64, at least 1), on the rows whose denominator a float32 evaluation "
+        "resolves, as in the long-context check;",
+        "- *bound*: the largest element of Higham's deterministic bound (∞: vacuous, the "
+        "denominator's relative error bound reaching 1);",
+        "- *probabilistic bound*: that of the smaller of it and Higham & Mary's at a false-"
+        f"failure probability of 1e{math.log10(FALSE_FAILURE):.0f} per case: the bound a form "
+        "is judged against;",
+        "- *rows left to the bound* (where there are any): rows the budget does not compare, "
+        "whose denominators cancel (performer-trig, taylor) so that correct evaluations "
+        "differ there by chance beyond any fixed budget.",
         "",
     ]
     plots = [f"![long sequences, {t}]({name})" for t, name in long["plots"].items()]

@@ -136,7 +136,8 @@ def plot_long_context(rows: list[Row], dtype: str, path: Path) -> Path:
     cols = min(len(specs), 4)
     lines = -(-len(specs) // cols)
     height = 3.2 * lines + 1.0
-    fig, axes = plt.subplots(lines, cols, figsize=(3.9 * cols, height), squeeze=False)
+    width = max(3.9 * cols, 7.8)  # the title and a legend of three columns fit one panel
+    fig, axes = plt.subplots(lines, cols, figsize=(width, height), squeeze=False)
     try:
         legend: dict[str, Any] = {}
         for ax, spec in zip(axes.flat, specs):
@@ -147,11 +148,12 @@ def plot_long_context(rows: list[Row], dtype: str, path: Path) -> Path:
         fig.suptitle(f"{dtype}: max error vs N (d = dv = 16, B = H = 1, typical inputs)")
         order = [label for label, _ in LONG_STYLES.values()]
         legend = dict(sorted(legend.items(), key=lambda kv: _rank(order, kv[0])))
-        legend_lines = -(-len(legend) // 4)
+        columns = 4 if cols > 2 else 3
+        legend_lines = -(-len(legend) // columns)
         if legend:
             fig.legend(
-                legend.values(), legend.keys(), loc="lower center", ncol=min(len(legend), 4),
-                fontsize=8, frameon=False,
+                legend.values(), legend.keys(), loc="lower center",
+                ncol=min(len(legend), columns), fontsize=8, frameon=False,
             )  # fmt: skip
         fig.tight_layout(rect=(0, (0.1 + 0.2 * legend_lines) / height, 1, 1))
         fig.savefig(path, dpi=110)
