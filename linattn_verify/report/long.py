@@ -33,14 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from ..accuracy.bound import probabilistic_lambda, scale_and_bound
+from ..accuracy.bound import scale_and_bound
 from ..accuracy.verdict import judge
-from ..checks.long_context import FALSE_FAILURE, inputs, probabilistic_terms, resolvable_rows
-from ..implementations.golden import golden_attention
+from ..checks.long_context import Draw, standard
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
-from ..reference import certified_attention
 from ..specs import Spec
 from ..stats.estimators import one_thread
 from ..under_test import Implementation, ImplementationFailure
@@ -126,21 +123,14 @@ def long_rows(
     its message."""
     rows = []
     for dtype in sweep.judged:
-        q, k, v, w = inputs(spec, ns[-1], 1, 1, sweep.d, dtype, sweep.seed, sweep.device)
-        if w is not None:  # the contract: W in the inputs' dtype and on their device
-            w = w.to(device=q.device, dtype=q.dtype)
-        prefix_stable = spec.causal and spec.feature_map != "cosformer"
-        full = _reference_and_golden(spec, q, k, v, w) if prefix_stable else None
+        draw = Draw(spec, dtype, 1, 1, sweep.d, ns[-1], sweep.seed, sweep.device)
+        q, k, v, w = draw.tensors()
         u, tiny = UNIT_ROUNDOFF[dtype], SMALLEST_SUBNORMAL[dtype]
         for n in ns:
             qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
             x = validate(qn, kn, vn, spec, w)
-            ref, golden = full or _reference_and_golden(spec, qn, kn, vn, w)
-            ref, golden = ref[:, :, :n], golden[:, :, :n]
+            ref, golden, bounds, resolvable = standard(draw, n)  # the check's, shared
             deterministic = scale_and_bound(x, spec, ref, u, tiny)
-            lam = probabilistic_lambda(probabilistic_terms(x, spec), FALSE_FAILURE, u)
-            bounds = {dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}
-            resolvable = resolvable_rows(x, spec, lam)  # the rows the budget compares
             where = {
                 "device": sweep.device,
                 "spec": str(spec),
@@ -178,10 +168,3 @@ def _largest(bound: np.ndarray) -> float:
 def power_of_2(n: int) -> str:
     """n as 2^e where it is a power of two, else in digits."""
     return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else str(n)
-
-
-def _reference_and_golden(spec: Spec, q, k, v, w) -> tuple[np.ndarray, torch.Tensor]:
-    """The certified reference (float64) and the golden linear form's output in the
-    inputs' dtype."""
-    ref = certified_attention(validate(q, k, v, spec, w), spec).values
-    return ref, golden_attention(q, k, v, spec, w, "linear")

@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 from ..accuracy.verdict import K_BUDGET
+from ..checks.long_context import FALSE_FAILURE
 from ..stats.decide import ALPHA, Z_TWO_SIDED
 from .long import (
-    FALSE_FAILURE,
     FULL_LONG_NS,
     FULL_LONGEST,
     LONG_SPECS,
