@@ -1,10 +1,11 @@
 """Known-answer vectors: inputs stored exactly, outputs exact to 34 significant digits.
 
-Layout (references/README.md says how to read it without this package):
-- references/vectors/NAME.json, one vector each: the spec, the case it was built from,
+Layout, under the package's known_answers/ folder (shipped as package data; its README.md
+says how to read them without this package):
+- vectors/NAME.json, one vector each: the spec, the case it was built from,
   the inputs q, k, v (and the projection W) as IEEE bit patterns in their dtype, and the
   output as decimal strings of KAT_DIGITS significant digits ("nan" where it is 0/0);
-- references/manifest.json: generator version and, per vector, its spec, shape, dtype and
+- manifest.json: generator version and, per vector, its spec, shape, dtype and
   the sha256 of its file.
 `build` writes them deterministically (the same bytes twice); `check` verifies every hash
 and recomputes a sample with the arb engine; `run_vectors` runs an implementation on them
@@ -42,7 +43,7 @@ KAT_DIGITS = 34  # 34 decimal digits: 112 bits, beyond the 100 the vectors promi
 AGREE_BITS = 100  # a recomputed value agrees with a stored one to this many bits
 FORMAT = "linattn-verify known-answer vector"
 BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
-DEFAULT_DIR = Path("references")
+DEFAULT_DIR = Path(__file__).parent / "known_answers"  # package data: found from any folder
 
 
 def _magnitude(exponent: float, dtype: str) -> float:

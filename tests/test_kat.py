@@ -22,7 +22,7 @@ from linattn_verify.specs import FEATURE_MAPS
 from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCES = ROOT / "references"
+REFERENCES = ROOT / "linattn_verify" / "known_answers"
 SMALL = ("-n1-float32", "-float64", "-extreme-float16")
 
 

@@ -14,7 +14,8 @@ def add(sub) -> None:
         sub,
         "references",
         "known-answer vectors: build, check, or run an implementation on them",
-        "Known-answer vectors under references/ (see references/README.md): build "
+        "The known-answer vectors shipped with the package (linattn_verify/known_answers/, "
+        "its README.md says how to read them without this package), or those under --dir: build "
         "regenerates them (the same bytes every time), check verifies every sha256 and "
         "recomputes the outputs with the arb engine (exit 1 naming a bad file), run reports "
         "an implementation's error per vector in units of u s of its dtype.",
@@ -27,7 +28,9 @@ def add(sub) -> None:
     )
     parser.add_argument("action", choices=["build", "check", "run"])
     options.add_implementation(parser, positional=True)
-    parser.add_argument("--dir", default="references", help="the vectors' folder")
+    parser.add_argument(
+        "--dir", help="the vectors' folder (default: the package's own, from any folder)"
+    )
     parser.add_argument("--sample", type=int, help="check: recompute this many (default: all)")
     options.add_output(parser)
     parser.set_defaults(func=run)
@@ -36,7 +39,7 @@ def add(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import kat
 
-    directory = Path(args.dir)
+    directory = Path(args.dir) if args.dir else kat.DEFAULT_DIR
     say = None if args.quiet else (lambda text: options.progress(False, text))
     if args.action == "build":
         start = time.perf_counter()

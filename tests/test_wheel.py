@@ -1,0 +1,78 @@
+"""The built wheel, installed into a fresh venv, works from any folder: the known-answer
+vectors are package data (kat.DEFAULT_DIR), so `references check` and `vet --kat` find them
+outside the repository. The venv borrows the heavy dependencies (torch, mpmath, flint) from
+this environment by a path file; linattn_verify itself comes only from the wheel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_BUILT = ("build", "dist", ".venv", ".git", "reports", "*.egg-info", "__pycache__", ".*cache")
+KERNEL = """
+import torch.nn.functional as F
+
+def attn(q, k, v):
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    return (q @ (k.transpose(-2, -1) @ v)) / (q @ k.sum(-2, keepdim=True).transpose(-2, -1))
+"""
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a fresh venv holding the wheel built from a copy of the sources."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_BUILT))
+    pip = [sys.executable, "-m", "pip", "-q"]
+    built = _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), "."], source)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp.glob("linattn_verify-*.whl")
+    venv = tmp / "venv"
+    assert _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp).returncode == 0
+    python = venv / "bin" / "python"
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp)
+    Path(site.stdout.strip(), "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    into = _run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)], tmp)
+    assert into.returncode == 0, into.stderr
+    return python
+
+
+def test_the_package_comes_from_the_wheel(installed: Path, tmp_path: Path) -> None:
+    where = _run(
+        [str(installed), "-c", "import linattn_verify; print(linattn_verify.__file__)"], tmp_path
+    )
+    assert str(installed.parents[1]) in where.stdout, where.stdout + where.stderr
+
+
+def test_references_check_from_another_folder(installed: Path, tmp_path: Path) -> None:
+    done = _run(
+        [str(installed), "-m", "linattn_verify", "references", "check", "--sample", "2", "--quiet"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "166 vectors: ok" in done.stdout
+
+
+def test_vet_kat_of_a_kernel_outside_the_repository(installed: Path, tmp_path: Path) -> None:
+    (tmp_path / "mykernel.py").write_text(textwrap.dedent(KERNEL))
+    report = tmp_path / "vet.json"
+    args = ["vet", "mykernel.py:attn", "--feature-map", "elu", "--kat", "--dtypes", "float32"]
+    args += ["--long", "0", "--no-envelope", "--quiet", "--json", str(report)]
+    done = _run([str(installed), "-m", "linattn_verify", *args], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["name"]: row for row in json.loads(report.read_text())["checks"]}
+    assert rows["known-answers"]["status"] == "pass", rows["known-answers"]
+    assert "6 vectors" in rows["known-answers"]["detail"]
