@@ -9,7 +9,7 @@ says how to read them without this package):
   the sha256 of its file.
 `build` writes them deterministically (the same bytes twice); `check` verifies every hash
 and recomputes a sample with the arb engine; `run_vectors` runs an implementation on them
-and reports its error per vector in units of u s of its dtype (DESIGN "Accuracy").
+and reports its error per vector in units of u s of its dtype (docs/accuracy.md).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ for this project's property suite and for anyone's tests.
     pytest --impl fla.based-naive          # an adapter: its spec is its claim
     pytest --form chunked --chunk-size 16 --feature-map elu --causal   # one built-in form
 
-`implementation_under_test(config)` is the Implementation they name (None without --impl);
-the `attention_under_test` fixture skips when no --impl is given.
+`implementation_under_test(config)` is the Implementation they name (None without --impl),
+resolved once at configure time, so that a bad option is a one-line usage error before any
+test runs; the `attention_under_test` fixture skips when no --impl is given.
 """
 
 from __future__ import annotations
@@ -53,16 +54,27 @@ def _named(config: pytest.Config) -> bool:
     return config.getoption("--impl") is not None or config.getoption("--form") is not None
 
 
-def implementation_under_test(config: pytest.Config) -> Implementation | None:
-    """The implementation named by --impl or --form (with its claimed spec), or None."""
+_UNDER_TEST = pytest.StashKey[Implementation | None]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the conftest hooks that ask for it
+def pytest_configure(config: pytest.Config) -> None:
+    """Resolve the implementation now: pytest.UsageError (one line, exit 4) names a bad
+    option before any test runs."""
     if not _named(config):
-        return None
+        config.stash[_UNDER_TEST] = None
+        return
     target = config.getoption("--impl")
     values = {flag[2:].replace("-", "_"): config.getoption(flag) for flag, _ in OPTIONS}
     try:
-        return from_options(target, values)
+        config.stash[_UNDER_TEST] = from_options(target, values)
     except SpecError as err:
         raise pytest.UsageError(str(err)) from None
+
+
+def implementation_under_test(config: pytest.Config) -> Implementation | None:
+    """The implementation named by --impl or --form (with its claimed spec), or None."""
+    return config.stash[_UNDER_TEST]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The regimes: which inputs a verdict rests on (DESIGN "Regimes and findings"). Every case
+"""The regimes: which inputs a verdict rests on (docs/regimes.md). Every case
 the checks draw or build is in exactly one, `regime_of(case, spec)`:
 
 - typical: what trained models feed: kinds TYPICAL_KINDS (coordinates of q and k N(0,

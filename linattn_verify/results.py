@@ -8,7 +8,7 @@ from typing import Any
 
 from .cases import Case
 
-# How much a failure matters (DESIGN "Regimes and findings"), worst first: wrong is outside
+# How much a failure matters (docs/regimes.md, "Severities"), worst first: wrong is outside
 # the a-priori bound (or non-finite where the exact value is finite and fits, or a broken
 # property); inaccurate is inside the bound and over the budget: less accurate than
 # attainable.
@@ -22,6 +22,9 @@ class CheckResult:
     by_nature: set when the spec itself violates the property on this input (relu's zero
     denominator, performer-trig's negative one): an expected failure, with its reason.
     severity (SEVERITIES) of a failure; regime (regimes.REGIMES) of its case.
+    worst: lines on the worst element of a failed judgement (checks/worst.py).
+    cause: "contract" when the failure is the implementation breaking the calling contract
+    (an exception, a non-tensor, a wrong shape) rather than a wrong value.
     """
 
     check: str
@@ -33,6 +36,8 @@ class CheckResult:
     repro: str | None = None
     severity: str | None = None
     regime: str | None = None
+    worst: str | None = None
+    cause: str | None = None
 
     def report(self) -> str:
         """The message, the case and the command that reproduces it."""
@@ -42,6 +47,8 @@ class CheckResult:
         lines = [f"{self.check}: {status}: {self.message}"]
         if self.by_nature:
             lines.append("  by nature of the spec: an expected failure, not a bug")
+        if self.worst:
+            lines += [f"  {line}" for line in self.worst.splitlines()]
         if self.case is not None:
             lines.append(f"  case: {self.case}")
         if self.repro:
@@ -59,4 +66,6 @@ class CheckResult:
             "reproduce": self.repro,
             "severity": self.severity,
             "regime": self.regime,
+            "worst": self.worst,
+            "cause": self.cause,
         }

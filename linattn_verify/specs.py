@@ -1,7 +1,7 @@
 """The specs: what each feature map computes, once, for every other layer to agree on.
 
 Output row i of attention is sum_j sim(q_i, k_j) v_j / (eps + sum_j sim(q_i, k_j)), with
-key j used by query i iff j <= i when the spec is causal (DESIGN.md, "The specs").
+key j used by query i iff j <= i when the spec is causal (docs/contract.md, "The specs").
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def assert_linear_attention(
     strict: bool = False,
     longest: int = LONGEST,
 ) -> VetReport:
-    """Every applicable check of vet on fn (DESIGN's contract) claiming the spec; the report
+    """Every applicable check of vet on fn (docs/contract.md) claiming the spec; the report
     when the verdict passes, AssertionError with the summary when it fails. cost: "linear"
     or "quadratic" (default: quadratic for softmax, else linear). fail_on: the regime up
     to which findings fail (default typical: the others are warnings in the report);

@@ -1,7 +1,7 @@
 """The implementation under test: one type for everything the suite judges, whatever it is
 and wherever it comes from.
 
-An Implementation is what it is (fn behind DESIGN's contract, the spec it claims, its
+An Implementation is what it is (fn behind the contract of docs/contract.md, the spec it claims, its
 contract options: the layout, the cost it claims) and where it comes from (its Source):
 
 - a built-in form of lv.attention (kind "form": quadratic, linear, recurrent, chunked with
@@ -65,7 +65,7 @@ def default_cost(spec: Spec, form: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Implementation:
-    """Anything under test, behind DESIGN's contract: fn(q, k, v[, projection=W]).
+    """Anything under test, behind the contract: fn(q, k, v[, projection=W]) (docs/contract.md).
 
     layout: the layout fn takes and returns, "bhnd" (B, H, N, d) or "bnhd" (B, N, H, d);
     calls go through __call__ with (B, H, N, d) tensors. cost: the growth it claims.

@@ -3,7 +3,7 @@
 
 Each assertion is a test at level ALPHA = 1e-10 (linattn_verify/stats/decide.py); this file
 makes about 160 of them under the ci profile and ten times as many under thorough, far inside
-DESIGN's 1e-6 per run. The regimes below are where each statement holds and the normal
+1e-6 a run (docs/architecture.md). The regimes below are where each statement holds and the normal
 approximation of the replicate means is good (the stats modules' docstrings explain each).
 """
 

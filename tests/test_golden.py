@@ -1,7 +1,7 @@
 """Tests of the golden implementation against definitions written out here, not against itself.
 
 The yardstick is a naive float64 NumPy loop over (b, h, i, j) that evaluates each
-similarity literally from DESIGN.md ("The specs"). Tolerances are derived from the unit
+similarity literally from docs/contract.md ("The specs"). Tolerances are derived from the unit
 roundoff with the standard model of floating-point arithmetic (Higham, "Accuracy and
 Stability of Numerical Algorithms", ch. 3): a computed similarity errs by at most
 u * K * A_ij, A_ij the similarity evaluated with absolute values (A = sim for the positive
@@ -75,7 +75,7 @@ def f64(x: torch.Tensor | None) -> np.ndarray | None:
 
 
 def naive_phi(name: str, x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
-    """phi(x) for one token x (d,), feature by feature, as DESIGN.md writes it."""
+    """phi(x) for one token x (d,), feature by feature, as docs/contract.md writes it."""
     d = x.shape[0]
     if name == "elu":  # elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise
         return np.array([xc + 1.0 if xc > 0 else math.exp(xc) for xc in x])

@@ -4,7 +4,7 @@ and attention checks that fail broken implementations.
 
 False-failure probabilities: every z-test here is at decide.ALPHA (1e-10); the calibration
 KS test at 1e-8; with the properties (about 160 assertions at 1e-10 under ci) a run stays
-below 5e-8, inside DESIGN's 1e-6.
+below 5e-8, inside the suite's 1e-6 (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Testing the tester (DESIGN): vet rejects every broken implementation of the zoo for the
+"""Testing the tester (docs/architecture.md): vet rejects every broken zoo entry for the
 right reason (its bug's checks, `caught_by`, fail with a severity, in the regime the entry
 names and no milder one) and passes every correct one by default, the textbook ones
 included (their robustness findings are warnings). A bug on typical inputs fails the

@@ -52,3 +52,22 @@ def forward_only(q, k, v):
 
     with torch.no_grad():
         return lv.attention(q, k, v, "elu", form="linear")
+
+
+def crashing_past_8_tokens(q, k, v):
+    """Correct up to N = 8, then the process dies (as an out-of-bounds write would)."""
+    import os
+
+    if q.shape[2] > 8:
+        os._exit(3)
+    return lv.attention(q, k, v, "elu", form="linear")
+
+
+def one_column(q, k, v):
+    """Only the first output column: a wrong shape on every input."""
+    return lv.attention(q, k, v, "elu", form="linear")[..., :1]
+
+
+def ten_percent_high(q, k, v):
+    """elu linear attention 10 % too large: wrong everywhere, by a known factor."""
+    return 1.1 * lv.attention(q, k, v, "elu", form="linear")

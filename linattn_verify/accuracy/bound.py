@@ -24,7 +24,7 @@ any summation order. "relative" (vet --strict) holds elu features to relative ac
 entirely negative rows too, as a shifted evaluation attains (the golden implementation's).
 The bound is reported in units of u * s_ic, s_ic = sum_j |a_ij| |v_jc| / |eps + D_i| (for
 the signed performer-trig map: |phi(q)|.|phi(k)| in place of |a|), the magnitude the
-computation works at (DESIGN "Accuracy"). All sums are evaluated in arb balls, so the bound
+computation works at (docs/accuracy.md). All sums are evaluated in arb balls, so the bound
 itself carries no rounding error of its own; it is infinite where n u >= 1.
 """
 

@@ -1,5 +1,5 @@
 """Judging gradients against the exact reference gradients: errors in units of u s, an
-a-priori bound, a budget (DESIGN "Accuracy", applied to the backward pass).
+a-priori bound, a budget (docs/accuracy.md, applied to the backward pass).
 
 For the loss L = sum(out * g), each exact gradient element comes with its magnitude M
 (reference/grad.py): the sum of the absolute values of everything it is computed from,

@@ -1,6 +1,6 @@
 """Judging one output against the exact reference: error units, bound, budget, verdict.
 
-Error of element (i, c) in roundoff units (DESIGN "Accuracy"):
+Error of element (i, c) in roundoff units (docs/accuracy.md):
     e_ic = |out_ic - ref_ic| / (u s_ic),
 u the unit roundoff of the implementation's dtype, s_ic the scale of bound.scale_and_bound.
 Two thresholds:
@@ -182,7 +182,7 @@ def judge(
         budget = K_BUDGET * max(golden_max, attainable_floor(spec, x, u))
         within_budget = bool(np.max(e, where=budgeted, initial=0.0) <= budget)
     # A non-finite output where the exact value fits the dtype is wrong even where the
-    # bound is vacuous; where the exact value is 0/0 the output must be NaN (DESIGN).
+    # bound is vacuous; where the exact value is 0/0 the output must be NaN (docs/accuracy.md).
     overflow = np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)
     bad = defined & ((e > bound) | (~np.isfinite(out64) & ~overflow))
     bad |= ~defined & ~np.isnan(out64)

@@ -3,8 +3,8 @@
     out = fn(q, k, v)                  # q, k: (B, H, N, d), v: (B, H, N, dv)
     out = fn(q, k, v, projection=W)    # Performer specs: W is (m, d)
 
-or the same in (B, N, H, d) where an adapter declares layout "bnhd" (DESIGN.md, "The
-implementation contract"). An adapter translates calling conventions and layouts and
+or the same in (B, N, H, d) where an adapter declares layout "bnhd" (docs/contract.md,
+"The call"). An adapter translates calling conventions and layouts and
 nothing more: the library's eps, scaling, normalisation, feature-map details and dtype
 handling are its own. `spec` is what the library claims to compute, in our vocabulary
 (specs.py); `note` says where the library departs from it or what it leaves out. The checks

@@ -1,6 +1,6 @@
 """The checks: one plain function per property, (implementation, case) -> CheckResult.
 
-`pytest properties/`, `vet` and `report` call these same functions (DESIGN "Layers").
+`pytest properties/`, `vet` and `report` call these same functions (docs/architecture.md, "Layers").
 CHECKS names them all; `not_applicable(name, impl)` says why one does not apply.
 """
 

@@ -17,6 +17,7 @@ from ..implementations.golden import GOLDEN_FORMS, golden_attention
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, check, inputs_of
+from .worst import worst_element
 
 
 @check("reference")
@@ -27,7 +28,13 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     out = impl(q, k, v, w)
     if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
-    verdict = Judgement.of(q, k, v, w, impl.spec)(out)
+    judgement = Judgement.of(q, k, v, w, impl.spec)
+    verdict = judgement(out)
+    worst = None
+    if not verdict.passed:
+        worst = worst_element(
+            q, k, v, as_array(out), judgement.ref, verdict.worst_index, impl.spec.causal
+        )
     figures = {
         "max_error": verdict.max_error,
         "relative_error": verdict.relative_error,
@@ -36,7 +43,7 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     }
     if verdict.budget is not None:
         figures["budget"] = verdict.budget
-    return Outcome(verdict.passed, verdict.message, figures, severity=verdict.severity)
+    return Outcome(verdict.passed, verdict.message, figures, severity=verdict.severity, worst=worst)
 
 
 ORDER = {"quadratic": "(phi(Q) phi(K)^T) V", "linear": "phi(Q) (phi(K)^T V)"}

@@ -1,4 +1,4 @@
-"""The calling contract of DESIGN: output (B, H, N, dv), the inputs' dtype and device, and
+"""The calling contract (docs/contract.md): output (B, H, N, dv), the inputs' dtype and device, and
 the inputs left as they were."""
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ Comparing two outputs within the bound is compare.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +52,23 @@ class Outcome:
     figures: dict[str, float] = field(default_factory=dict)
     by_nature: str | None = None
     severity: str = "wrong"  # of a failure: "inaccurate" when inside the bound, over budget
+    worst: str | None = None  # the worst element of a failed judgement (worst.py)
 
 
 CheckFn = Callable[..., CheckResult]
+Watcher = Callable[[str, Case], None]
+_WATCHERS: list[Watcher] = []
+
+
+@contextmanager
+def watching(watcher: Watcher) -> Iterator[None]:
+    """Call watcher(check name, case) before every check runs on a case, while in the block:
+    vet's worker tells the parent what it runs, so that a crash names its case."""
+    _WATCHERS.append(watcher)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(watcher)
 
 
 def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
@@ -62,15 +77,19 @@ def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
 
     def wrap(body: Callable[..., Outcome]) -> CheckFn:
         def run(impl: Implementation, case: Case, **options: Any) -> CheckResult:
+            for watcher in _WATCHERS:
+                watcher(name, case)
+            cause = None
             try:
                 outcome = body(impl, case, **options)
             except ImplementationFailure as err:
-                outcome = Outcome(False, f"{impl.name} {err}")
+                outcome, cause = Outcome(False, f"{impl.name} {err}"), "contract"
             failed = not outcome.passed
             return CheckResult(
                 name, outcome.passed, outcome.message, case, outcome.figures,
                 outcome.by_nature, impl.reproduce(name, case) if failed else None,
                 outcome.severity if failed else None, regime_of(case, impl.spec),
+                outcome.worst if failed else None, cause,
             )  # fmt: skip
 
         run.__name__ = run.__qualname__ = body.__name__

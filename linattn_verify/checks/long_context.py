@@ -53,7 +53,7 @@ NAME = "long-context"
 LONGEST = 2**16
 DIMS = (16, 64)
 MAX_FEATURES = 1024  # head dimensions whose feature vector is longer are left out (taylor)
-FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (DESIGN: 1e-6 per run)
+FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (docs/accuracy.md; 1e-6 a run)
 # Growth: errors growing like n u and like sqrt(n) u differ by 0.5 in log-log slope; 0.3
 # flags the first and leaves 0.2 for the noise of a slope fitted on five lengths over a
 # 64-fold range (a factor 2.3 in one error). Only where the error at the longest N is also

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..accuracy.bound import feature_model
 from . import options
@@ -30,7 +31,7 @@ def add(sub) -> None:
             "python -m linattn_verify check all --impl mykernels.py:attn --feature-map elu",
             "python -m linattn_verify check reference --impl fla.based-naive",
             "python -m linattn_verify check reference --form linear --feature-map elu \\",
-            '    --case \'{"b":1,"h":2,"n":7,"d":4,"dv":3,"dtype":"float16"}\'',
+            '    --case \'{"b":1,"h":2,"n":7,"d":4,"dv":3,"dtype":"float16"}\' --save case.npz',
         ],
     )
     parser.add_argument(
@@ -41,6 +42,12 @@ def add(sub) -> None:
     )
     options.add_implementation(parser, positional=False)
     parser.add_argument("--case", help="the case as JSON (printed by a failing check)")
+    parser.add_argument(
+        "--save",
+        metavar="FILE.npz",
+        help="with --case: write its q, k, v (and projection), the output and the exact "
+        "reference to this .npz file (numpy.load reads it)",
+    )
     parser.add_argument(
         "--examples",
         type=int,
@@ -57,6 +64,7 @@ def add(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..cases import Case
     from ..checks import ALL_CHECKS, CHECKS, not_applicable
+    from ..checks.saved import save_case
     from ..checks.search import CHECK_EXAMPLES, search_regimes
     from ..vet import VetOptions
 
@@ -64,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     case = Case.from_json(args.case) if args.case else None
     device = case.device if case is not None else args.device
     options.cuda_check(device)
+    if args.save is not None:
+        if case is None:
+            raise options.UsageError("--save needs --case (the case to write out)")
+        options.check_writable(Path(args.save), "--save")
     if args.examples is not None and args.examples < 1:
         raise options.UsageError(f"--examples must be >= 1, got {args.examples}")
     if args.name != "all" and (reason := not_applicable(args.name, impl)):
@@ -99,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
                 f"  a robustness warning ({result.regime} inputs): --fail-on {result.regime} fails"
             )
     rows += [r.to_dict() for r in results]
+    if args.save is not None:
+        print(save_case(impl, case, Path(args.save)))
     options.write_json(
         args.json, {"implementation": impl.name, "spec": str(impl.spec), "checks": rows}
     )

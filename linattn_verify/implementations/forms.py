@@ -1,6 +1,6 @@
 """The built-in implementations: every spec in four forms, any dtype, CPU or CUDA.
 
-Forms (DESIGN "Vocabulary"):
+Forms (docs/architecture.md, "Vocabulary"):
 - quadratic: the (Nq, Nk) weights materialised (golden.py's quadratic form);
 - linear (non-causal): phi(Q) (phi(K)^T [V, 1]), keys and queries taken in blocks of
   BLOCK_ROWS rows so that each block's features stay in cache;

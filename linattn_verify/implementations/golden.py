@@ -1,6 +1,6 @@
 """The golden implementation: a plain, careful torch evaluation of every spec.
 
-It sets the accuracy budget (DESIGN.md, "Accuracy"): an implementation's error is judged
+It sets the accuracy budget (docs/accuracy.md, "The budget"): an implementation's error is judged
 against k times the error of this one in the same dtype on the same inputs. So it is written
 for accuracy, not speed:
 
@@ -13,9 +13,9 @@ for accuracy, not speed:
   with the fast forms it budgets (no C kernel, no exp2).
 
 Output row i = sum_j sim(q_i, k_j) v_j / (eps + sum_j sim(q_i, k_j)), key j used by query i
-iff j <= i when causal (DESIGN.md, "The specs").
+iff j <= i when causal (docs/contract.md, "The specs").
 
-Forms (DESIGN.md, "Vocabulary"):
+Forms (docs/architecture.md, "Vocabulary"):
 
 - quadratic: materialise the (Nq, Nk) similarities, mask, multiply by V;
 - linear: phi(Q) (phi(K)^T V) and phi(Q) (phi(K)^T 1); causal as a scan over the tokens,

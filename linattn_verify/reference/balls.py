@@ -109,7 +109,7 @@ def direct_sims(head: Head, rows: list[int], name: str) -> list[list[arb]]:
 
 
 def masked(sims: list[list[arb]], rows: list[int], causal: bool) -> list[list[arb]]:
-    """Zero the weights of keys j > i for causal specs (DESIGN: key j used iff j <= i)."""
+    """Zero the weights of keys j > i for causal specs (docs/contract.md: key j used iff j <= i)."""
     if not causal:
         return sims
     zero = arb(0)

@@ -20,7 +20,7 @@ class ReferenceAccuracyError(ArithmeticError):
 
 
 def allowed_keys(i: int, n_keys: int, causal: bool) -> range:
-    """Keys j that query i attends to: j <= i when causal (DESIGN: inclusive)."""
+    """Keys j that query i attends to: j <= i when causal (inclusive: docs/contract.md)."""
     return range(min(i + 1, n_keys) if causal else n_keys)
 
 

@@ -1,6 +1,6 @@
 """The mpmath engine: the literal quadratic definition, the ground truth for small cases.
 
-For every query i and allowed key j, sim(q_i, k_j) is evaluated from the DESIGN formula in
+For every query i and allowed key j, sim(q_i, k_j) is evaluated from its formula (specs.py) in
 binary precision p (see `similarities` for the sources); out_i = sum_j sim v_j / (eps + sum_j sim).
 Precision control: each element is computed at p and 2p bits; where the two are more
 than one ulp apart, or where a first-order error estimate at 2p (which grows with
@@ -22,7 +22,7 @@ from ..inputs import AttentionInputs
 from ..specs import Spec
 from .common import MAX_PREC, allowed_keys, refine
 
-DEFAULT_PREC = 113  # IEEE binary128's significand: the DESIGN's minimum
+DEFAULT_PREC = 113  # IEEE binary128's significand: the first precision
 # Scalar operations on the longest path besides the sums: the d^(1/4) and sqrt(d) scalings,
 # exp/sin/cos, 1/sqrt(m), the product with v, adding eps, the division: at most 8.
 SCALAR_OPS = 8

@@ -1,4 +1,4 @@
-"""Statistical checks of random-feature estimators (DESIGN's `stats` layer): unbiasedness,
+"""Statistical checks of random-feature estimators (docs/architecture.md): unbiasedness,
 the MSE of Lemma 2 (Choromanski et al. 2021), orthogonal features, the m^(-1/2) rate of the
 attention error and a high-probability bound on it; a sampler's verdict (`check_sampler`)."""
 

@@ -1,7 +1,7 @@
 """Statistical decisions with a stated false-failure probability.
 
 Every assertion of the random-feature checks is a test at level ALPHA = 1e-10: a correct
-sampler fails it with probability at most ALPHA. DESIGN asks for at most 1e-6 per run, so a run
+sampler fails it with probability at most ALPHA. A run allows 1e-6 (docs/architecture.md), so it
 may make up to 10^4 such assertions (Bonferroni); the CI profile makes a few hundred, the
 thorough profile a few thousand.
 

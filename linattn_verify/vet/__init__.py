@@ -1,4 +1,4 @@
-"""vet: one verdict on a third-party implementation (DESIGN's third entry point)."""
+"""vet: one verdict on a third-party implementation (third entry point, docs/architecture.md)."""
 
 from .runner import VetOptions, VetReport, plan, vet, vet_in_process
 

@@ -1,6 +1,6 @@
 """Findings: vet's failing rows grouped by the cause they share, each with a severity and the
-regime it shows in, ranked so that the one that matters comes first (DESIGN "Regimes and
-findings").
+regime it shows in, ranked so that the one that matters comes first (docs/regimes.md,
+"Findings").
 
 Rows share a cause when their cases do: the same regime, dtype, kind of input and magnitude
 (several checks failing on one input, or on inputs of one kind and size, fail for one
@@ -26,7 +26,8 @@ Row = dict[str, Any]
 @dataclass(frozen=True)
 class Finding:
     """One cause: its severity and regime, the checks it breaks, its smallest case, the
-    command that reproduces it, and its largest error as a share of the output's scale."""
+    command that reproduces it, its largest error as a share of the output's scale, and the
+    worst element of a failed judgement among its rows (checks/worst.py)."""
 
     severity: str
     regime: str
@@ -35,6 +36,7 @@ class Finding:
     relative_error: float | None = None
     case: str | None = None
     reproduce: str | None = None
+    worst: str | None = None
 
     def headline(self) -> str:
         share = self.relative_error
@@ -50,6 +52,7 @@ class Finding:
             "relative_error": self.relative_error,
             "case": self.case,
             "reproduce": self.reproduce,
+            "worst": self.worst,
         }
 
 
@@ -96,6 +99,7 @@ def findings(rows: list[Row]) -> list[Finding]:
                 relative_error=max(shares) if shares else None,
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),
+                worst=next((r["worst"] for r in sorted(group, key=_size) if r.get("worst")), None),
             )
         )
     out.sort(

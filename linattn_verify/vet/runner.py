@@ -7,19 +7,24 @@ warnings (fail_on widens that, strict is every regime with relatively accurate f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cases import Case
 from ..checks.long_context import LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
 from ..regimes import REGIMES
 from ..specs import SpecError
 from ..strategies import DTYPES
 from ..under_test import Implementation
-from .findings import Finding, findings
-from .worker import Worker, WorkerDied, WorkerHung, describe, run_task
+from .findings import Finding, Row, findings
+from .tasks import planned_cases
+from .worker import Running, Worker, WorkerDied, WorkerHung, describe, run_task
 
+# a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope")
+STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "envelope")
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
 
 
@@ -80,10 +85,13 @@ class VetReport:
         blocking = [f for f in found if f.regime in self.failing_regimes]
         warnings = [f for f in found if f.regime not in self.failing_regimes]
         not_run = [r for r in self.rows if r["status"] == "not run"]
+        depending = [r for r in self.rows if r["status"] == DEPENDS]
         verdict = "FAIL" if self.verdict == "fail" else "pass"
         lines = [f"vet {self.target}: {self.implementation} claiming {self.spec}"]
         counts = [f"{len(blocking)} finding(s) on {' or '.join(self.failing_regimes)} inputs"]
         counts.append(f"{len(warnings)} robustness warning(s)")
+        if depending:
+            counts.append(f"{len(depending)} check(s) failing only through the contract")
         if not_run:
             counts.append(f"{len(not_run)} check(s) not run")
         lines.append(f"verdict: {verdict}: " + "; ".join(counts))
@@ -91,6 +99,8 @@ class VetReport:
             mark = "" if finding.regime in self.failing_regimes else "[warning] "
             lines.append(f"  {index}. {mark}{finding.headline()}")
             lines.append(f"     {finding.detail}")
+            if finding.worst:
+                lines += [f"     {line}" for line in finding.worst.splitlines()]
             if finding.reproduce:
                 lines.append(f"     reproduce: {finding.reproduce}")
         lines.append("checks:")
@@ -110,6 +120,7 @@ class VetReport:
             "spec": self.spec,
             "failing_regimes": list(self.failing_regimes),
             "findings": [f.to_dict() for f in self.findings],
+            "counts": {s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
             "checks": self.rows,
         }
 
@@ -165,11 +176,70 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     return report
 
 
+DEPENDS = "depends"  # the status of a check that broke the contract the contract check names
+
+
+def _after_contract(rows: list[Row]) -> list[Row]:
+    """Once the contract check has failed, a later check that failed by breaking the same
+    contract (cause "contract": an exception, a wrong shape) is not a finding of its own: it
+    is marked as depending on the contract's, so that one cause is reported once."""
+    contract = next((r for r in rows if r["name"] == "contract"), None)
+    if contract is None or contract["status"] != "fail":
+        return rows
+    return [
+        {
+            "name": r["name"],
+            "status": DEPENDS,
+            "detail": "fails by breaking the contract (above)",
+        }
+        if r is not contract and r["status"] == "fail" and r.get("cause") == "contract"
+        else r
+        for r in rows
+    ]
+
+
 def _timeout(task: str, options: VetOptions) -> float:
     """Seconds the task may take: the long-context check's grows with its longest N."""
     if task == "long-context":
         return options.timeout * max(1.0, options.longest / LONGEST)
     return options.timeout
+
+
+PROGRESS_EVERY = 10.0  # seconds between progress lines within a task
+
+
+class _Progress:
+    """A line on the task's cases every PROGRESS_EVERY seconds: "[3/11] permutation: 57 of
+    about 95 cases, 12 s"."""
+
+    def __init__(self, say: Callable[[str], None], step: str, total: int | None) -> None:
+        self.say, self.step, self.total = say, step, total
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, running: Running) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY:
+            return
+        self.last = now
+        of = f" of about {self.total}" if self.total else ""
+        self.say(f"{self.step}: {running['done']}{of} cases, {now - self.start:.0f} s")
+
+
+def _stopped(name: str, how: str, running: Running | None) -> Row:
+    """The failed row of a task that crashed or hung: with the case it was running (and
+    the command that reruns it) when the worker had said."""
+    if running is None:
+        return {"name": name, "status": "fail", "detail": how}
+    detail = f"{how}, running {running['check']} on {Case.from_json(running['case'])}"
+    return {
+        "name": name,
+        "status": "fail",
+        "detail": detail,
+        "case": running["case"],
+        "reproduce": running["reproduce"],
+        "severity": "wrong",
+        "regime": running["regime"],
+    }
 
 
 def vet(
@@ -182,18 +252,21 @@ def vet(
     worker = Worker(declared, options.timeout)
     report = _report(declared.source.name, worker.description, options)
     steps = plan(worker.description, options)
+    spec = worker.description["spec"]
     crashes = 0
     try:
         for i, (name, task, task_options) in enumerate(steps):
-            say(f"[{i + 1}/{len(steps)}] {name} ...")
+            step = f"[{i + 1}/{len(steps)}] {name}"
+            say(f"{step} ...")
+            on_case = _Progress(say, step, planned_cases(task, spec, task_options))
             try:
-                report.rows += worker.run(task, task_options, _timeout(task, options))
+                report.rows += worker.run(task, task_options, _timeout(task, options), on_case)
                 continue
             except WorkerHung as err:
-                report.rows.append({"name": name, "status": "fail", "detail": f"hung: {err}"})
+                report.rows.append(_stopped(name, f"hung: {err}", worker.running))
                 stop = f"not run: vet stopped after {name} hung"
             except WorkerDied as err:
-                report.rows.append({"name": name, "status": "fail", "detail": f"crashed: {err}"})
+                report.rows.append(_stopped(name, f"crashed: {err}", worker.running))
                 crashes += 1
                 stop = f"not run: vet stopped after a second crash, in {name}"
                 if crashes < 2:
@@ -207,6 +280,7 @@ def vet(
             break
     finally:
         worker.close()
+    report.rows = _after_contract(report.rows)
     return report
 
 
@@ -222,4 +296,5 @@ def vet_in_process(
     for i, (name, task, task_options) in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {name} ...")
         report.rows += run_task(impl, task, task_options)
+    report.rows = _after_contract(report.rows)
     return report

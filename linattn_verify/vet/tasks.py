@@ -46,6 +46,18 @@ def vet_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
     ]
 
 
+def planned_cases(task: str, spec: Spec, options: dict[str, Any]) -> int | None:
+    """About how many cases `task` runs a check on (a search's shrinking adds a few), for
+    progress; None for the tasks that run none through a check."""
+    from ..strategies import corner_cases
+
+    if task not in ("check", "accuracy"):
+        return None
+    device, dtypes = options["device"], options["dtypes"]
+    fixed = len(corner_cases(spec, dtypes, device)) + len(vet_cases(spec, dtypes, device))
+    return fixed + sum(options["examples"].values()) if task == "check" else fixed
+
+
 def property_check(
     impl: Implementation,
     name: str,

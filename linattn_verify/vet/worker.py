@@ -8,10 +8,14 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import signal
+import time
+from collections.abc import Callable
 from typing import Any
 
+from ..checks.core import watching
+from ..regimes import regime_of
 from ..specs import SpecError
-from ..under_test import Implementation
+from ..under_test import Implementation, ImplementationFailure
 from . import tasks
 from .envelope import envelope
 
@@ -27,6 +31,9 @@ class WorkerHung(Exception):
 
 class WorkerDied(Exception):
     """The worker process ended without answering (a crash of the implementation)."""
+
+
+Running = dict[str, Any]  # what the worker last said it runs: check, case, reproduce, ...
 
 
 def describe(impl: Implementation) -> dict[str, Any]:
@@ -66,7 +73,8 @@ def run_task(impl, task: str, options: dict[str, Any]) -> list[tasks.Row]:
             return TASKS[task](impl, **options)
     except Exception as err:  # the target's failure is a finding, not a crash of vet
         name = options.get("name", task)
-        return [{"name": name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}]
+        row = {"name": name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}
+        return [{**row, "cause": "contract"} if isinstance(err, ImplementationFailure) else row]
 
 
 def _serve(conn, declared: Implementation) -> None:
@@ -83,7 +91,19 @@ def _serve(conn, declared: Implementation) -> None:
     conn.send(("ready", describe(impl)))
     while (request := conn.recv()) is not None:
         task, options = request
-        conn.send(("rows", run_task(impl, task, options)))
+        done = 0
+
+        def running(check: str, case) -> None:
+            nonlocal done
+            done += 1
+            regime = regime_of(case, impl.spec)
+            reproduce = impl.reproduce(check, case)
+            said = {"check": check, "case": case.to_json(), "regime": regime, "done": done}
+            conn.send(("running", {**said, "reproduce": reproduce}))
+
+        with watching(running):
+            rows = run_task(impl, task, options)
+        conn.send(("rows", rows))
 
 
 class Worker:
@@ -91,6 +111,7 @@ class Worker:
 
     def __init__(self, declared: Implementation, timeout: float) -> None:
         self.timeout = timeout
+        self.running: Running | None = None  # the current task's case, once it has one
         self._conn, child = CONTEXT.Pipe()
         self._process = CONTEXT.Process(target=_serve, args=(child, declared), daemon=True)
         self._process.start()
@@ -100,20 +121,29 @@ class Worker:
         except (WorkerHung, WorkerDied) as err:
             raise SpecError(f"cannot load {declared.name}: {err}") from None
 
-    def _receive(self, what: str, timeout: float) -> Any:
-        if not self._conn.poll(timeout):
-            self.close()
-            raise WorkerHung(f"{what} took longer than {timeout:g} s (killed)")
-        try:
-            kind, payload = self._conn.recv()
-        except (EOFError, OSError):
-            how = self._exit()
-            self.close()
-            raise WorkerDied(f"{what}: the worker process died ({how})") from None
-        if kind == "error":
-            self.close()
-            raise SpecError(payload)
-        return payload
+    def _receive(
+        self, what: str, timeout: float, on_case: Callable[[Running], None] | None = None
+    ) -> Any:
+        """The answer; on the way, each case the task runs (self.running, on_case)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise WorkerHung(f"{what} took longer than {timeout:g} s (killed)")
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                how = self._exit()
+                self.close()
+                raise WorkerDied(f"{what}: the worker process died ({how})") from None
+            if kind == "error":
+                self.close()
+                raise SpecError(payload)
+            if kind != "running":
+                return payload
+            self.running = payload
+            if on_case is not None:
+                on_case(payload)
 
     def _exit(self) -> str:
         self._process.join(5)
@@ -126,17 +156,23 @@ class Worker:
         return f"exit code {code}"
 
     def run(
-        self, task: str, options: dict[str, Any], timeout: float | None = None
+        self,
+        task: str,
+        options: dict[str, Any],
+        timeout: float | None = None,
+        on_case: Callable[[Running], None] | None = None,
     ) -> list[tasks.Row]:
-        """The rows of `task`; WorkerHung past `timeout` (default: the worker's)."""
+        """The rows of `task`; WorkerHung past `timeout` (default: the worker's), WorkerDied
+        when it crashes (self.running: the case it was running, if any)."""
         what = options.get("name", task)
+        self.running = None
         try:
             self._conn.send((task, options))
         except OSError:  # the worker died between tasks
             how = self._exit()
             self.close()
             raise WorkerDied(f"{what}: the worker process died ({how})") from None
-        return self._receive(what, timeout or self.timeout)
+        return self._receive(what, timeout or self.timeout, on_case)
 
     def close(self) -> None:
         if self._process.is_alive():

@@ -1,7 +1,7 @@
 """The zoo: deliberately broken attention implementations and correct ones written another way.
 
 Every broken entry must be rejected by some check, and no correct entry may be flagged
-(DESIGN.md, "Testing the tester"). Each entry follows the implementation contract:
+(docs/architecture.md, "Outside the package"). Each entry follows the implementation contract:
 fn(q, k, v), or fn(q, k, v, projection=W) for the Performer maps.
 """
 

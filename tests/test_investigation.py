@@ -1,0 +1,97 @@
+"""Investigating a failure: the worst element with its inputs and exact value, a case
+written out for a debugger (check --save), a crash carrying the case it was running, a
+contract failure reported once, progress within a task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from linattn_verify.cases import Case
+from linattn_verify.checks import CHECKS
+from linattn_verify.cli import main
+from linattn_verify.reference import reference
+from linattn_verify.under_test import resolve
+from linattn_verify.vet import runner
+
+TARGETS = Path(__file__).with_name("vet_targets.py")
+CASE = Case(1, 2, 5, 3, 2, "float32", "normal", 1.0, 4)
+
+
+def _high(q, k, v):
+    return 1.1 * torch.from_numpy(reference(q, k, v, "elu", causal=True)).to(q.dtype)
+
+
+def test_the_worst_element_is_shown_with_its_rows_and_exact_value():
+    result = CHECKS["reference"](resolve(_high, feature_map="elu", causal=True), CASE)
+    assert not result.passed
+    lines = result.worst.splitlines()
+    q, k, v, _ = CASE.tensors()
+    exact = reference(q, k, v, "elu", causal=True)
+    where = lines[0].split(" = ")[1].split(":")[0]
+    b, h, i, c = json.loads(where.replace("(", "[").replace(")", "]"))
+    assert f"exact {float(exact[b, h, i, c]):.9g}" in lines[0]
+    assert "relative error 10 %" in lines[0]
+    assert lines[1].startswith(f"  q[{b}, {h}, {i}] = [")
+    assert len(lines) == 1 + 1 + (i + 1) + 1  # causal: the keys j <= i only
+    assert f"{float(v[b, h, i, c]):.6g}" in lines[-2]
+
+
+def test_check_save_writes_the_case_output_and_exact(tmp_path, capsys):
+    path = tmp_path / "case.npz"
+    args = ["check", "reference", "--impl", f"{TARGETS}:ten_percent_high", "--feature-map"]
+    args += ["elu", "--case", CASE.to_json(), "--save", str(path)]
+    assert main(args) == 1
+    assert f"saved q, k, v, exact, output to {path}" in capsys.readouterr().out
+    saved = np.load(path)
+    q, k, v, _ = CASE.tensors()
+    exact = reference(q, k, v, "elu")
+    assert np.array_equal(saved["q"], q.numpy()) and np.array_equal(saved["v"], v.numpy())
+    np.testing.assert_allclose(saved["exact"], exact, rtol=1e-15)
+    np.testing.assert_allclose(saved["output"], 1.1 * exact, rtol=1e-5)
+    assert Case.from_json(str(saved["case"])) == CASE and str(saved["spec"]) == "elu (non-causal)"
+
+
+def test_a_crash_names_the_case_it_was_running_and_how_to_rerun_it(tmp_path):
+    out = tmp_path / "vet.json"
+    args = ["vet", f"{TARGETS}:crashing_past_8_tokens", "--feature-map", "elu", "--dtypes"]
+    assert main([*args, "float32", "--long", "0", "--quiet", "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    crashed = [c for c in report["checks"] if "crashed" in c["detail"]]
+    assert crashed and all(Case.from_json(c["case"]).n > 8 for c in crashed)
+    assert all(f"--case '{c['case']}'" in c["reproduce"] for c in crashed)
+    assert report["findings"][0]["reproduce"].startswith("python -m linattn_verify check ")
+    counts = report["counts"]
+    assert counts["not run"] > 0 and counts["fail"] == len(crashed)
+
+
+def test_a_contract_failure_is_reported_once(tmp_path, capsys):
+    out = tmp_path / "vet.json"
+    args = ["vet", f"{TARGETS}:one_column", "--feature-map", "elu", "--dtypes", "float32"]
+    assert main([*args, "--long", "0", "--no-envelope", "--quiet", "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert [f["checks"] for f in report["findings"]] == [["contract"]]
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["contract"] == "fail" and statuses["reference"] == "depends"
+    assert statuses["scaling"] == "depends"
+    assert capsys.readouterr().out.count("expected (2, 2, 9, 2)") == 2  # finding and row
+
+
+def test_progress_within_a_task(monkeypatch, capsys):
+    monkeypatch.setattr(runner, "PROGRESS_EVERY", 0.0)
+    args = ["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--dtypes", "float32"]
+    assert main([*args, "--long", "0", "--no-envelope"]) == 0
+    err = capsys.readouterr().err
+    assert "[1/" in err and " cases, " in err
+    line = next(x for x in err.splitlines() if x.startswith("[3/") and " of about " in x)
+    done, total = (int(t) for t in line.split(": ")[1].split(" cases")[0].split(" of about "))
+    assert 0 < done <= total + 20
+
+
+def test_worst_element_of_a_large_case_has_no_rows():
+    case = Case(1, 1, 40, 3, 2, "float16", "normal", 1.0, 2)
+    result = CHECKS["reference"](resolve(_high, feature_map="elu", causal=True), case)
+    assert len(result.worst.splitlines()) == 1 and "exact" in result.worst
