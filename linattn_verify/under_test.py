@@ -269,8 +269,8 @@ OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
         {
             "choices": list(FEATURE_MAPS),
             "metavar": "NAME",
-            "help": "the spec it claims (not for an adapter, which has its own): "
-            + ", ".join(FEATURE_MAPS),
+            "help": "the spec fn claims; required for a module:fn or path.py:fn target and a "
+            "--form (an adapter claims its own): " + ", ".join(FEATURE_MAPS),
         },
     ),
     ("--causal", {"action": "store_true", "help": "the claimed spec is causal"}),

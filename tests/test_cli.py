@@ -233,3 +233,18 @@ def test_random_features_usage_errors(tmp_path, capsys):
     assert "cannot import" in capsys.readouterr().err
     assert _random_features(tmp_path, "--m", "0") == 2
     assert "--m must be >= 1" in capsys.readouterr().err
+
+
+def test_report_progress_off_a_terminal_is_whole_lines(monkeypatch, capsys):
+    from linattn_verify.cli import report
+
+    lines = report._Lines(total=3, quiet=False)
+    for what in ("a", "b", "c"):
+        lines(what)  # within LINE_EVERY of the start: only the last unit is said
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and "\r" not in err
+    assert err.splitlines() == [err.splitlines()[0]] and err.startswith("report: 3/3 units, ")
+    monkeypatch.setattr(report, "LINE_EVERY", 0.0)
+    every = report._Lines(total=2, quiet=False)
+    every("x"), every("y")
+    assert [line.split(": ")[-1] for line in capsys.readouterr().err.splitlines()] == ["x", "y"]

@@ -24,7 +24,7 @@ CONTRACT = (
     "bnhd: (B, N, H, d)); out: (B, H, N, dv) in the inputs' dtype and device. Errors are in "
     "units of u s: u the unit roundoff of the dtype (2^-11 float16, 2^-8 bfloat16, 2^-24 "
     "float32, 2^-53 float64), s the magnitude the output works at (the weighted mean of "
-    "|v|); see the README, 'The accuracy model'."
+    "|v|); see docs/accuracy.md."
 )
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ def add(sub) -> None:
         "instead of the built-in forms. Writes report.md, report.json and PNG plots to "
         "--out, atomically (a failed run leaves the previous report as it was); README "
         "'The report' gives the time of a run. Exit 0 when everything passes, 1 on a failed "
-        "judgement or a regression against --compare, 2 on usage errors.",
+        "judgement or a regression against --compare, 2 on usage errors. "
+        + options.CONTRACT,
         [
             "python -m linattn_verify report",
             "python -m linattn_verify report --specs elu performer-positive --dtypes float16",
@@ -123,6 +125,27 @@ def _probe(impl, device: str) -> str | None:
     return None
 
 
+LINE_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
+
+
+class _Lines:
+    """Progress as a line on stderr at most every LINE_EVERY seconds ("report: 12/40 units,
+    42 s: accuracy elu float16"), for a log file."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet, self.done = total, quiet, 0
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.quiet or (now - self.last < LINE_EVERY and self.done < self.total):
+            return
+        self.last = now
+        elapsed = now - self.start
+        print(f"report: {self.done}/{self.total} units, {elapsed:.0f} s: {what}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -154,11 +177,17 @@ def run(args: argparse.Namespace) -> int:
     # the previous report stays as it was
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with staging(out) as folder:
-        with tqdm(total=units(report_options, plan), disable=args.quiet, file=sys.stderr) as bar:
+        total = units(report_options, plan)
+        # a bar on a terminal; redirected to a file, a plain line now and then (a bar's
+        # carriage returns would make one line of the whole run)
+        bar_shown = not args.quiet and sys.stderr.isatty()
+        with tqdm(total=total, disable=not bar_shown, file=sys.stderr) as bar:
+            lines = _Lines(total, quiet=args.quiet or bar_shown)
 
             def step(done: str) -> None:
                 bar.set_postfix_str(done, refresh=False)
                 bar.update()
+                lines(done)
 
             document = run_report(report_options, folder, step)
         document = json.loads(dumps(document))  # the form --compare reads back (str keys)
