@@ -27,7 +27,7 @@ Row = dict[str, Any]
 class Finding:
     """One cause: its severity and regime, the checks it breaks, its smallest case, the
     command that reproduces it, its largest error as a share of the output's scale, and the
-    worst element of a failed judgement among its rows (checks/worst.py)."""
+    worst element of its case when that case was judged against the exact reference."""
 
     severity: str
     regime: str
@@ -87,7 +87,9 @@ def findings(rows: list[Row]) -> list[Finding]:
             groups.setdefault(_cause(row), []).append(row)
     out = []
     for group in groups.values():
-        shown = min(group, key=_size)
+        # the smallest case judged against the exact reference (its worst element shown),
+        # else the smallest case
+        shown = min(group, key=lambda r: (not r.get("worst"), _size(r)))
         severities = [r.get("severity") or "wrong" for r in group]
         shares = [s for s in map(_relative, group) if s is not None]
         out.append(
@@ -99,7 +101,7 @@ def findings(rows: list[Row]) -> list[Finding]:
                 relative_error=max(shares) if shares else None,
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),
-                worst=next((r["worst"] for r in sorted(group, key=_size) if r.get("worst")), None),
+                worst=shown.get("worst"),
             )
         )
     out.sort(
