@@ -80,6 +80,20 @@ def test_a_contract_failure_is_reported_once(tmp_path, capsys):
     assert capsys.readouterr().out.count("expected (2, 2, 9, 2)") == 2  # finding and row
 
 
+def test_past_a_contract_failure_each_check_reports_a_failure_of_its_own(tmp_path):
+    out = tmp_path / "vet.json"
+    args = ["vet", f"{TARGETS}:square_heads_only_and_high", "--feature-map", "elu", "--dtypes"]
+    assert (
+        main([*args, "float32", "--long", "0", "--no-envelope", "--quiet", "--json", str(out)]) == 1
+    )
+    rows = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    assert "d != dv is not supported" in rows["contract"]["detail"]
+    for name in ("reference", "accuracy float32"):
+        case = Case.from_json(rows[name]["case"])
+        assert rows[name]["status"] == "fail" and case.d == case.dv, rows[name]
+        assert "raised" not in rows[name]["detail"] and rows[name]["worst"]
+
+
 def test_progress_within_a_task(monkeypatch, capsys):
     monkeypatch.setattr(runner, "PROGRESS_EVERY", 0.0)
     args = ["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--dtypes", "float32"]

@@ -13,6 +13,7 @@ from linattn_verify.cli import main
 
 TARGET = f"{Path(__file__).with_name('vet_targets.py')}:elu_linear"
 CASE = '{"b":1,"h":1,"n":3,"d":2,"dv":2,"dtype":"float32"}'
+CHECK_ELU = ["check", "reference", "--impl", TARGET, "--feature-map", "elu"]
 BAD = {
     "unknown feature map": ["vet", TARGET, "--feature-map", "nosuch"],
     "unknown dtype": ["report", "--dtypes", "float8"],
@@ -22,29 +23,9 @@ BAD = {
     "missing function": ["vet", f"{TARGET}x", "--feature-map", "elu"],
     "no target": ["vet"],
     "unknown spec": ["accuracy", "--specs", "gelu"],
-    "save without a case": [
-        "check",
-        "reference",
-        "--impl",
-        TARGET,
-        "--feature-map",
-        "elu",
-        "--save",
-        "c.npz",
-    ],
-    "save where no file can go": [
-        "check",
-        "reference",
-        "--impl",
-        TARGET,
-        "--feature-map",
-        "elu",
-        "--case",
-        CASE,
-        "--save",
-        "/no/such/dir/c.npz",
-    ],
-    "bad case": ["check", "reference", "--impl", TARGET, "--feature-map", "elu", "--case", "{"],
+    "save without a case": [*CHECK_ELU, "--save", "c.npz"],
+    "save where no file can go": [*CHECK_ELU, "--case", CASE, "--save", "/no/such/dir/c.npz"],
+    "bad case": [*CHECK_ELU, "--case", "{"],
     "no vectors there": ["references", "check", "--dir", "/no/such/dir"],
     "unknown check": ["check", "nosuch", "--impl", TARGET, "--feature-map", "elu"],
 }

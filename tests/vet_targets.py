@@ -71,3 +71,10 @@ def one_column(q, k, v):
 def ten_percent_high(q, k, v):
     """elu linear attention 10 % too large: wrong everywhere, by a known factor."""
     return 1.1 * lv.attention(q, k, v, "elu", form="linear")
+
+
+def square_heads_only_and_high(q, k, v):
+    """Raises unless d == dv (a contract breach), and 10 % too large where it runs."""
+    if q.shape[-1] != v.shape[-1]:
+        raise ValueError("d != dv is not supported")
+    return 1.1 * lv.attention(q, k, v, "elu", form="linear")

@@ -67,17 +67,24 @@ def find_failure(
     extra_cases: Sequence[Case] = (),
     corners: bool = True,
     regimes: Collection[str] = REGIMES,
+    breaches: list[Case] | None = None,
     **options: Any,
 ) -> CheckResult | None:
     """The first case of `regimes` on which check `name` fails for impl, or None: the
     corner cases (unless corners=False) and `extra_cases` first, then the search, all in
     `dtypes`. nature=False looks for real failures (the spec's own by-nature violations
-    count as passes); nature=True for a by-nature counterexample."""
+    count as passes); nature=True for a by-nature counterexample. With a `breaches` list,
+    a case on which the implementation breaks the calling contract is put there and passed
+    over (the contract check has reported it): the search goes on for a failure of the
+    check's own."""
     import_whole_package()
     check = ALL_CHECKS[name]
 
     def fails(case) -> bool:
         result = check(impl, case, **options)
+        if breaches is not None and result.cause == "contract":
+            breaches.append(case)
+            return False
         return not result.passed and bool(result.by_nature) == nature
 
     fixed = corner_cases(impl.spec, dtypes, device, regimes) if corners else []

@@ -18,8 +18,7 @@ def add(sub) -> None:
         "its README.md says how to read them without this package), or those under --dir: build "
         "regenerates them (the same bytes every time), check verifies every sha256 and "
         "recomputes the outputs with the arb engine (exit 1 naming a bad file), run reports "
-        "an implementation's error per vector in units of u s of its dtype. "
-        + options.CONTRACT,
+        "an implementation's error per vector in units of u s of its dtype. " + options.CONTRACT,
         [
             "python -m linattn_verify references check",
             "python -m linattn_verify references build",

@@ -26,8 +26,7 @@ def add(sub) -> None:
         "instead of the built-in forms. Writes report.md, report.json and PNG plots to "
         "--out, atomically (a failed run leaves the previous report as it was); README "
         "'The report' gives the time of a run. Exit 0 when everything passes, 1 on a failed "
-        "judgement or a regression against --compare, 2 on usage errors. "
-        + options.CONTRACT,
+        "judgement or a regression against --compare, 2 on usage errors. " + options.CONTRACT,
         [
             "python -m linattn_verify report",
             "python -m linattn_verify report --specs elu performer-positive --dtypes float16",

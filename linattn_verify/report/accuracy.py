@@ -59,8 +59,9 @@ def accuracy_rows(
     step: Callable[[str], None],
 ) -> tuple[list[Row], list[Row]]:
     """Judge each implementation (by form name) of `spec` at every N and dtype of the sweep;
-    the bound is computed once per input and shared by the forms. Returns (accuracy rows,
-    margin rows); an implementation that raises gets a failed row with its message."""
+    the bound is computed once per input and shared by the forms, and its largest element
+    is each row's bound_max (inf where vacuous). Returns (accuracy rows, margin rows); an
+    implementation that raises gets a failed row with its message."""
     rows, margins = [], []
     for n in sweep.ns:
         for dtype in sweep.dtypes:
@@ -75,6 +76,8 @@ def accuracy_rows(
                     continue
                 figures = verdict.to_dict()
                 del figures["spec"], figures["dtype"]  # in `where` already
+                bound = judgement.bounds[verdict.dtype][1]  # 0/0 elements NaN, left out
+                figures["bound_max"] = float(np.max(bound, where=~np.isnan(bound), initial=0))
                 severity = None if verdict.passed else verdict.severity
                 rows.append({**where, "form": form, **figures, "severity": severity})
             if n == max(sweep.ns):

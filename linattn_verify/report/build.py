@@ -11,7 +11,7 @@ from typing import Any
 
 from ..environment import environment
 from ..implementations.forms import fast_form, forms_of
-from ..scaling import plot_scaling
+from ..scaling import ScalingResult, plot_scaling
 from ..specs import Spec
 from ..under_test import Implementation, resolve
 from .accuracy import Sweep, accuracy_rows
@@ -121,8 +121,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
     gradients: dict[str, Any] = {"rows": []}
     scaling: dict[str, Any] = {"rows": [], "plots": {}}
     long: dict[str, Any] = {"rows": [], "plots": {}}
-    timed_all: dict[str, Any] = {}
-    costs_all: dict[str, Any] = {}
+    measured: list[tuple[Implementation, ScalingResult, str]] = []  # and the device
     for device in options.devices:
         sweep = Sweep(ns, options.dtypes, device, h=2 if options.full else 1, seed=options.seed)
         for spec, impls in plan.groups:
@@ -141,18 +140,12 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
         )
         rows, results = scaling_rows(plan.scaled, scaling_plan, step)
         scaling["rows"] += rows
-        suffix = "" if device == "cpu" else f" [{device}]"
-        for name, result in results.items():
-            timed_all[name + suffix] = result.timing
-            if result.sdpa_timing is not None:
-                timed_all[f"sdpa{' (causal)' if '(causal)' in name else ''}{suffix}"] = (
-                    result.sdpa_timing
-                )
-            costs_all[name + suffix] = result.costs
+        measured += [(impl, result, device) for impl, result in results]
     _accuracy_plots(accuracy, plan, options, folder)
     _long_plots(long, options, folder)
-    if timed_all:
-        plot_scaling(timed_all, costs_all, folder / "scaling.png")
+    if measured:
+        timings, costs, panels = _scaling_curves(measured)
+        plot_scaling(timings, costs, folder / "scaling.png", panels)
         scaling["plots"]["scaling"] = "scaling.png"
     random = (
         {"skipped": "--impl reports an implementation; for a sampler use random-features"}
@@ -201,6 +194,27 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
     }
     document["verdict"] = verdict(document)
     return document
+
+
+def _scaling_curves(
+    measured: list[tuple[Implementation, ScalingResult, str]],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[str, str]]]:
+    """plot_scaling's timings, costs and panels of the results (and their device): a
+    group per feature map and device, each implementation's counted cost, and where timed
+    its time and SDPA's beside it, labelled by form and causality."""
+    timings, costs, panels = {}, {}, {}
+    for impl, result, device in measured:
+        suffix = "" if device == "cpu" else f" [{device}]"
+        name, group = impl.name + suffix, impl.spec.feature_map + suffix
+        causality = "causal" if impl.spec.causal else "non-causal"
+        form = impl.source.name if impl.source.kind == "form" else impl.name
+        costs[name], panels[name] = result.costs, (group, f"{form}, {causality}")
+        if result.timing is not None:
+            timings[name] = result.timing
+        if result.sdpa_timing is not None:
+            timings[f"sdpa beside {name}"] = result.sdpa_timing
+            panels[f"sdpa beside {name}"] = (group, f"sdpa, {causality}")
+    return timings, costs, panels
 
 
 def _options(options: ReportOptions) -> dict[str, Any]:

@@ -91,7 +91,8 @@ def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
         "algorithm's error grows at most like the bound's gamma_N: slowly, and not at all "
         "for blocked and pairwise sums.",
         "",
-        f"![error vs N]({document['accuracy']['plots']['error_vs_n']})",
+        "![max error vs N per feature map and dtype: each fast form with its budget and "
+        f"a-priori bound]({document['accuracy']['plots']['error_vs_n']})",
         "",
         *_table(["spec", "form", *dtypes], body),
     ]
@@ -245,7 +246,8 @@ def _margins(document: dict[str, Any]) -> list[str]:
         "can flip its denominator's sign (with gamma_N(u) >= 1, as for bfloat16 at N = 256, "
         "nothing is certified).",
         "",
-        f"![denominator margins]({document['accuracy']['plots']['margins']})",
+        "![denominator margins of the specs with r < 1]"
+        f"({document['accuracy']['plots']['margins']})",
         "",
     ]
     if positive:
@@ -380,7 +382,11 @@ def _scaling(document: dict[str, Any]) -> list[str]:
         "",
     ]
     if "scaling" in scaling["plots"]:
-        lines += [f"![scaling]({scaling['plots']['scaling']})", ""]
+        lines += [
+            "![counted FLOPs and peak bytes against N per feature map, and time where "
+            f"timed]({scaling['plots']['scaling']})",
+            "",
+        ]
     header = [
         "implementation",
         "expected",
@@ -437,7 +443,7 @@ def render(document: dict[str, Any], comparison: list[str] | None = None) -> str
         "# linattn-verify report",
         "",
         f"Verdict: **{document['verdict']}**. {counts(document)}. Errors are in units of "
-        "u s (DESIGN 'Accuracy'): each cell is max / p99 (budget = "
+        "u s (linattn-verify's docs/accuracy.md): each cell is max / p99 (budget = "
         f"{K_BUDGET:g} x the golden implementation's error) at the largest N; the last "
         "column is the gradients' verdict (see Gradients).",
         "",

@@ -71,14 +71,14 @@ def scaling_rows(
     impls: list[tuple[Implementation, str, bool]],
     plan: ScalingPlan,
     step: Callable[[str], None],
-) -> tuple[list[dict[str, Any]], dict[str, ScalingResult]]:
-    """measure() each (implementation, expected growth, timed); the results of the timed
-    ones by name."""
-    rows, timed_results = [], {}
+) -> tuple[list[dict[str, Any]], list[tuple[Implementation, ScalingResult]]]:
+    """measure() each (implementation, expected growth, timed); the rows, and each
+    implementation measured with its result (those that raised left out)."""
+    rows, results = [], []
     for impl, expected, timed in impls:
         row, result = measure(impl, expected, plan, timed)
         rows.append(row)
-        if timed and result is not None:
-            timed_results[impl.name] = result
+        if result is not None:
+            results.append((impl, result))
         step(f"scaling {impl.name}")
-    return rows, timed_results
+    return rows, results

@@ -20,7 +20,7 @@ from ..specs import SpecError
 from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Finding, Row, findings
-from .tasks import planned_cases
+from .tasks import DEPENDS, planned_cases
 from .worker import Running, Worker, WorkerDied, WorkerHung, describe, run_task
 
 # a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope")
@@ -176,7 +176,16 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     return report
 
 
-DEPENDS = "depends"  # the status of a check that broke the contract the contract check names
+PAST_CONTRACT_TASKS = ("check", "accuracy")  # the tasks that can pass over contract breaches
+
+
+def _options_after(rows: list[Row], task: str, task_options: dict[str, Any]) -> dict[str, Any]:
+    """The task's options; once the contract check has failed, a search passes over the
+    cases that break the contract, so that each later check reports a failure of its own."""
+    failed = any(r["name"] == "contract" and r["status"] == "fail" for r in rows)
+    if failed and task in PAST_CONTRACT_TASKS:
+        return {**task_options, "past_contract": True}
+    return task_options
 
 
 def _after_contract(rows: list[Row]) -> list[Row]:
@@ -259,6 +268,7 @@ def vet(
             step = f"[{i + 1}/{len(steps)}] {name}"
             say(f"{step} ...")
             on_case = _Progress(say, step, planned_cases(task, spec, task_options))
+            task_options = _options_after(report.rows, task, task_options)
             try:
                 report.rows += worker.run(task, task_options, _timeout(task, options), on_case)
                 continue
@@ -295,6 +305,6 @@ def vet_in_process(
     steps = plan(description, options)
     for i, (name, task, task_options) in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {name} ...")
-        report.rows += run_task(impl, task, task_options)
+        report.rows += run_task(impl, task, _options_after(report.rows, task, task_options))
     report.rows = _after_contract(report.rows)
     return report
