@@ -33,14 +33,17 @@ def assert_linear_attention(
     fail_on: str = "typical",
     strict: bool = False,
     longest: int = LONGEST,
+    state: str | None = None,
 ) -> VetReport:
     """Every applicable check of vet on fn (docs/contract.md) claiming the spec; the report
     when the verdict passes, AssertionError with the summary when it fails. cost: "linear"
     or "quadratic" (default: quadratic for softmax, else linear). fail_on: the regime up
     to which findings fail (default typical: the others are warnings in the report);
     strict: every regime, elu features held to relative accuracy (vet --strict). longest:
-    the long-context check to N = longest and longest + 1 (0 skips it; vet --long)."""
-    impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout, cost=cost)
+    the long-context check to N = longest and longest + 1 (0 skips it; vet --long). state:
+    the layout of the state fn carries, "S" or "Sz" (vet --state; docs/contract.md)."""
+    impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout,
+                   cost=cost, state=state)  # fmt: skip
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
                          fail_on=fail_on, strict=strict, envelope=False,
                          longest=longest)  # fmt: skip

@@ -31,12 +31,22 @@ import torch
 from .adapters import ADAPTERS
 from .cases import Case
 from .implementations import CausalStream, attention
-from .implementations.forms import DEFAULT_CHUNK, FORMS, fast_form, forms_of
+from .implementations.forms import (
+    DEFAULT_CHUNK,
+    FORMS,
+    attention_with_state,
+    fast_form,
+    forms_of,
+)
 from .specs import FEATURE_MAPS, Spec, SpecError
 from .target import load_target, split_target
 
 KINDS = ("form", "target", "adapter", "callable")
 LAYOUTS = ("bhnd", "bnhd")
+# the carried state fn takes and returns with --state (docs/contract.md, "Carried state"):
+# S alone (B, H, F, dv), or the pair (S, z) with z (B, H, F); F the spec's feature dimension
+STATE_LAYOUTS = ("S", "Sz")
+DECLARED = "declared"  # --state without a layout: an adapter's or a built-in form's own
 COSTS = ("linear", "quadratic")
 # a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
 StreamFactory = Callable[[int, torch.Tensor | None], Callable[..., torch.Tensor]]
@@ -70,8 +80,11 @@ class Implementation:
     layout: the layout fn takes and returns, "bhnd" (B, H, N, d) or "bnhd" (B, N, H, d);
     calls go through __call__ with (B, H, N, d) tensors. cost: the growth it claims.
     stream: for causal specs with a state API, stream(max_len, W) returns a callable that
-    takes the sequence in pieces. fn is None while the implementation is only declared
-    (resolve(..., load=False): picklable, for a worker process to load()).
+    takes the sequence in pieces. state: the layout of the carried state (STATE_LAYOUTS)
+    when fn takes one: fn(q, k, v[, projection], initial_state=...) returns (out, final
+    state), initial_state None for a sequence from its start. fn is None while the
+    implementation is only declared (resolve(..., load=False): picklable, for a worker
+    process to load()).
     """
 
     fn: Callable[..., Any] | None = field(compare=False, repr=False)
@@ -80,6 +93,7 @@ class Implementation:
     layout: str = "bhnd"
     cost: str = "linear"
     stream: StreamFactory | None = field(default=None, compare=False, repr=False)
+    state: str | None = None
 
     @property
     def name(self) -> str:
@@ -108,6 +122,7 @@ class Implementation:
             words = ["--impl", name]
             if self.cost != ADAPTERS[name].cost:
                 words += ["--cost", self.cost]
+            words += ["--state"] * (self.state is not None)
             return shlex.join(words)
         if kind == "form":
             words = ["--form", name]
@@ -121,6 +136,10 @@ class Implementation:
         words += ["--layout", self.layout] * (self.layout != "bhnd")
         default = default_cost(self.spec, name if kind == "form" else None)
         words += ["--cost", self.cost] * (self.cost != default)
+        if self.state is not None and kind != "form":
+            words += ["--state", self.state]
+        elif self.state is not None:
+            words += ["--state"]
         return shlex.join(words)
 
     def reproduce(self, check: str, case: Case) -> str:
@@ -137,7 +156,8 @@ class Implementation:
             return self
         kind, name = self.source.kind, self.source.name
         if kind == "adapter":
-            return replace(self, fn=ADAPTERS[name].load())
+            adapter = ADAPTERS[name]
+            return replace(self, fn=(adapter.load_state if self.state else adapter.load)())
         if kind == "target":
             return replace(self, fn=load_target(name))
         if kind == "form":
@@ -152,6 +172,8 @@ class Implementation:
         """fn on tensors already in its layout; any exception becomes ImplementationFailure."""
         if self.fn is None:
             raise SpecError(f"{self.name} is declared, not loaded: call load() first")
+        if self.state is not None:
+            return self.call_state(q, k, v, projection, None, layout_given=True)[0]
         kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
         try:
             out = self.fn(q, k, v, **kwargs)
@@ -160,6 +182,37 @@ class Implementation:
         if not isinstance(out, torch.Tensor):
             raise ImplementationFailure(f"returned {type(out).__name__}, not a torch tensor")
         return out
+
+    def call_state(
+        self, q, k, v, projection=None, initial_state=None, layout_given: bool = False
+    ) -> tuple[torch.Tensor, Any]:
+        """(out, final state) of fn continuing from initial_state (None: from the start), q,
+        k, v (B, H, N, d) unless layout_given (already in fn's layout); the state as fn
+        takes it (STATE_LAYOUTS), its shapes checked (ImplementationFailure otherwise)."""
+        if self.state is None:
+            raise SpecError(f"{self.name} takes no state: declare its layout with --state")
+        if self.fn is None:
+            raise SpecError(f"{self.name} is declared, not loaded: call load() first")
+        if not layout_given:
+            q, k, v = (self.to_layout(t).contiguous() for t in (q, k, v))
+        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        try:
+            result = self.fn(q, k, v, **kwargs, initial_state=initial_state)
+        except Exception as err:  # the implementation's failure is a finding, not a crash
+            raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
+        if not isinstance(result, tuple | list) or len(result) != 2:
+            got = type(result).__name__
+            raise ImplementationFailure(f"returned {got}, not the pair (out, final_state)")
+        out, final = result
+        if not isinstance(out, torch.Tensor):
+            raise ImplementationFailure(f"returned {type(out).__name__}, not a torch tensor")
+        b, h = (q.shape[0], q.shape[2]) if self.layout == "bnhd" else q.shape[:2]
+        problem = _state_problem(final, self.state, (b, h, v.shape[-1]))
+        if problem:
+            raise ImplementationFailure(f"returned a final state {problem}")
+        if not layout_given:
+            out = self.to_layout(out)
+        return out, final
 
     def __call__(self, q, k, v, projection=None) -> torch.Tensor:
         """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout."""
@@ -184,14 +237,16 @@ def resolve(
     layout: str | None = None,
     cost: str | None = None,
     stream: StreamFactory | None = None,
+    state: str | None = None,
     load: bool = True,
 ) -> Implementation:
     """The implementation a user names: target None (a built-in form, `form` or the fast
     form of the spec), an adapter's name, a module:fn / path.py:fn target, or a callable;
     feature_map, causal and eps (or `spec`, a Spec) are the spec it claims (an adapter's is
     its own). With
-    load=False nothing is imported (Implementation.load() does it later). SpecError names
-    what does not fit."""
+    load=False nothing is imported (Implementation.load() does it later). state: the layout
+    of the state fn carries (STATE_LAYOUTS), or DECLARED for an adapter's or a built-in
+    form's own. SpecError names what does not fit."""
     if spec is not None:
         if (feature_map, causal, eps) != (None, None, None):
             raise SpecError("give the spec either as spec= or as feature_map, causal, eps")
@@ -220,27 +275,38 @@ def resolve(
             raise SpecError(
                 f"{target} is an adapter: its spec and layout are its claim (drop --{given[0]})"
             )
+        if state not in (None, DECLARED, adapter.state):
+            raise SpecError(f"{target} carries its own state: give --state without a layout")
+        if state is not None and adapter.state is None:
+            raise SpecError(f"{target} takes no state (its library's function has none)")
         impl = Implementation(
-            None, adapter.spec, Source("adapter", target), adapter.layout, cost or adapter.cost
-        )
+            None, adapter.spec, Source("adapter", target), adapter.layout, cost or adapter.cost,
+            state=adapter.state if state is not None else None,
+        )  # fmt: skip
         return impl.load() if load else impl
     if feature_map is None:
         what = "the built-in form" if target is None else repr(_label(target))
         raise SpecError(f"{what} needs --feature-map NAME (the spec it claims)")
     spec = Spec(feature_map, causal=bool(causal), eps=eps or 0.0)
     if target is None:
-        return _form(spec, form, chunk_size, layout, cost, load)
+        impl = _form(spec, form, chunk_size, layout, cost, load=False)
+        if state is not None:
+            impl = replace(impl, state=_builtin_state(impl, state))
+        return _builtin(impl) if load else impl
+    if state == DECLARED or state not in (None, *STATE_LAYOUTS):
+        raise SpecError(f"--state takes the layout of {_label(target)}'s state: S or Sz")
     if callable(target):
         source = Source("callable", _label(target))
         return Implementation(
-            target, spec, source, layout or "bhnd", cost or default_cost(spec), stream
+            target, spec, source, layout or "bhnd", cost or default_cost(spec), stream, state
         )
     if not isinstance(target, str):
         raise SpecError(f"a target is module:fn, path.py:fn or a callable, got {target!r}")
     split_target(target)  # a malformed target is an error now, not in a worker
     impl = Implementation(
-        None, spec, Source("target", target), layout or "bhnd", cost or default_cost(spec)
-    )
+        None, spec, Source("target", target), layout or "bhnd", cost or default_cost(spec),
+        state=state,
+    )  # fmt: skip
     return impl.load() if load else impl
 
 
@@ -290,6 +356,17 @@ OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
             "softmax and the quadratic form, else linear)",
         },
     ),
+    (
+        "--state",
+        {
+            "nargs": "?",
+            "const": DECLARED,
+            "metavar": "LAYOUT",
+            "help": "fn(q, k, v, initial_state=STATE) returns (out, final_state): S (the "
+            "state S, (B, H, F, dv)) or Sz (the pair (S, z), z (B, H, F)); an adapter or a "
+            "built-in form: --state alone (docs/contract.md, 'Carried state')",
+        },
+    ),
 )
 
 
@@ -306,6 +383,7 @@ def from_options(
         eps=values.get("eps"),
         layout=values.get("layout"),
         cost=values.get("cost"),
+        state=values.get("state"),
         load=load,
     )
 
@@ -335,10 +413,29 @@ def _form(spec: Spec, form, chunk_size, layout, cost, load: bool) -> Implementat
     return _builtin(impl) if load else impl
 
 
+def _builtin_state(impl: Implementation, state: str) -> str:
+    """The state layout of a built-in form asked for one: (S, z) of its causal stream."""
+    spec, form = impl.spec, impl.source.name
+    if state not in (DECLARED, "Sz"):
+        raise SpecError("the built-in forms carry the pair (S, z): --state without a layout")
+    if not spec.causal or form not in ("recurrent", "chunked") or spec.feature_map == "cosformer":
+        raise SpecError(
+            f"{impl.name} carries no state: the recurrent and chunked forms of a causal spec "
+            "do (not cosformer, whose weights depend on the whole length)"
+        )
+    return "Sz"
+
+
 def _builtin(impl: Implementation) -> Implementation:
     """The built-in form of `impl` with its fn (and its stream for the causal forms)."""
     spec, form = impl.spec, impl.source.name
     chunk_size = impl.source.chunk_size or DEFAULT_CHUNK
+    if impl.state is not None:
+        fn = functools.partial(
+            attention_with_state, feature_map=spec.feature_map, eps=spec.eps, form=form,
+            chunk_size=chunk_size,
+        )  # fmt: skip
+        return replace(impl, fn=fn)
     fn = functools.partial(
         attention,
         feature_map=spec.feature_map,
@@ -356,6 +453,22 @@ def _builtin(impl: Implementation) -> Implementation:
             )
 
     return replace(impl, fn=fn, stream=stream)
+
+
+def _state_problem(state: Any, layout: str, bhv: tuple[int, int, int]) -> str | None:
+    """What is wrong with a state of `layout` for (B, H, dv) = bhv, or None."""
+    b, h, dv = bhv
+    parts = (state,) if layout == "S" else state
+    if layout == "Sz" and (not isinstance(state, tuple | list) or len(state) != 2):
+        return f"of type {type(state).__name__}, not the pair (S, z) of --state Sz"
+    if not all(isinstance(t, torch.Tensor) for t in parts):
+        return "that is not made of torch tensors"
+    s = parts[0]
+    if s.dim() != 4 or (s.shape[0], s.shape[1], s.shape[3]) != (b, h, dv):
+        return f"S of shape {tuple(s.shape)}, not (B, H, F, dv) = ({b}, {h}, F, {dv})"
+    if layout == "Sz" and tuple(parts[1].shape) != tuple(s.shape[:3]):
+        return f"z of shape {tuple(parts[1].shape)}, not (B, H, F) = {tuple(s.shape[:3])}"
+    return None
 
 
 def _label(fn: Any) -> str:

@@ -18,11 +18,11 @@ import property_helpers
 import pytest
 import torch
 
-from linattn_verify.checks import not_applicable
+from linattn_verify.checks import STATE_CHECKS, not_applicable
 from linattn_verify.implementations.forms import forms_of
 from linattn_verify.pytest_plugin import drawn_regimes, implementation_under_test
 from linattn_verify.specs import FEATURE_MAPS, Spec
-from linattn_verify.under_test import Implementation, resolve
+from linattn_verify.under_test import DECLARED, Implementation, resolve
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,6 +68,19 @@ def implementations(config: pytest.Config) -> list[Implementation]:
     ]
 
 
+def stateful(config: pytest.Config) -> list[Implementation]:
+    """--impl, or the built-in forms that carry a state (for the state checks)."""
+    chosen = config.stash[_IMPL]
+    if chosen is not None:
+        return [chosen]
+    return [
+        resolve(form=form, spec=Spec(name, causal=True), state=DECLARED)
+        for name in FEATURE_MAPS
+        if name not in ("softmax", "cosformer")
+        for form in ("recurrent", "chunked")
+    ]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize `impl` (and `device`) for tests marked check(name), over the
     implementations the check applies to."""
@@ -75,7 +88,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     marker = metafunc.definition.get_closest_marker("check")
     name = marker.args[0] if marker else None
-    impls = [i for i in implementations(metafunc.config) if not name or not not_applicable(name, i)]
+    pool = stateful(metafunc.config) if name in STATE_CHECKS else implementations(metafunc.config)
+    impls = [i for i in pool if not name or not not_applicable(name, i)]
     if marker and "impls_filter" in marker.kwargs:
         impls = [i for i in impls if marker.kwargs["impls_filter"](i)]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -36,6 +36,7 @@ def implementation(entry: Entry) -> Implementation:
         eps=entry.eps,
         cost=entry.cost,
         stream=stream,
+        state=entry.state,
     )
 
 
@@ -82,3 +83,5 @@ def test_the_zoo_is_big_enough():
     assert all(e.regime in REGIMES for e in ZOO)
     long = [e for e in ZOO if e.long]  # long-context bugs and correct long kernels
     assert sum(e.broken for e in long) >= 6 and sum(not e.broken for e in long) >= 4
+    state = [e for e in ZOO if e.state]  # carried-state bugs and correct stateful kernels
+    assert sum(e.broken for e in state) >= 5 and sum(not e.broken for e in state) >= 2

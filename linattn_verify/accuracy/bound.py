@@ -409,3 +409,29 @@ def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     kappa[b, h, start:stop] = a / np.abs(d + spec.eps)
     return kappa
+
+
+def state_bound(x: AttentionInputs, spec: Spec, u: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on |S_hat - S| (B, H, F, dv) and |z_hat - z| (B, H, F) for any evaluation in
+    precision u of the state after every key, S = sum_j phi(k_j) v_j^T and z = sum_j
+    phi(k_j) (reference/state.py), stored in precision u.
+
+    Each term's feature is within psi_j of phi(k_j) (feature_errors) and at most a_j + psi_j
+    in magnitude; the products and a sum of N terms in any order add at most gamma_(N+1)
+    times the sum of the terms' magnitudes (Higham 2002, Theorem 3.1 and eq. 3.5); storing
+    the result adds u |S|. Evaluated in float64, inflated by SAFETY for its own rounding."""
+    b_, h_, nk, _, _, dv = x.shape
+    name, g = spec.feature_map, gamma(nk + 1, u)
+    out_s, out_z = [], []
+    for b in range(b_):
+        for h in range(h_):
+            head = Head.of(x, b, h)
+            stab = _stabiliser(head.k, head.k, head.w, name)
+            _, a, psi = _features(head.k, np.arange(nk), head.big_m, head.w, name, u, stab)
+            mags = np.concatenate([np.abs(head.v), np.ones((nk, 1))], 1)
+            terms, errors, sizes = (a + psi).T @ mags, psi.T @ mags, a.T @ mags
+            out = (g * terms + errors + u * sizes) * SAFETY
+            out_s.append(out[:, :dv])
+            out_z.append(out[:, dv])
+    f = out_s[0].shape[0]
+    return np.stack(out_s).reshape(b_, h_, f, dv), np.stack(out_z).reshape(b_, h_, f)

@@ -29,7 +29,10 @@ class Adapter:
     of the callable that load() returns; note: what the library does, where it departs
     from `spec`; load: imports the library lazily and returns fn (raises
     AdapterUnavailable); install: the `pip install --no-deps` arguments that bring it;
-    device: "any", or "cuda" for GPU-only kernels; cost: the growth it claims.
+    device: "any", or "cuda" for GPU-only kernels; cost: the growth it claims; state: the
+    layout of the state its function carries ("S" or "Sz", under_test.STATE_LAYOUTS) and
+    load_state the fn(q, k, v, initial_state=...) -> (out, final_state) that carries it,
+    for `--state`; None for a function without one.
     """
 
     name: str
@@ -42,6 +45,8 @@ class Adapter:
     install: str
     device: str = "any"
     cost: str = "linear"
+    state: str | None = None
+    load_state: Callable[[], Fn] | None = None
 
 
 def import_library(module: str, install: str) -> ModuleType:

@@ -71,6 +71,26 @@ def _load_fla_naive_linear_attn() -> Fn:
     return relu_features(fla_naive_linear_attn)
 
 
+def _load_fla_naive_linear_attn_state() -> Fn:
+    """naive_recurrent_linear_attn with initial_state and output_final_state=True, with relu
+    features: its state is the pair (S [B, H, K, V], z), z in fla's [B, 1, H, K] (the key
+    prefix sum its normaliser adds), translated to and from our (B, H, F)."""
+    naive = _fla_file("ops/linear_attn/naive.py")
+
+    def fla_naive_linear_attn_state(q, k, v, initial_state=None):
+        init = None
+        if initial_state is not None:
+            s, z = initial_state
+            init = (s, z.unsqueeze(1))
+        out, (s, z) = naive.naive_recurrent_linear_attn(
+            torch.relu(q), torch.relu(k), v, initial_state=init, output_final_state=True,
+            normalize=True,
+        )  # fmt: skip
+        return out, (s, z[:, 0])
+
+    return fla_naive_linear_attn_state
+
+
 def _load_fla_naive_based() -> Fn:
     """fla/ops/based/naive.py, naive_parallel_based(q, k, v) (scale=None -> d^-1/2,
     use_norm=True): (B, H, T, K) in and out."""
@@ -138,6 +158,8 @@ ADAPTERS = (
         "output is cast back.",
         _load_fla_naive_linear_attn,
         INSTALL,
+        state="Sz",
+        load_state=_load_fla_naive_linear_attn_state,
     ),
     _based("fla.based-naive", "fla/ops/based/naive.py:naive_parallel_based", "bhnd",
            " Quadratic form, in the input dtype.", _load_fla_naive_based, cost="quadratic"),

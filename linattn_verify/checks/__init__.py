@@ -13,6 +13,7 @@ from .contract import contract
 from .gradients import gradient, gradient_associativity, gradient_causality, gradient_finite
 from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
+from .state import final_state, initial_state, state_split
 
 CHECKS = {
     fn.check_name: fn
@@ -28,8 +29,12 @@ CHECKS = {
         batch_head,
         layout,
         split_resume,
+        state_split,
+        initial_state,
+        final_state,
     )
 }
+STATE_CHECKS = ("state-split", "initial-state", "final-state")  # with --state
 
 
 # The backward pass (vet --grad, properties/test_gradients.py): opt-in, each case costs an
@@ -56,6 +61,22 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return "non-causal spec"
     if name == "split-resume" and (not spec.causal or impl.stream is None):
         return "no state API" if spec.causal else "non-causal spec"
+    if name in STATE_CHECKS:
+        return _state_not_applicable(name, impl)
+    return None
+
+
+def _state_not_applicable(name: str, impl: Implementation) -> str | None:
+    """Why a check of the carried state does not apply."""
+    spec = impl.spec
+    if impl.state is None:
+        return "no --state declared"
+    if not spec.causal:
+        return "non-causal spec"
+    if spec.feature_map in ("softmax", "cosformer"):
+        return f"{spec.feature_map} carries no state (no finite, position-free feature map)"
+    if name != "state-split" and spec.feature_map == "taylor":
+        return "the taylor spec fixes sim, not the order of the features a state holds"
     return None
 
 
@@ -63,20 +84,24 @@ __all__ = [
     "ALL_CHECKS",
     "CHECKS",
     "GRAD_CHECKS",
+    "STATE_CHECKS",
     "associativity",
     "batch_head",
     "causality",
     "contract",
     "convex_hull",
+    "final_state",
     "gradient",
     "gradient_associativity",
     "gradient_causality",
     "gradient_finite",
+    "initial_state",
     "layout",
     "not_applicable",
     "permutation",
     "positivity",
     "reference_agreement",
     "split_resume",
+    "state_split",
     "v_affine",
 ]

@@ -277,6 +277,8 @@ class CausalStream:
         self.layout = layout
         dtype = _compute_dtype(q)
         qc, kc, vc = (t.to(dtype) for t in (q, k, v))
+        if self.state is not None and self.state.s.dtype != dtype:  # a carried-in state
+            self.state = replace(self.state, s=self.state.s.to(dtype), z=self.state.z.to(dtype))
         w = (
             None
             if self.projection is None
@@ -306,6 +308,30 @@ class CausalStream:
             out, self.state = chunked(qc, kc, vc, self.spec, w, n_pos, self.chunk_size, self.state)
         return out.to(q.dtype)
 
+    def carry(self, s: torch.Tensor, z: torch.Tensor) -> None:
+        """Start from the state S (B, H, F, dv) and z (B, H, F) of a prefix (what carried()
+        returned, or any such sums): the next piece continues that sequence."""
+        if self.state is not None:
+            raise SpecError("carry() starts a stream: this one has already run")
+        if self.spec.feature_map == "cosformer":
+            raise SpecError("cosformer's weights depend on the whole length: no carried state")
+        if s.dim() != 4 or z.shape != s.shape[:3] or not s.is_floating_point():
+            shapes = f"S {tuple(s.shape)}, z {tuple(z.shape)}"
+            raise SpecError(f"a state is S (B, H, F, dv) and z (B, H, F) of floats, got {shapes}")
+        self.state = State(s, z.to(s.dtype), None, 0)
+
+    def carried(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state so far, (S, z) = (sum_j phi(k_j) v_j^T, sum_j phi(k_j)) in true units
+        (shifted features scaled back: S may overflow where its units did not), in the
+        dtype the stream computes in (float32, or float64 for float64 inputs)."""
+        if self.state is None:
+            raise SpecError("the stream has seen no token: no state yet")
+        state = self.state
+        if state.shift is None:
+            return state.s, state.z
+        scale = exp(state.shift)
+        return state.s * scale, state.z * scale[..., 0]
+
     def _position(self) -> int:
         return 0 if self.state is None else self.state.position
 
@@ -314,3 +340,27 @@ class CausalStream:
         b, h, _, d = q.shape
         m = None if self.projection is None else self.projection.shape[0]
         return b, h, self.spec.info.feature_dim(d, m), v.shape[-1]
+
+
+def attention_with_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    projection: torch.Tensor | None = None,
+    eps: float = 0.0,
+    form: str = "chunked",
+    chunk_size: int = DEFAULT_CHUNK,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Causal attention of a sequence that continues the one whose state is initial_state
+    = (S, z) (Katharopoulos et al. 2020, eq. 18-20: S = sum_j phi(k_j) v_j^T, z = sum_j
+    phi(k_j) over the earlier tokens; None: nothing before). Returns the output (B, H, N, dv)
+    in q's dtype and the state after the last token, (S, z) as CausalStream.carried()."""
+    stream = CausalStream(feature_map, projection, eps, chunk_size, form=form)
+    if initial_state is not None:
+        if not isinstance(initial_state, tuple | list) or len(initial_state) != 2:
+            raise SpecError("initial_state is a pair (S, z)")
+        stream.carry(*initial_state)
+    out = stream(q, k, v)
+    return out, stream.carried()

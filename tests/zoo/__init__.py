@@ -25,6 +25,8 @@ class Entry:
     that shows only in stress or extreme inputs is a robustness warning by default.
     long: vet it with the long-context check (minutes in CI across the zoo: the other entries,
     whose bugs show at N <= 65, go without it).
+    state: the layout of the state fn carries (--state: fn(q, k, v, initial_state=...)
+    returns (out, final_state)), or None.
     """
 
     name: str
@@ -40,10 +42,11 @@ class Entry:
     grad: bool = False
     regime: str = "typical"
     long: bool = False
+    state: str | None = None
 
 
 # The entry modules import Entry from here, so they come after its definition.
-from . import backward, broken, correct, long, subtle, textbook  # noqa: E402
+from . import backward, broken, correct, long, state, subtle, textbook  # noqa: E402
 
 ZOO: tuple[Entry, ...] = (
     broken.ENTRIES
@@ -52,6 +55,7 @@ ZOO: tuple[Entry, ...] = (
     + textbook.ENTRIES
     + backward.ENTRIES
     + long.ENTRIES
+    + state.ENTRIES
 )
 
 __all__ = ["ZOO", "Entry"]

@@ -1,0 +1,238 @@
+"""A carried state (--state: fn(q, k, v, initial_state=...) returns (out, final_state)).
+
+- state-split: the sequence in pieces at every position class (1-token pieces, a chunk
+  boundary of 16 and 64 and one past it, ragged cuts), each piece continuing from the state
+  the previous one returned, gives the one-pass output and final state (mamba #641,
+  sglang #31833: states of pieces not aligned to chunk boundaries);
+- initial-state: a prefix folded into initial_state (its exact state) gives what
+  prepending the prefix gives. For normalised specs this decides whether the normaliser
+  accounts for the state, and the failure says which way it is wrong: the state ignored
+  (vllm PR #22034), or a normaliser that divides by this call's keys only (fla's
+  normalize_output);
+- final-state: the final state against the exact one (reference/state.py) within the bound
+  of accuracy/bound.py's state_bound.
+
+Outputs are compared within the sum of their a-priori bounds (compare.py), states within
+the sum of their state bounds: any evaluation order satisfies them.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from ..accuracy.bound import state_bound
+from ..cases import Case
+from ..inputs import UNIT_ROUNDOFF, validate
+from ..reference.certified import float_features
+from ..reference.state import exact_state
+from ..under_test import Implementation
+from .compare import Tolerance, agreement, mismatch
+from .core import Outcome, as_array, case_generator, check, inputs_of
+
+CHUNKS = (16, 64)  # the chunk sizes kernels use most; a cut at each and one past it
+
+
+def _parts(state) -> tuple:
+    """S, or (S, z): the arrays of a state as fn returns it (or as the reference gives it)."""
+    return (state,) if isinstance(state, torch.Tensor | np.ndarray) else tuple(state)
+
+
+def _array(t) -> np.ndarray:
+    return t if isinstance(t, np.ndarray) else as_array(t)
+
+
+def _piece(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    return t[..., a:b, :]
+
+
+def _cuts(case: Case) -> list[tuple[str, list[int]]]:
+    """(name, cut points) of each split of a sequence of case.n tokens."""
+    n, splits = case.n, []
+    if n <= 16:
+        splits.append(("1-token pieces", list(range(1, n))))
+    for c in CHUNKS:
+        splits += [(f"cut at {p}", [p]) for p in (c, c + 1) if p < n]
+    if n > 2:
+        drawn = torch.randint(1, n, (2,), generator=case_generator(case, 21))
+        splits.append(("ragged", sorted({int(t) for t in drawn})))
+    return splits
+
+
+def _state_mismatch(got, want, allowed: tuple[np.ndarray, ...]) -> str | None:
+    """Where the state `got` differs from `want` by more than `allowed` (per part), or None."""
+    for name, g, w, a in zip(("S", "z"), _parts(got), _parts(want), allowed, strict=False):
+        g64, w64 = _array(g), _array(w)
+        if g64.shape != w64.shape:
+            return f"{name} of shape {g64.shape}, not {w64.shape}"
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(g64 - w64)
+            bad = ~((g64 == w64) | (np.isfinite(diff) & (diff <= a)))
+        if bad.any():
+            i = tuple(int(t) for t in np.argwhere(bad)[0])
+            return (
+                f"{name}{list(i)} = {g64[i]:.9g} against {w64[i]:.9g} ({int(bad.sum())} "
+                f"element(s) beyond the bound, {a[i]:.3g} there)"
+            )
+    return None
+
+
+# maps whose every feature is positive: a key sum z of 0 is an underflow, never exact
+POSITIVE_FEATURES = ("elu", "performer-positive", "performer-hyperbolic")
+
+
+def _unrepresentable(exact, dtype: torch.dtype, feature_map: str) -> str | None:
+    """Why the exact state cannot be held in true units in `dtype` (a state of the contract
+    is; a kernel that keeps its sums shifted inside cannot return them): an element past
+    its largest value, or a head whose key sums z are all below its smallest normal."""
+    info = torch.finfo(dtype)
+    s, z = exact
+    if np.any(np.abs(s) > info.max) or np.any(np.abs(z) > info.max):
+        return f"the exact state overflows {info.dtype}"
+    top = np.abs(z).max(axis=-1)
+    if np.any(((top > 0) | (feature_map in POSITIVE_FEATURES)) & (top < info.tiny)):
+        return f"the exact key sums z of a head underflow {info.dtype}"
+    return None
+
+
+def _by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> str | None:
+    """_unrepresentable for the state after any of `cuts` tokens, as a by-nature reason."""
+    for c in cuts:
+        prefix = validate(x.q[:, :, :c], x.k[:, :, :c], x.v[:, :, :c], impl.spec, x.projection)
+        if why := _unrepresentable(exact_state(prefix, impl.spec), dtype, impl.spec.feature_map):
+            return f"{why} after {c} tokens: a state in true units cannot carry it"
+    return None
+
+
+def _bounds(impl: Implementation, x, times: float) -> tuple[np.ndarray, ...]:
+    """times x the state bound in the inputs' precision, as the parts of impl's state."""
+    s, z = state_bound(x, impl.spec, UNIT_ROUNDOFF[x.dtype])
+    return (times * s,) if impl.state == "S" else (times * s, times * z)
+
+
+def _no_z(impl: Implementation) -> str:
+    """Why a normalised kernel whose state is S alone cannot continue a sequence."""
+    if impl.state != "S":
+        return ""
+    return (
+        "; its state (S alone, --state S) carries no key sum z, so a piece's normaliser "
+        "cannot count the earlier keys"
+    )
+
+
+@check("state-split")
+def state_split(impl: Implementation, case: Case) -> Outcome:
+    """The sequence in pieces, the state carried, equals one pass: output and final state."""
+    (q, k, v, w), x = inputs_of(case, impl.spec)
+    tol = Tolerance.of(x, impl.spec)
+    whole, final = impl.call_state(q, k, v, w, None)
+    whole = as_array(whole)
+    allowed = _bounds(impl, x, 2.0)
+    for name, cuts in _cuts(case):
+        state, outs = None, []
+        for a, b in itertools.pairwise([0, *cuts, case.n]):
+            out, state = impl.call_state(*(_piece(t, a, b) for t in (q, k, v)), w, state)
+            outs.append(out)
+        pieces = as_array(torch.cat(outs, dim=-2))
+        found = mismatch(pieces, whole, tol, tol.allowance())
+        problem = None if found else _state_mismatch(state, final, allowed)
+        if found is None and problem is None:
+            continue
+        if nature := _by_nature(impl, x, [*cuts, case.n], _parts(final)[0].dtype):
+            return Outcome(False, f"{name} {cuts}: {nature}", by_nature=nature)
+        if found is not None:
+            return agreement(f"{name} {cuts} against one pass", found, _no_z(impl))
+        what = f"{name} {cuts}: the final state differs from one pass's"
+        return Outcome(False, f"{what}: {problem}")
+    return Outcome(True, "every split gives the one-pass output and final state")
+
+
+def _prefix(case: Case) -> int:
+    """Where initial-state cuts: past the first chunk of 16 when there is one, else drawn."""
+    if case.n > 17:
+        return 17
+    return int(torch.randint(1, case.n, (1,), generator=case_generator(case, 22)))
+
+
+def _as_given(exact: tuple[np.ndarray, np.ndarray], like, layout: str):
+    """The exact state in the dtype and device of the state `like` fn returned."""
+    s = _parts(like)[0]
+    parts = [torch.from_numpy(t).to(dtype=s.dtype, device=s.device) for t in exact]
+    return parts[0] if layout == "S" else tuple(parts)
+
+
+def _prefix_ignored(x, impl: Implementation, p: int, exact_s: np.ndarray) -> np.ndarray:
+    """The rows p.. of a normaliser over this call's keys only: phi(q_i) (S_0 + sum_{p<=j<=i}
+    phi(k_j) v_j^T) / (eps + phi(q_i) . sum_{p<=j<=i} phi(k_j)), in float64."""
+    spec, out = impl.spec, []
+    for b in range(x.q.shape[0]):
+        for h in range(x.q.shape[1]):
+            n = x.q.shape[2]
+            fq, fk = (
+                float_features(t[b, h, p:], np.arange(p, n), n, x.projection, spec.feature_map).phi
+                for t in (x.q, x.k)
+            )
+            num = np.cumsum(fk[:, :, None] * x.v[b, h, p:, None, :], 0) + exact_s[b, h]
+            den = np.einsum("nf,nf->n", fq, np.cumsum(fk, 0)) + spec.eps
+            out.append(np.einsum("nf,nfc->nc", fq, num) / den[:, None])
+    return np.stack(out).reshape(*x.q.shape[:2], -1, x.v.shape[3])
+
+
+@check("initial-state")
+def initial_state(impl: Implementation, case: Case) -> Outcome:
+    """The rest of the sequence from the prefix's exact state equals the one-pass rows."""
+    if case.n < 2:
+        return Outcome(True, "N = 1: no prefix to fold")
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    p = _prefix(case)
+    head = [_piece(t, 0, p) for t in (q, k, v)]
+    exact = exact_state(validate(*head, spec, w), spec)
+    _, own = impl.call_state(*head, w, None)
+    given = _as_given(exact, own, impl.state)
+    rest = [_piece(t, p, case.n) for t in (q, k, v)]
+    tol, rows = Tolerance.of(x, spec), (..., slice(p, None), slice(None))
+    whole = as_array(impl.call_state(q, k, v, w, None)[0])
+
+    def with_rest(values: np.ndarray) -> np.ndarray:
+        """The one-pass output with rows p.. replaced by `values`."""
+        full = whole.copy()
+        full[rows] = values
+        return full
+
+    got = with_rest(as_array(impl.call_state(*rest, w, given)[0]))
+    found = mismatch(got, whole, tol, tol.allowance(), rows)
+    what = f"rows {p}.. from the exact state of tokens 0..{p - 1} against one pass"
+    if found is None:
+        return agreement(what, None)
+    if nature := _by_nature(impl, x, [p, case.n], _parts(own)[0].dtype):
+        return Outcome(False, f"{what}: {nature}", by_nature=nature)
+    reasons = {
+        "the initial state is ignored (the output is that of no prefix)": as_array(
+            impl.call_state(*rest, w, None)[0]
+        ),
+        "its normaliser ignores the prefix the state stands for: it divides by phi(q_i) . "
+        "(the keys of this call) only": _prefix_ignored(x, impl, p, exact[0]),
+    }
+    for why, values in reasons.items():
+        if mismatch(got, with_rest(values), tol, tol.allowance(), rows) is None:
+            return agreement(what, found, f"; {why}")
+    return agreement(what, found, _no_z(impl))
+
+
+@check("final-state")
+def final_state(impl: Implementation, case: Case) -> Outcome:
+    """The final state against the exact S (and z), within the state bound."""
+    (q, k, v, w), x = inputs_of(case, impl.spec)
+    _, final = impl.call_state(q, k, v, w, None)
+    exact = exact_state(x, impl.spec)
+    want = exact[0] if impl.state == "S" else exact
+    if problem := _state_mismatch(final, want, _bounds(impl, x, 1.0)):
+        if nature := _unrepresentable(exact, _parts(final)[0].dtype, impl.spec.feature_map):
+            return Outcome(
+                False, f"{nature}: a state in true units cannot carry it", by_nature=nature
+            )
+        return Outcome(False, f"the final state against the exact one: {problem}")
+    return Outcome(True, "the final state is within its bound of the exact one")
