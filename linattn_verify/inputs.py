@@ -6,6 +6,7 @@ so that no caller sees a traceback from deep inside numpy, torch or mpmath.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +114,23 @@ def validate(q: Any, k: Any, v: Any, spec: Spec, projection: Any = None) -> Atte
     proj = None if projection is None else as_float64(projection, "projection")[0]
     check_shapes(qa.shape, ka.shape, va.shape, spec, None if proj is None else proj.shape)
     return AttentionInputs(qa, ka, va, proj, qdtype)
+
+
+def check_cu_seqlens(cu_seqlens: Any, total: int) -> list[int]:
+    """The offsets of a packed batch (the FlashAttention convention: sequence s is tokens
+    cu_seqlens[s] .. cu_seqlens[s + 1] - 1 of one row of T tokens) as a list; SpecError
+    unless they are a 1-d integer tensor starting at 0, never decreasing, ending at T."""
+    import torch
+
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+        raise SpecError(f"cu_seqlens must be a 1-d integer tensor, got {cu_seqlens!r}")
+    if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or len(cu_seqlens) < 2:
+        raise SpecError(f"cu_seqlens must hold at least two integer offsets, got {cu_seqlens}")
+    offsets = [int(t) for t in cu_seqlens.tolist()]
+    if offsets[0] != 0:
+        raise SpecError(f"cu_seqlens must start at 0, got {offsets[:3]} ...")
+    if any(b < a for a, b in itertools.pairwise(offsets)):
+        raise SpecError(f"cu_seqlens must not decrease, got {offsets}")
+    if offsets[-1] != total:
+        raise SpecError(f"cu_seqlens must end at the {total} packed tokens, got {offsets[-1]}")
+    return offsets

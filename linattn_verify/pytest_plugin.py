@@ -74,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def implementation_under_test(config: pytest.Config) -> Implementation | None:
     """The implementation named by --impl or --form (with its claimed spec), or None."""
-    return config.stash[_UNDER_TEST]
+    return config.stash.get(_UNDER_TEST, None)
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from .implementations import CausalStream, attention
 from .implementations.forms import (
     DEFAULT_CHUNK,
     FORMS,
+    attention_varlen,
     attention_with_state,
     fast_form,
     forms_of,
@@ -82,7 +83,9 @@ class Implementation:
     stream: for causal specs with a state API, stream(max_len, W) returns a callable that
     takes the sequence in pieces. state: the layout of the carried state (STATE_LAYOUTS)
     when fn takes one: fn(q, k, v[, projection], initial_state=...) returns (out, final
-    state), initial_state None for a sequence from its start. fn is None while the
+    state), initial_state None for a sequence from its start. varlen: fn also takes a packed
+    batch, fn(q, k, v[, projection], cu_seqlens=offsets) with B = 1 (docs/contract.md,
+    "Packed batches"), cu_seqlens None for a plain one. fn is None while the
     implementation is only declared (resolve(..., load=False): picklable, for a worker
     process to load()).
     """
@@ -94,6 +97,7 @@ class Implementation:
     cost: str = "linear"
     stream: StreamFactory | None = field(default=None, compare=False, repr=False)
     state: str | None = None
+    varlen: bool = False
 
     @property
     def name(self) -> str:
@@ -123,6 +127,7 @@ class Implementation:
             if self.cost != ADAPTERS[name].cost:
                 words += ["--cost", self.cost]
             words += ["--state"] * (self.state is not None)
+            words += ["--varlen"] * self.varlen
             return shlex.join(words)
         if kind == "form":
             words = ["--form", name]
@@ -140,6 +145,7 @@ class Implementation:
             words += ["--state", self.state]
         elif self.state is not None:
             words += ["--state"]
+        words += ["--varlen"] * self.varlen
         return shlex.join(words)
 
     def reproduce(self, check: str, case: Case) -> str:
@@ -214,6 +220,31 @@ class Implementation:
             out = self.to_layout(out)
         return out, final
 
+    def call_varlen(self, q, k, v, projection, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """fn's output for the packed batch q, k, v (1, H, T, d) of cu_seqlens, (1, H, T, dv)
+        (ImplementationFailure for anything else)."""
+        if not self.varlen:
+            raise SpecError(f"{self.name} takes no packed batch: declare it with --varlen")
+        if self.fn is None:
+            raise SpecError(f"{self.name} is declared, not loaded: call load() first")
+        args = [self.to_layout(t).contiguous() for t in (q, k, v)]
+        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        try:
+            out = self.fn(*args, **kwargs, cu_seqlens=cu_seqlens)
+        except Exception as err:  # the implementation's failure is a finding, not a crash
+            raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
+        if self.state is not None and isinstance(out, tuple | list) and len(out) == 2:
+            out = out[0]
+        want = (*q.shape[:3], v.shape[-1])
+        if not isinstance(out, torch.Tensor) or out.dim() != 4:
+            raise ImplementationFailure(f"returned {type(out).__name__} for a packed batch")
+        if tuple(self.to_layout(out).shape) != want:
+            shape = tuple(out.shape)
+            raise ImplementationFailure(
+                f"returned shape {shape} for a packed batch, expected {want} ({self.layout})"
+            )
+        return self.to_layout(out)
+
     def __call__(self, q, k, v, projection=None) -> torch.Tensor:
         """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
@@ -238,6 +269,7 @@ def resolve(
     cost: str | None = None,
     stream: StreamFactory | None = None,
     state: str | None = None,
+    varlen: bool = False,
     load: bool = True,
 ) -> Implementation:
     """The implementation a user names: target None (a built-in form, `form` or the fast
@@ -246,7 +278,10 @@ def resolve(
     its own). With
     load=False nothing is imported (Implementation.load() does it later). state: the layout
     of the state fn carries (STATE_LAYOUTS), or DECLARED for an adapter's or a built-in
-    form's own. SpecError names what does not fit."""
+    form's own. varlen: fn takes packed batches too (cu_seqlens). SpecError names what does
+    not fit."""
+    if varlen and state is not None:
+        raise SpecError("--varlen with --state (a state per packed sequence) is not supported")
     if spec is not None:
         if (feature_map, causal, eps) != (None, None, None):
             raise SpecError("give the spec either as spec= or as feature_map, causal, eps")
@@ -279,9 +314,11 @@ def resolve(
             raise SpecError(f"{target} carries its own state: give --state without a layout")
         if state is not None and adapter.state is None:
             raise SpecError(f"{target} takes no state (its library's function has none)")
+        if varlen and not adapter.varlen:
+            raise SpecError(f"{target} takes no packed batch (no cu_seqlens)")
         impl = Implementation(
             None, adapter.spec, Source("adapter", target), adapter.layout, cost or adapter.cost,
-            state=adapter.state if state is not None else None,
+            state=adapter.state if state is not None else None, varlen=varlen,
         )  # fmt: skip
         return impl.load() if load else impl
     if feature_map is None:
@@ -289,7 +326,7 @@ def resolve(
         raise SpecError(f"{what} needs --feature-map NAME (the spec it claims)")
     spec = Spec(feature_map, causal=bool(causal), eps=eps or 0.0)
     if target is None:
-        impl = _form(spec, form, chunk_size, layout, cost, load=False)
+        impl = replace(_form(spec, form, chunk_size, layout, cost, load=False), varlen=varlen)
         if state is not None:
             impl = replace(impl, state=_builtin_state(impl, state))
         return _builtin(impl) if load else impl
@@ -298,14 +335,15 @@ def resolve(
     if callable(target):
         source = Source("callable", _label(target))
         return Implementation(
-            target, spec, source, layout or "bhnd", cost or default_cost(spec), stream, state
-        )
+            target, spec, source, layout or "bhnd", cost or default_cost(spec), stream, state,
+            varlen,
+        )  # fmt: skip
     if not isinstance(target, str):
         raise SpecError(f"a target is module:fn, path.py:fn or a callable, got {target!r}")
     split_target(target)  # a malformed target is an error now, not in a worker
     impl = Implementation(
         None, spec, Source("target", target), layout or "bhnd", cost or default_cost(spec),
-        state=state,
+        state=state, varlen=varlen,
     )  # fmt: skip
     return impl.load() if load else impl
 
@@ -367,6 +405,14 @@ OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
             "built-in form: --state alone (docs/contract.md, 'Carried state')",
         },
     ),
+    (
+        "--varlen",
+        {
+            "action": "store_true",
+            "help": "fn also takes a packed batch, fn(q, k, v, cu_seqlens=OFFSETS) with B = 1 "
+            "(docs/contract.md, 'Packed batches')",
+        },
+    ),
 )
 
 
@@ -384,6 +430,7 @@ def from_options(
         layout=values.get("layout"),
         cost=values.get("cost"),
         state=values.get("state"),
+        varlen=bool(values.get("varlen")),
         load=load,
     )
 
@@ -430,6 +477,12 @@ def _builtin(impl: Implementation) -> Implementation:
     """The built-in form of `impl` with its fn (and its stream for the causal forms)."""
     spec, form = impl.spec, impl.source.name
     chunk_size = impl.source.chunk_size or DEFAULT_CHUNK
+    if impl.varlen:
+        fn = functools.partial(
+            attention_varlen, feature_map=spec.feature_map, causal=spec.causal, form=form,
+            eps=spec.eps, chunk_size=chunk_size,
+        )  # fmt: skip
+        return replace(impl, fn=fn)
     if impl.state is not None:
         fn = functools.partial(
             attention_with_state, feature_map=spec.feature_map, eps=spec.eps, form=form,

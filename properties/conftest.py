@@ -81,6 +81,19 @@ def stateful(config: pytest.Config) -> list[Implementation]:
     ]
 
 
+def packed(config: pytest.Config) -> list[Implementation]:
+    """--impl, or every built-in spec in its fast form taking packed batches (the varlen
+    check; the other forms share the packing, attention_varlen)."""
+    chosen = config.stash[_IMPL]
+    if chosen is not None:
+        return [chosen]
+    return [
+        resolve(spec=spec, varlen=True)
+        for name in FEATURE_MAPS
+        for spec in (Spec(name), Spec(name, causal=True))
+    ]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize `impl` (and `device`) for tests marked check(name), over the
     implementations the check applies to."""
@@ -88,7 +101,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     marker = metafunc.definition.get_closest_marker("check")
     name = marker.args[0] if marker else None
-    pool = stateful(metafunc.config) if name in STATE_CHECKS else implementations(metafunc.config)
+    pools = {"varlen": packed, **dict.fromkeys(STATE_CHECKS, stateful)}
+    pool = pools.get(name, implementations)(metafunc.config)
     impls = [i for i in pool if not name or not not_applicable(name, i)]
     if marker and "impls_filter" in marker.kwargs:
         impls = [i for i in impls if marker.kwargs["impls_filter"](i)]

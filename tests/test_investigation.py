@@ -34,7 +34,7 @@ def test_the_worst_element_is_shown_with_its_rows_and_exact_value():
     where = lines[0].split(" = ")[1].split(":")[0]
     b, h, i, c = json.loads(where.replace("(", "[").replace(")", "]"))
     assert f"exact {float(exact[b, h, i, c]):.9g}" in lines[0]
-    assert "relative error 10 %" in lines[0]
+    assert "|output - exact| / |exact| = 10 %" in lines[0]
     assert lines[1].startswith(f"  q[{b}, {h}, {i}] = [")
     assert len(lines) == 1 + 1 + (i + 1) + 1  # causal: the keys j <= i only
     assert f"{float(v[b, h, i, c]):.6g}" in lines[-2]
@@ -62,6 +62,7 @@ def test_a_crash_names_the_case_it_was_running_and_how_to_rerun_it(tmp_path):
     report = json.loads(out.read_text())
     crashed = [c for c in report["checks"] if "crashed" in c["detail"]]
     assert crashed and all(Case.from_json(c["case"]).n > 8 for c in crashed)
+    assert all(c["stopped"] and "regime" not in c for c in crashed)  # blocks whatever its case
     assert all(f"--case '{c['case']}'" in c["reproduce"] for c in crashed)
     assert report["findings"][0]["reproduce"].startswith("python -m linattn_verify check ")
     counts = report["counts"]
@@ -76,7 +77,7 @@ def test_a_contract_failure_is_reported_once(tmp_path, capsys):
     assert [f["checks"] for f in report["findings"]] == [["contract"]]
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["contract"] == "fail" and statuses["reference"] == "depends"
-    assert statuses["scaling"] == "depends"
+    assert statuses["scaling"] == "depends"  # its message kept, not a finding of its own
     assert capsys.readouterr().out.count("expected (2, 2, 9, 2)") == 2  # finding and row
 
 
@@ -92,6 +93,25 @@ def test_past_a_contract_failure_each_check_reports_a_failure_of_its_own(tmp_pat
         case = Case.from_json(rows[name]["case"])
         assert rows[name]["status"] == "fail" and case.d == case.dv, rows[name]
         assert "raised" not in rows[name]["detail"] and rows[name]["worst"]
+
+
+def test_the_worst_element_of_a_number_where_0_0_is_required_is_that_element():
+    impl = resolve(f"{TARGETS}:relu_zero_for_nan", feature_map="relu")
+    result = CHECKS["reference"](impl, Case(1, 1, 6, 3, 2, "float32", "zero-rows", 1.0, 1))
+    assert not result.passed
+    assert "the exact value is 0/0 (the output must be NaN)" in result.worst.splitlines()[0]
+
+
+def test_a_breach_of_the_contract_on_extreme_inputs_hides_no_typical_failure(tmp_path):
+    out = tmp_path / "vet.json"
+    args = ["vet", f"{TARGETS}:contiguous_only_and_no_large", "--feature-map", "elu"]
+    args += ["--dtypes", "float32", "--long", "0", "--no-envelope", "--quiet", "--json", str(out)]
+    assert main(args) == 1
+    report = json.loads(out.read_text())
+    rows = {c["name"]: c for c in report["checks"]}
+    assert rows["contract"]["regime"] == "extreme"
+    assert rows["layout"]["status"] == "fail" and rows["layout"]["regime"] == "typical"
+    assert report["findings"][0]["regime"] == "typical"
 
 
 def test_progress_within_a_task(monkeypatch, capsys):

@@ -1,6 +1,6 @@
-"""Known-answer vectors (linattn_verify/kat.py, references/): reproducible bytes, hashes that
-catch a changed byte, outputs that agree with a fresh exact computation, and the report of
-an implementation's error per vector."""
+"""Known-answer vectors (linattn_verify/kat.py, linattn_verify/known_answers/): reproducible
+bytes, hashes that catch a changed byte, outputs that agree with a fresh exact computation,
+and the report of an implementation's error per vector."""
 
 from __future__ import annotations
 

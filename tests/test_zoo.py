@@ -37,6 +37,7 @@ def implementation(entry: Entry) -> Implementation:
         cost=entry.cost,
         stream=stream,
         state=entry.state,
+        varlen=entry.varlen,
     )
 
 
@@ -85,3 +86,5 @@ def test_the_zoo_is_big_enough():
     assert sum(e.broken for e in long) >= 6 and sum(not e.broken for e in long) >= 4
     state = [e for e in ZOO if e.state]  # carried-state bugs and correct stateful kernels
     assert sum(e.broken for e in state) >= 5 and sum(not e.broken for e in state) >= 2
+    packed = [e for e in ZOO if e.varlen]  # packed-batch bugs and correct varlen kernels
+    assert sum(e.broken for e in packed) >= 3 and sum(not e.broken for e in packed) >= 2

@@ -4,6 +4,8 @@ and ones that raise, crash the process, or hang."""
 import ctypes
 import time
 
+import torch
+
 import linattn_verify as lv
 
 
@@ -78,3 +80,18 @@ def square_heads_only_and_high(q, k, v):
     if q.shape[-1] != v.shape[-1]:
         raise ValueError("d != dv is not supported")
     return 1.1 * lv.attention(q, k, v, "elu", form="linear")
+
+
+def contiguous_only_and_no_large(q, k, v):
+    """Raises on non-contiguous inputs (a layout bug, typical) and on |x| > 50 (a contract
+    breach on extreme inputs only): the second must not hide the first."""
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("non-contiguous input")
+    if max(q.abs().max(), k.abs().max()) > 50:
+        raise ValueError("inputs beyond 50")
+    return lv.attention(q, k, v, "elu", form="linear")
+
+
+def relu_zero_for_nan(q, k, v):
+    """relu linear attention returning 0 where the exact value is 0/0 (it must be NaN)."""
+    return torch.nan_to_num(lv.attention(q, k, v, "relu", form="linear"), nan=0.0)

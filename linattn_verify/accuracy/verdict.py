@@ -83,6 +83,9 @@ class AccuracyVerdict:
     budget: float | None
     within_bound: bool
     within_budget: bool | None
+    # the element that fails worst: a number where the exact value is 0/0 first, then the
+    # largest error among those above their bound or non-finite (None when none is)
+    failing_index: tuple[int, ...] | None = None
 
     @property
     def passed(self) -> bool:
@@ -187,6 +190,10 @@ def judge(
     bad = defined & ((e > bound) | (~np.isfinite(out64) & ~overflow))
     bad |= ~defined & ~np.isnan(out64)
     violations = int(np.sum(bad))
+    failing = None
+    if violations:
+        rank = np.where(bad, np.where(defined, e, np.inf), -1.0)
+        failing = tuple(int(t) for t in np.unravel_index(int(np.argmax(rank)), e.shape))
     return AccuracyVerdict(
         spec=str(spec),
         dtype=dtype,
@@ -201,6 +208,7 @@ def judge(
         budget=budget,
         within_bound=violations == 0,
         within_budget=within_budget,
+        failing_index=failing,
     )
 
 

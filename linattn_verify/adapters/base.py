@@ -32,7 +32,8 @@ class Adapter:
     device: "any", or "cuda" for GPU-only kernels; cost: the growth it claims; state: the
     layout of the state its function carries ("S" or "Sz", under_test.STATE_LAYOUTS) and
     load_state the fn(q, k, v, initial_state=...) -> (out, final_state) that carries it,
-    for `--state`; None for a function without one.
+    for `--state`; None for a function without one. varlen: its function takes packed
+    batches (cu_seqlens, --varlen).
     """
 
     name: str
@@ -47,6 +48,7 @@ class Adapter:
     cost: str = "linear"
     state: str | None = None
     load_state: Callable[[], Fn] | None = None
+    varlen: bool = False
 
 
 def import_library(module: str, install: str) -> ModuleType:

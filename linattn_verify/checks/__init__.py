@@ -14,6 +14,7 @@ from .gradients import gradient, gradient_associativity, gradient_causality, gra
 from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
 from .state import final_state, initial_state, state_split
+from .varlen import varlen
 
 CHECKS = {
     fn.check_name: fn
@@ -32,6 +33,7 @@ CHECKS = {
         state_split,
         initial_state,
         final_state,
+        varlen,
     )
 }
 STATE_CHECKS = ("state-split", "initial-state", "final-state")  # with --state
@@ -63,6 +65,8 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return "no state API" if spec.causal else "non-causal spec"
     if name in STATE_CHECKS:
         return _state_not_applicable(name, impl)
+    if name == "varlen" and not impl.varlen:
+        return "no --varlen declared"
     return None
 
 
@@ -104,4 +108,5 @@ __all__ = [
     "split_resume",
     "state_split",
     "v_affine",
+    "varlen",
 ]

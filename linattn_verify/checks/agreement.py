@@ -33,7 +33,13 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     worst = None
     if not verdict.passed:
         worst = worst_element(
-            q, k, v, as_array(out), judgement.ref, verdict.worst_index, impl.spec.causal
+            q,
+            k,
+            v,
+            as_array(out),
+            judgement.ref,
+            verdict.failing_index or verdict.worst_index,
+            impl.spec.causal,
         )
     figures = {
         "max_error": verdict.max_error,

@@ -56,14 +56,15 @@ class Outcome:
 
 
 CheckFn = Callable[..., CheckResult]
-Watcher = Callable[[str, Case], None]
+Watcher = Callable[[str, Case | None], None]
 _WATCHERS: list[Watcher] = []
 
 
 @contextmanager
 def watching(watcher: Watcher) -> Iterator[None]:
-    """Call watcher(check name, case) before every check runs on a case, while in the block:
-    vet's worker tells the parent what it runs, so that a crash names its case."""
+    """Call watcher(check name, case) before every check runs on a case, and watcher(check
+    name, None) when it has returned, while in the block: vet's worker tells the parent
+    what it runs, so that a crash names the case it died on."""
     _WATCHERS.append(watcher)
     try:
         yield
@@ -85,12 +86,15 @@ def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
             except ImplementationFailure as err:
                 outcome, cause = Outcome(False, f"{impl.name} {err}"), "contract"
             failed = not outcome.passed
-            return CheckResult(
+            result = CheckResult(
                 name, outcome.passed, outcome.message, case, outcome.figures,
                 outcome.by_nature, impl.reproduce(name, case) if failed else None,
                 outcome.severity if failed else None, regime_of(case, impl.spec),
                 outcome.worst if failed else None, cause,
             )  # fmt: skip
+            for watcher in _WATCHERS:
+                watcher(name, None)
+            return result
 
         run.__name__ = run.__qualname__ = body.__name__
         run.__doc__ = body.__doc__

@@ -22,10 +22,10 @@ def _relative(out: float, exact: float) -> str:
     if np.isnan(exact):
         return "the exact value is 0/0 (the output must be NaN)"
     if out == exact:
-        return "relative error 0"
+        return "|output - exact| / |exact| = 0"
     if exact == 0 or not np.isfinite(out):
-        return "relative error infinite"
-    return f"relative error {percent(abs(out - exact) / abs(exact))}"
+        return "|output - exact| / |exact| infinite"
+    return f"|output - exact| / |exact| = {percent(abs(out - exact) / abs(exact))}"
 
 
 def worst_element(
@@ -37,12 +37,13 @@ def worst_element(
     index: tuple[int, ...],
     causal: bool,
 ) -> str:
-    """Lines describing out[index] against exact[index] (index = (b, h, i, c), tensors in
-    the (B, H, N, d) layout); the inputs it depends on when the case is small."""
+    """Lines describing out[index] against exact[index] (index = (b, h, i, c) and the
+    tensors in the (B, H, N, d) layout, whatever the kernel's); the inputs it depends on
+    when the case is small."""
     b, h, i, c = index
     got, want = float(out[index]), float(exact[index])
     lines = [
-        f"worst element (b, h, i, c) = {tuple(index)}: output {got:.9g}, exact {want:.9g}, "
+        f"worst element (b, h, i, c) = {tuple(index)}: output {got:.9g}, exact {want:.9g}; "
         + _relative(got, want)
     ]
     n, d, dv = q.shape[2], q.shape[3], v.shape[3]
@@ -55,5 +56,7 @@ def worst_element(
             f"{float(v[b, h, j, c]):.6g}"
             for j in keys
         ]
-        lines.append(f"  (keys j = 0 .. {last}; the whole case: check ... --case JSON --save)")
+        lines.append(
+            f"  (keys j = 0 .. {last}; the whole case: check ... --case JSON --save FILE.npz)"
+        )
     return "\n".join(lines)

@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     case = Case.from_json(args.case) if args.case else None
     device = case.device if case is not None else args.device
     options.cuda_check(device)
+    if case is not None and (case.m is not None) != impl.spec.info.needs_projection:
+        need = "needs" if impl.spec.info.needs_projection else "takes no"
+        raise options.UsageError(f'--case: {impl.spec} {need} "m" (the projection\'s rows)')
     if args.save is not None:
         if case is None:
             raise options.UsageError("--save needs --case (the case to write out)")

@@ -75,7 +75,7 @@ POLICY = (
     "By default the verdict fails on a finding in typical inputs (what trained models feed); "
     "findings in stress and extreme inputs are robustness warnings. --fail-on stress or "
     "extreme widens that; --strict fails on every regime and holds elu features to relative "
-    "accuracy (regimes: README, 'Verdicts')."
+    "accuracy (regimes: docs/regimes.md)."
 )
 
 

@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     directory = Path(args.dir) if args.dir else kat.DEFAULT_DIR
     say = None if args.quiet else (lambda text: options.progress(False, text))
     if args.action == "build":
+        if args.dir is None and "site-packages" in kat.DEFAULT_DIR.parts:
+            raise options.UsageError(
+                "references build rewrites the installed package's vectors: give --dir"
+            )
         start = time.perf_counter()
         manifest = kat.build(directory, progress=say)
         size = sum(e["bytes"] for e in manifest["vectors"])

@@ -54,7 +54,11 @@ def add(sub) -> None:
     parser.add_argument(
         "--thorough",
         action="store_true",
-        help=f"{THOROUGH_EXAMPLES} searched cases a check, not {VET_EXAMPLES}",
+        help="search more cases a check: "
+        + ", ".join(f"{n} {r}" for r, n in THOROUGH_EXAMPLES.items())
+        + " (default "
+        + ", ".join(f"{n} {r}" for r, n in VET_EXAMPLES.items())
+        + ")",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")

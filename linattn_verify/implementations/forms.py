@@ -21,11 +21,12 @@ needs_shift); the key shift is carried with the state and rescaled when it grows
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import torch
 
-from ..inputs import UNIT_ROUNDOFF, check_shapes, dtype_name
+from ..inputs import UNIT_ROUNDOFF, check_cu_seqlens, check_shapes, dtype_name
 from ..specs import Spec, SpecError
 from . import native
 from .chunked import BLOCK_ROWS, chunked
@@ -364,3 +365,33 @@ def attention_with_state(
         stream.carry(*initial_state)
     out = stream(q, k, v)
     return out, stream.carried()
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    causal: bool = False,
+    form: str | None = None,
+    projection: torch.Tensor | None = None,
+    eps: float = 0.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """attention() of a packed batch: q, k, v (1, H, T, d) holding the sequences of
+    cu_seqlens one after another (inputs.check_cu_seqlens), each attending to itself only
+    (empty ones allowed); without cu_seqlens, attention() itself."""
+    options = dict(feature_map=feature_map, causal=causal, form=form, projection=projection,
+                   eps=eps, chunk_size=chunk_size)  # fmt: skip
+    if cu_seqlens is None:
+        return attention(q, k, v, **options)
+    check_tensors(q, k, v, Spec(feature_map, causal=causal, eps=eps), projection)
+    if q.shape[0] != 1 or k.shape[-2] != q.shape[-2]:
+        raise SpecError(f"a packed batch is one row (1, H, T, d) of q and k alike, got {q.shape}")
+    offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    for a, b in itertools.pairwise(offsets):
+        if b > a:
+            out[..., a:b, :] = attention(*(t[..., a:b, :] for t in (q, k, v)), **options)
+    return out

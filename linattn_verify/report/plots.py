@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..accuracy import K_BUDGET
+from ..scaling.plot import n_axis, power_of_2
 from .accuracy import MARGIN_EDGES
 
 Row = dict[str, Any]
@@ -52,7 +53,7 @@ def plot_error_vs_n(rows: list[Row], forms: dict[str, str], path: Path) -> Path:
                     if spec.split(" ")[0] == name
                 }
                 _vacuous_note(ax, vacuous)
-                _n_axis(ax, ns)
+                n_axis(ax, ns)
                 ax.grid(True, which="major", alpha=0.3)
             _decades(line)
             line[0].set_ylabel(f"{name}\nmax error (u s)", fontsize=8)
@@ -108,21 +109,16 @@ def _vacuous_note(ax: Any, vacuous: dict[str, int | None]) -> None:
     """Name, top right, the N from which each spec's bound is vacuous (not drawn)."""
     firsts = {n for n in vacuous.values() if n is not None}
     if len(firsts) == 1 and None not in vacuous.values():
-        notes = [f"bound vacuous from N = {_power(firsts.pop())}"]
+        notes = [f"bound vacuous from N = {power_of_2(firsts.pop())}"]
     else:
         notes = [
-            f"{spec.split(' ')[1].strip('()')} bound vacuous from N = {_power(n)}"
+            f"{spec.split(' ')[1].strip('()')} bound vacuous from N = {power_of_2(n)}"
             for spec, n in vacuous.items()
             if n is not None
         ]
     if notes:
         ax.text(0.97, 0.95, "\n".join(notes), transform=ax.transAxes, ha="right", va="top",
                 fontsize=6.5, color="0.3")  # fmt: skip
-
-
-def _power(n: int) -> str:
-    """A power of two n as $2^e$."""
-    return f"$2^{{{round(np.log2(n))}}}$"
 
 
 def plot_margins(margins: list[Row], dtype: str, path: Path) -> Path:
@@ -172,16 +168,6 @@ def _named_by_map(specs: list[str]) -> list[str]:
     return list(
         dict.fromkeys(m if maps.count(m) == 2 else s for m, s in zip(maps, specs, strict=True))
     )
-
-
-def _n_axis(ax: Any, ns: list[int]) -> None:
-    """A log-2 N axis with a labelled major tick at each N measured, no minor ticks."""
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(ns))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([_power(n) for n in ns], fontsize=8)
 
 
 def _decades(axes: Sequence[Any]) -> None:
@@ -277,7 +263,7 @@ def _long_panel(ax: Any, rows: list[Row], spec: str) -> None:
     for key, what in (("bound_max", "deterministic"), ("probabilistic_bound_max", "probabilistic")):
         first = next((n for n in ns if key in at[n] and not _finite(at[n][key])), None)
         if first is not None:
-            vacuous.append(f"{what} bound vacuous from N = {_power(first)}")
+            vacuous.append(f"{what} bound vacuous from N = {power_of_2(first)}")
     if vacuous:
         ax.text(0.03, 0.97, "\n".join(vacuous), transform=ax.transAxes, ha="left", va="top",
                 fontsize=7, color="0.3")  # fmt: skip
@@ -303,7 +289,7 @@ def _long_panel(ax: Any, rows: list[Row], spec: str) -> None:
         ax.set_ylim(low, max(high, low * 1e3))  # three decades at least: ticks at 10^k
     ax.yaxis.set_major_locator(LogLocator(base=10))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    _n_axis(ax, ns)
+    n_axis(ax, ns)
     ax.tick_params(axis="y", labelsize=8)
     ax.set_title(spec, fontsize=9)
     ax.set_xlabel("N", fontsize=8)

@@ -105,7 +105,7 @@ def _cost_panel(ax: Any, curves: Mapping[str, Sequence[Cost]], drawn: tuple[str,
 def _log_axes(ax: Any, ylabel: str) -> None:
     """Log-2 N with a labelled tick at each N drawn and no minor ticks; log-10 y at whole
     decades around the lines (two labelled ticks at least), minor ticks unlabelled."""
-    from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, NullLocator
+    from matplotlib.ticker import LogLocator, NullFormatter
 
     ax.set_ylabel(ylabel, fontsize=8)
     if not ax.lines:  # FLOPs that no curve counts
@@ -114,10 +114,7 @@ def _log_axes(ax: Any, ylabel: str) -> None:
     ns = sorted({n for line in ax.lines for n in line.get_xdata()})
     ys = np.concatenate([np.asarray(line.get_ydata(), float) for line in ax.lines])
     ys = ys[ys > 0]
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(ns))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([_power_of_2(int(n)) for n in ns], fontsize=8)
+    n_axis(ax, [int(n) for n in ns])
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10))
     ax.yaxis.set_minor_formatter(NullFormatter())
@@ -126,6 +123,16 @@ def _log_axes(ax: Any, ylabel: str) -> None:
     ax.set_ylim(10**low, 10 ** max(np.ceil(np.log10(ys.max()) + 0.05), low + 2))
 
 
-def _power_of_2(n: int) -> str:
+def power_of_2(n: int) -> str:
     """n as $2^e$ where it is a power of two, else in digits."""
     return f"$2^{{{n.bit_length() - 1}}}$" if n & (n - 1) == 0 else str(n)
+
+
+def n_axis(ax: Any, ns: list[int]) -> None:
+    """A log-2 N axis with a labelled major tick at each N measured, no minor ticks."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(ns))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([power_of_2(n) for n in ns], fontsize=8)

@@ -4,10 +4,11 @@ regime it shows in, ranked so that the one that matters comes first (docs/regime
 
 Rows share a cause when their cases do: the same regime, dtype, kind of input and magnitude
 (several checks failing on one input, or on inputs of one kind and size, fail for one
-reason). A row without a case (the cost growth, a crash, a sampler's statistics) is a
-finding of its own. Rows without a regime are about the implementation whatever its
-values: typical. Ranking: regime (typical first), then severity (wrong first), then the
-relative error, largest first.
+reason). A row without a case (the cost growth, a sampler's statistics) is a finding of
+its own, and so is a crash or a hang ("stopped"), whose case is only where it happened.
+Rows without a regime are about the implementation whatever its values: typical. Ranking:
+regime (typical first), then severity (wrong first), then the relative error, largest
+first.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Finding:
 
 def _cause(row: Row) -> tuple:
     case = row.get("case")
-    if not case:
+    if not case or row.get("stopped"):
         return ("row", row["name"])
     c = json.loads(case)
     return (row.get("regime") or "typical", c["dtype"], c["kind"], c["magnitude"])

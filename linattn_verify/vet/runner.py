@@ -91,7 +91,7 @@ class VetReport:
         counts = [f"{len(blocking)} finding(s) on {' or '.join(self.failing_regimes)} inputs"]
         counts.append(f"{len(warnings)} robustness warning(s)")
         if depending:
-            counts.append(f"{len(depending)} check(s) failing only through the contract")
+            counts.append(f"{len(depending)} check(s) whose failures the contract covers")
         if not_run:
             counts.append(f"{len(not_run)} check(s) not run")
         lines.append(f"verdict: {verdict}: " + "; ".join(counts))
@@ -176,32 +176,30 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     return report
 
 
-PAST_CONTRACT_TASKS = ("check", "accuracy")  # the tasks that can pass over contract breaches
+PAST_CONTRACT_TASKS = ("check", "accuracy")  # the tasks that pass over what it covers
 
 
 def _options_after(rows: list[Row], task: str, task_options: dict[str, Any]) -> dict[str, Any]:
-    """The task's options; once the contract check has failed, a search passes over the
-    cases that break the contract, so that each later check reports a failure of its own."""
-    failed = any(r["name"] == "contract" and r["status"] == "fail" for r in rows)
-    if failed and task in PAST_CONTRACT_TASKS:
-        return {**task_options, "past_contract": True}
+    """The task's options; once the contract check has failed, the searches pass over the
+    failures it covers (tasks.ContractCovered), so that each later check reports a failure
+    of its own."""
+    contract = next((r for r in rows if r["name"] == "contract" and r["status"] == "fail"), None)
+    if contract is not None and task in PAST_CONTRACT_TASKS:
+        return {**task_options, "past_contract": contract.get("regime") or "typical"}
     return task_options
 
 
-def _after_contract(rows: list[Row]) -> list[Row]:
-    """Once the contract check has failed, a later check that failed by breaking the same
-    contract (cause "contract": an exception, a wrong shape) is not a finding of its own: it
-    is marked as depending on the contract's, so that one cause is reported once."""
-    contract = next((r for r in rows if r["name"] == "contract"), None)
-    if contract is None or contract["status"] != "fail":
-        return rows
+def _without_case_after_contract(rows: list[Row]) -> list[Row]:
+    """A task that runs no case through a check (scaling, the known-answer vectors) and
+    breaks the contract once the contract check has failed on typical inputs (so the
+    verdict fails whatever else): its row depends on the contract's, its message kept."""
+    typical = any(
+        r["name"] == "contract" and r["status"] == "fail" and r.get("regime") == "typical"
+        for r in rows
+    )
     return [
-        {
-            "name": r["name"],
-            "status": DEPENDS,
-            "detail": "fails by breaking the contract (above)",
-        }
-        if r is not contract and r["status"] == "fail" and r.get("cause") == "contract"
+        {**r, "status": DEPENDS, "detail": f"{r['detail']} (the contract's failure, above)"}
+        if typical and r["status"] == "fail" and r.get("cause") == "contract" and not r.get("case")
         else r
         for r in rows
     ]
@@ -235,20 +233,14 @@ class _Progress:
 
 
 def _stopped(name: str, how: str, running: Running | None) -> Row:
-    """The failed row of a task that crashed or hung: with the case it was running (and
-    the command that reruns it) when the worker had said."""
+    """The failed row of a task that crashed or hung, a finding of its own that fails the
+    verdict whatever its inputs (findings.py: "stopped"): with the case a check was running
+    on when it did (and the command that reruns it), when one was."""
+    row = {"name": name, "status": "fail", "detail": how, "severity": "wrong", "stopped": True}
     if running is None:
-        return {"name": name, "status": "fail", "detail": how}
-    detail = f"{how}, running {running['check']} on {Case.from_json(running['case'])}"
-    return {
-        "name": name,
-        "status": "fail",
-        "detail": detail,
-        "case": running["case"],
-        "reproduce": running["reproduce"],
-        "severity": "wrong",
-        "regime": running["regime"],
-    }
+        return row
+    detail = f"{how}, while {running['check']} ran on {Case.from_json(running['case'])}"
+    return {**row, "detail": detail, "case": running["case"], "reproduce": running["reproduce"]}
 
 
 def vet(
@@ -290,7 +282,7 @@ def vet(
             break
     finally:
         worker.close()
-    report.rows = _after_contract(report.rows)
+    report.rows = _without_case_after_contract(report.rows)
     return report
 
 
@@ -306,5 +298,5 @@ def vet_in_process(
     for i, (name, task, task_options) in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {name} ...")
         report.rows += run_task(impl, task, _options_after(report.rows, task, task_options))
-    report.rows = _after_contract(report.rows)
+    report.rows = _without_case_after_contract(report.rows)
     return report

@@ -54,8 +54,28 @@ def planned_cases(task: str, spec: Spec, options: dict[str, Any]) -> int | None:
     if task not in ("check", "accuracy"):
         return None
     device, dtypes = options["device"], options["dtypes"]
+    if task == "accuracy":  # its panel per dtype
+        return sum(len(accuracy_panel(spec, dtype, device)) for dtype in dtypes)
     fixed = len(corner_cases(spec, dtypes, device)) + len(vet_cases(spec, dtypes, device))
-    return fixed + sum(options["examples"].values()) if task == "check" else fixed
+    return fixed + sum(options["examples"].values())
+
+
+class ContractCovered:
+    """Past a failed contract check (its finding in `regime`): the failures it already
+    stands for, counted: the implementation breaking the contract (cause "contract") on a
+    case of that regime or a harsher one, on which the contract check fails too."""
+
+    def __init__(self, impl: Implementation, regime: str) -> None:
+        self.impl, self.regime, self.count = impl, regime, 0
+
+    def __call__(self, result: CheckResult) -> bool:
+        covered = (
+            result.cause == "contract"
+            and REGIMES.index(result.regime) >= REGIMES.index(self.regime)
+            and not CHECKS["contract"](self.impl, result.case).passed
+        )
+        self.count += covered
+        return covered
 
 
 def property_check(
@@ -64,23 +84,23 @@ def property_check(
     device: str,
     examples: dict[str, int],
     dtypes: tuple[str, ...],
-    past_contract: bool = False,
+    past_contract: str | None = None,
 ) -> list[Row]:
     """Check `name` in each regime in turn, the mildest first (`examples` cases searched per
     regime, after its corner cases and vet_cases): the first failure, shrunk, in the
-    mildest regime that has one. past_contract (the contract check has failed): the
-    cases that break the contract are passed over, so that the failure is the check's own;
-    with none and some passed over, the row depends on the contract."""
+    mildest regime that has one. past_contract (the regime of the contract check's failure):
+    the failures it stands for are passed over (ContractCovered), so that a failure is the
+    check's own; with none and some passed over, the row depends on the contract."""
     extra = vet_cases(impl.spec, dtypes, device)
-    breaches: list[Case] | None = [] if past_contract else None
+    covered = None if past_contract is None else ContractCovered(impl, past_contract)
     found, searched = search_regimes(
         name, impl, examples, device, shrink=True, dtypes=dtypes, extra_cases=extra,
-        breaches=breaches,
+        pass_over=covered,
     )  # fmt: skip
     if found is not None:
         return [found.to_dict()]
-    if breaches:
-        return [depending(name, len(breaches))]
+    if covered is not None and covered.count:
+        return [depending(name, covered.count)]
     counts = ", ".join(f"{n} {regime}" for regime, n in searched.items())
     detail = (
         f"no failure in the corner cases, vet's cases and {counts} searched ({', '.join(dtypes)})"
@@ -88,33 +108,38 @@ def property_check(
     return [CheckResult(name, True, detail).to_dict()]
 
 
-DEPENDS = "depends"  # the status of a check whose cases broke the contract the contract names
+DEPENDS = "depends"  # the status of a check whose only failures the failed contract covers
 
 
-def depending(name: str, breaches: int) -> Row:
-    """The row of a check with no failure of its own where the implementation kept the
-    contract, and `breaches` cases where it broke it (what the contract check reports)."""
-    detail = f"no failure of its own; {breaches} case(s) broke the contract (above)"
+def depending(name: str, covered: int) -> Row:
+    """The row of a check with no failure of its own, and `covered` failures that the
+    failed contract check stands for (ContractCovered)."""
+    detail = f"no failure of its own; {covered} case(s) broke the contract as reported above"
     return {"name": name, "status": DEPENDS, "detail": detail}
 
 
+def accuracy_panel(spec: Spec, dtype: str, device: str) -> list[Case]:
+    """The cases of the accuracy task in one dtype: vet_cases and the corner cases."""
+    from ..strategies import corner_cases
+
+    return [*vet_cases(spec, (dtype,), device), *corner_cases(spec, (dtype,), device)]
+
+
 def accuracy(
-    impl: Implementation, device: str, dtypes: tuple[str, ...], past_contract: bool = False
+    impl: Implementation, device: str, dtypes: tuple[str, ...], past_contract: str | None = None
 ) -> list[Row]:
     """Per dtype, the reference check on vet_cases and the corner cases of that dtype: the
     first failure in the mildest regime that has one, else the largest error on typical
     inputs (units of u s, with the bound and budget at the worst element). past_contract:
     the cases that break the contract are left out (property_check)."""
-    from ..strategies import corner_cases
 
     rows = []
     for dtype in dtypes:
-        panel = [
-            *vet_cases(impl.spec, (dtype,), device),
-            *corner_cases(impl.spec, (dtype,), device),
+        results = [
+            CHECKS["reference"](impl, case) for case in accuracy_panel(impl.spec, dtype, device)
         ]
-        results = [CHECKS["reference"](impl, case) for case in panel]
-        kept = [r for r in results if not (past_contract and r.cause == "contract")]
+        covered = None if past_contract is None else ContractCovered(impl, past_contract)
+        kept = [r for r in results if r.passed or covered is None or not covered(r)]
         if not kept or (len(kept) < len(results) and all(r.passed for r in kept)):
             rows.append(depending(f"accuracy {dtype}", len(results) - len(kept)))
             continue
@@ -232,8 +257,8 @@ def rate(
 
 
 def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
-    """The known-answer vectors of the spec (references/) in `dtypes`: the error per vector
-    in units of u s of its dtype, within the a-priori bound."""
+    """The known-answer vectors of the spec (the package's known_answers/) in `dtypes`: the
+    error per vector in units of u s of its dtype, within the a-priori bound."""
     from ..kat import run_vectors
 
     rows = run_vectors(impl, device=device)

@@ -95,6 +95,9 @@ def _serve(conn, declared: Implementation) -> None:
 
         def running(check: str, case) -> None:
             nonlocal done
+            if case is None:  # the check has returned
+                conn.send(("running", None))
+                return
             done += 1
             regime = regime_of(case, impl.spec)
             reproduce = impl.reproduce(check, case)
@@ -111,7 +114,7 @@ class Worker:
 
     def __init__(self, declared: Implementation, timeout: float) -> None:
         self.timeout = timeout
-        self.running: Running | None = None  # the current task's case, once it has one
+        self.running: Running | None = None  # the case a check of the task is running
         self._conn, child = CONTEXT.Pipe()
         self._process = CONTEXT.Process(target=_serve, args=(child, declared), daemon=True)
         self._process.start()
@@ -142,7 +145,7 @@ class Worker:
             if kind != "running":
                 return payload
             self.running = payload
-            if on_case is not None:
+            if on_case is not None and payload is not None:
                 on_case(payload)
 
     def _exit(self) -> str:

@@ -26,7 +26,8 @@ class Entry:
     long: vet it with the long-context check (minutes in CI across the zoo: the other entries,
     whose bugs show at N <= 65, go without it).
     state: the layout of the state fn carries (--state: fn(q, k, v, initial_state=...)
-    returns (out, final_state)), or None.
+    returns (out, final_state)), or None. varlen: fn also takes packed batches
+    (--varlen: fn(q, k, v, cu_seqlens=None)).
     """
 
     name: str
@@ -43,10 +44,11 @@ class Entry:
     regime: str = "typical"
     long: bool = False
     state: str | None = None
+    varlen: bool = False
 
 
 # The entry modules import Entry from here, so they come after its definition.
-from . import backward, broken, correct, long, state, subtle, textbook  # noqa: E402
+from . import backward, broken, correct, long, state, subtle, textbook, varlen  # noqa: E402
 
 ZOO: tuple[Entry, ...] = (
     broken.ENTRIES
@@ -56,6 +58,7 @@ ZOO: tuple[Entry, ...] = (
     + backward.ENTRIES
     + long.ENTRIES
     + state.ENTRIES
+    + varlen.ENTRIES
 )
 
 __all__ = ["ZOO", "Entry"]
