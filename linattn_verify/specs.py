@@ -137,6 +137,18 @@ class Spec:
     def info(self) -> FeatureMap:
         return FEATURE_MAPS[self.feature_map]
 
+    @property
+    def no_state(self) -> str | None:
+        """Why a kernel of this spec carries no state from one piece of a sequence to the
+        next (docs/contract.md, "Carried state"); None when it does."""
+        if not self.causal:
+            return "a non-causal spec carries no state"
+        if not self.info.kernelised:
+            return f"{self.feature_map} has no finite feature map: no state"
+        if self.feature_map == "cosformer":
+            return "cosformer's weights depend on the whole length: no state continues it"
+        return None
+
     def __str__(self) -> str:
         causal = "causal" if self.causal else "non-causal"
         eps = f", eps={self.eps:g}" if self.eps else ""

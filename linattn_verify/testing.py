@@ -34,6 +34,7 @@ def assert_linear_attention(
     strict: bool = False,
     longest: int = LONGEST,
     state: str | None = None,
+    varlen: bool = False,
 ) -> VetReport:
     """Every applicable check of vet on fn (docs/contract.md) claiming the spec; the report
     when the verdict passes, AssertionError with the summary when it fails. cost: "linear"
@@ -41,9 +42,10 @@ def assert_linear_attention(
     to which findings fail (default typical: the others are warnings in the report);
     strict: every regime, elu features held to relative accuracy (vet --strict). longest:
     the long-context check to N = longest and longest + 1 (0 skips it; vet --long). state:
-    the layout of the state fn carries, "S" or "Sz" (vet --state; docs/contract.md)."""
+    the layout of the state fn carries, "Sz" (vet --state Sz; docs/contract.md). varlen: fn
+    also takes packed batches (vet --varlen)."""
     impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout,
-                   cost=cost, state=state)  # fmt: skip
+                   cost=cost, state=state, varlen=varlen)  # fmt: skip
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
                          fail_on=fail_on, strict=strict, envelope=False,
                          longest=longest)  # fmt: skip

@@ -45,8 +45,9 @@ from .target import load_target, split_target
 KINDS = ("form", "target", "adapter", "callable")
 LAYOUTS = ("bhnd", "bnhd")
 # the carried state fn takes and returns with --state (docs/contract.md, "Carried state"):
-# S alone (B, H, F, dv), or the pair (S, z) with z (B, H, F); F the spec's feature dimension
-STATE_LAYOUTS = ("S", "Sz")
+# the pair (S, z), S (B, H, F, dv) and z (B, H, F), F the spec's feature dimension (every
+# spec is normalised: a state without z could not continue its normaliser)
+STATE_LAYOUTS = ("Sz",)
 DECLARED = "declared"  # --state without a layout: an adapter's or a built-in form's own
 COSTS = ("linear", "quadratic")
 # a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
@@ -193,8 +194,8 @@ class Implementation:
         self, q, k, v, projection=None, initial_state=None, layout_given: bool = False
     ) -> tuple[torch.Tensor, Any]:
         """(out, final state) of fn continuing from initial_state (None: from the start), q,
-        k, v (B, H, N, d) unless layout_given (already in fn's layout); the state as fn
-        takes it (STATE_LAYOUTS), its shapes checked (ImplementationFailure otherwise)."""
+        k, v (B, H, N, d) unless layout_given (already in fn's layout); the state the pair
+        (S, z), its shapes checked, and out's (ImplementationFailure otherwise)."""
         if self.state is None:
             raise SpecError(f"{self.name} takes no state: declare its layout with --state")
         if self.fn is None:
@@ -212,13 +213,17 @@ class Implementation:
         out, final = result
         if not isinstance(out, torch.Tensor):
             raise ImplementationFailure(f"returned {type(out).__name__}, not a torch tensor")
-        b, h = (q.shape[0], q.shape[2]) if self.layout == "bnhd" else q.shape[:2]
-        problem = _state_problem(final, self.state, (b, h, v.shape[-1]))
-        if problem:
+        q_, v_ = self.to_layout(q), self.to_layout(v)  # (B, H, N, d) views
+        want = (*q_.shape[:3], v_.shape[-1])
+        if out.dim() != 4 or tuple(self.to_layout(out).shape) != want:
+            raise ImplementationFailure(
+                f"returned shape {tuple(out.shape)}, expected {want} ({self.layout})"
+            )
+        m = None if projection is None else projection.shape[0]
+        f = self.spec.info.feature_dim(q_.shape[-1], m)
+        if problem := _state_problem(final, (*want[:2], f, want[3])):
             raise ImplementationFailure(f"returned a final state {problem}")
-        if not layout_given:
-            out = self.to_layout(out)
-        return out, final
+        return out if layout_given else self.to_layout(out), final
 
     def call_varlen(self, q, k, v, projection, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """fn's output for the packed batch q, k, v (1, H, T, d) of cu_seqlens, (1, H, T, dv)
@@ -233,8 +238,6 @@ class Implementation:
             out = self.fn(*args, **kwargs, cu_seqlens=cu_seqlens)
         except Exception as err:  # the implementation's failure is a finding, not a crash
             raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
-        if self.state is not None and isinstance(out, tuple | list) and len(out) == 2:
-            out = out[0]
         want = (*q.shape[:3], v.shape[-1])
         if not isinstance(out, torch.Tensor) or out.dim() != 4:
             raise ImplementationFailure(f"returned {type(out).__name__} for a packed batch")
@@ -310,10 +313,10 @@ def resolve(
             raise SpecError(
                 f"{target} is an adapter: its spec and layout are its claim (drop --{given[0]})"
             )
-        if state not in (None, DECLARED, adapter.state):
-            raise SpecError(f"{target} carries its own state: give --state without a layout")
         if state is not None and adapter.state is None:
             raise SpecError(f"{target} takes no state (its library's function has none)")
+        if state not in (None, DECLARED, adapter.state):
+            raise SpecError(f"{target} carries its own state: give --state without a layout")
         if varlen and not adapter.varlen:
             raise SpecError(f"{target} takes no packed batch (no cu_seqlens)")
         impl = Implementation(
@@ -331,7 +334,10 @@ def resolve(
             impl = replace(impl, state=_builtin_state(impl, state))
         return _builtin(impl) if load else impl
     if state == DECLARED or state not in (None, *STATE_LAYOUTS):
-        raise SpecError(f"--state takes the layout of {_label(target)}'s state: S or Sz")
+        layouts = " or ".join(STATE_LAYOUTS)
+        raise SpecError(f"--state takes the layout of {_label(target)}'s state: {layouts}")
+    if state is not None and spec.no_state:
+        raise SpecError(f"--state: {spec.no_state}")
     if callable(target):
         source = Source("callable", _label(target))
         return Implementation(
@@ -463,40 +469,27 @@ def _form(spec: Spec, form, chunk_size, layout, cost, load: bool) -> Implementat
 def _builtin_state(impl: Implementation, state: str) -> str:
     """The state layout of a built-in form asked for one: (S, z) of its causal stream."""
     spec, form = impl.spec, impl.source.name
-    if state not in (DECLARED, "Sz"):
+    if state not in (DECLARED, *STATE_LAYOUTS):
         raise SpecError("the built-in forms carry the pair (S, z): --state without a layout")
-    if not spec.causal or form not in ("recurrent", "chunked") or spec.feature_map == "cosformer":
-        raise SpecError(
-            f"{impl.name} carries no state: the recurrent and chunked forms of a causal spec "
-            "do (not cosformer, whose weights depend on the whole length)"
-        )
+    if spec.no_state:
+        raise SpecError(f"--state: {spec.no_state}")
+    if form not in ("recurrent", "chunked"):
+        raise SpecError(f"{impl.name} carries no state: the recurrent and chunked forms do")
     return "Sz"
 
 
 def _builtin(impl: Implementation) -> Implementation:
-    """The built-in form of `impl` with its fn (and its stream for the causal forms)."""
+    """The built-in form of `impl` with its fn (taking packed batches with varlen, carrying
+    its state with state) and its stream for the causal forms."""
     spec, form = impl.spec, impl.source.name
     chunk_size = impl.source.chunk_size or DEFAULT_CHUNK
     if impl.varlen:
-        fn = functools.partial(
-            attention_varlen, feature_map=spec.feature_map, causal=spec.causal, form=form,
-            eps=spec.eps, chunk_size=chunk_size,
-        )  # fmt: skip
-        return replace(impl, fn=fn)
-    if impl.state is not None:
-        fn = functools.partial(
-            attention_with_state, feature_map=spec.feature_map, eps=spec.eps, form=form,
-            chunk_size=chunk_size,
-        )  # fmt: skip
-        return replace(impl, fn=fn)
-    fn = functools.partial(
-        attention,
-        feature_map=spec.feature_map,
-        causal=spec.causal,
-        form=form,
-        eps=spec.eps,
-        chunk_size=chunk_size,
-    )
+        fn = functools.partial(attention_varlen, causal=spec.causal, form=form)
+    elif impl.state is not None:
+        fn = functools.partial(attention_with_state, form=form)
+    else:
+        fn = functools.partial(attention, causal=spec.causal, form=form)
+    fn = functools.partial(fn, feature_map=spec.feature_map, eps=spec.eps, chunk_size=chunk_size)
     stream = None
     if form in ("recurrent", "chunked"):
 
@@ -508,19 +501,17 @@ def _builtin(impl: Implementation) -> Implementation:
     return replace(impl, fn=fn, stream=stream)
 
 
-def _state_problem(state: Any, layout: str, bhv: tuple[int, int, int]) -> str | None:
-    """What is wrong with a state of `layout` for (B, H, dv) = bhv, or None."""
-    b, h, dv = bhv
-    parts = (state,) if layout == "S" else state
-    if layout == "Sz" and (not isinstance(state, tuple | list) or len(state) != 2):
-        return f"of type {type(state).__name__}, not the pair (S, z) of --state Sz"
-    if not all(isinstance(t, torch.Tensor) for t in parts):
+def _state_problem(state: Any, want: tuple[int, int, int, int]) -> str | None:
+    """What is wrong with a state (S, z) for (B, H, F, dv) = want, or None."""
+    if not isinstance(state, tuple | list) or len(state) != 2:
+        return f"of type {type(state).__name__}, not the pair (S, z)"
+    if not all(isinstance(t, torch.Tensor) for t in state):
         return "that is not made of torch tensors"
-    s = parts[0]
-    if s.dim() != 4 or (s.shape[0], s.shape[1], s.shape[3]) != (b, h, dv):
-        return f"S of shape {tuple(s.shape)}, not (B, H, F, dv) = ({b}, {h}, F, {dv})"
-    if layout == "Sz" and tuple(parts[1].shape) != tuple(s.shape[:3]):
-        return f"z of shape {tuple(parts[1].shape)}, not (B, H, F) = {tuple(s.shape[:3])}"
+    s, z = state
+    if tuple(s.shape) != want:
+        return f"S of shape {tuple(s.shape)}, not (B, H, F, dv) = {want}"
+    if tuple(z.shape) != want[:3]:
+        return f"z of shape {tuple(z.shape)}, not (B, H, F) = {want[:3]}"
     return None
 
 

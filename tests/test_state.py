@@ -133,7 +133,7 @@ def test_the_built_in_state_continues_a_sequence_and_rejects_a_bad_one():
 @pytest.mark.parametrize(
     ("target", "options", "message"),
     [
-        ("tests.vet_targets:elu_linear", {"feature_map": "elu", "state": "declared"}, "S or Sz"),
+        ("tests.vet_targets:elu_linear", {"feature_map": "elu", "state": "declared"}, "Sz"),
         ("fla.based-naive", {"state": "declared"}, "takes no state"),
         (None, {"feature_map": "elu", "state": "declared"}, "carries no state"),
         (None, {"feature_map": "cosformer", "causal": True, "form": "chunked",

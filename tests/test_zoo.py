@@ -85,6 +85,6 @@ def test_the_zoo_is_big_enough():
     long = [e for e in ZOO if e.long]  # long-context bugs and correct long kernels
     assert sum(e.broken for e in long) >= 6 and sum(not e.broken for e in long) >= 4
     state = [e for e in ZOO if e.state]  # carried-state bugs and correct stateful kernels
-    assert sum(e.broken for e in state) >= 5 and sum(not e.broken for e in state) >= 2
+    assert sum(e.broken for e in state) >= 5 and sum(not e.broken for e in state) >= 3
     packed = [e for e in ZOO if e.varlen]  # packed-batch bugs and correct varlen kernels
-    assert sum(e.broken for e in packed) >= 3 and sum(not e.broken for e in packed) >= 2
+    assert sum(e.broken for e in packed) >= 4 and sum(not e.broken for e in packed) >= 2

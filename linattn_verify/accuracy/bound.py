@@ -411,17 +411,27 @@ def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
     return kappa
 
 
-def state_bound(x: AttentionInputs, spec: Spec, u: float) -> tuple[np.ndarray, np.ndarray]:
+def state_bound(
+    x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Bounds on |S_hat - S| (B, H, F, dv) and |z_hat - z| (B, H, F) for any evaluation in
     precision u of the state after every key, S = sum_j phi(k_j) v_j^T and z = sum_j
-    phi(k_j) (reference/state.py), stored in precision u.
+    phi(k_j) (reference/state.py), stored in precision u; tiny: the dtype's smallest
+    subnormal.
 
     Each term's feature is within psi_j of phi(k_j) (feature_errors) and at most a_j + psi_j
-    in magnitude; the products and a sum of N terms in any order add at most gamma_(N+1)
-    times the sum of the terms' magnitudes (Higham 2002, Theorem 3.1 and eq. 3.5); storing
-    the result adds u |S|. Evaluated in float64, inflated by SAFETY for its own rounding."""
+    in magnitude. The products and a sum of N terms in any order, tiled or not, add at most
+    gamma_(N+1) times the sum of the terms' magnitudes (Higham 2002, Theorem 3.1 and eq.
+    3.5); a kernel that keeps its sums in units of exp(shift) and rescales them when the
+    shift grows (stabilised features, the built-in forms) multiplies each term at most once
+    a token by exp(a difference), C_LIB + 1 roundings each: gamma_((C_LIB + 2) N + 1)
+    covers both. Accumulated in a higher precision and stored in precision u, the state
+    gains u |S| (which also covers the float64 rounding of the exact state it is compared
+    with); each of the N products may underflow by tiny / 2, and so may each feature (Higham
+    2002, sec. 2.1). Evaluated in float64, inflated by SAFETY for its own rounding;
+    infinite where gamma is (n u >= 1)."""
     b_, h_, nk, _, _, dv = x.shape
-    name, g = spec.feature_map, gamma(nk + 1, u)
+    name, g = spec.feature_map, gamma((C_LIB + 2) * nk + 1, u)
     out_s, out_z = [], []
     for b in range(b_):
         for h in range(h_):
@@ -430,8 +440,10 @@ def state_bound(x: AttentionInputs, spec: Spec, u: float) -> tuple[np.ndarray, n
             _, a, psi = _features(head.k, np.arange(nk), head.big_m, head.w, name, u, stab)
             mags = np.concatenate([np.abs(head.v), np.ones((nk, 1))], 1)
             terms, errors, sizes = (a + psi).T @ mags, psi.T @ mags, a.T @ mags
-            out = (g * terms + errors + u * sizes) * SAFETY
-            out_s.append(out[:, :dv])
-            out_z.append(out[:, dv])
+            underflow = tiny * (mags.sum(0) + nk)
+            with np.errstate(invalid="ignore"):
+                out = (g * terms + errors + u * sizes + underflow) * SAFETY
+            out_s.append(np.where(np.isfinite(g), out, np.inf)[:, :dv])
+            out_z.append(np.where(np.isfinite(g), out, np.inf)[:, dv])
     f = out_s[0].shape[0]
     return np.stack(out_s).reshape(b_, h_, f, dv), np.stack(out_z).reshape(b_, h_, f)

@@ -75,10 +75,8 @@ def _state_not_applicable(name: str, impl: Implementation) -> str | None:
     spec = impl.spec
     if impl.state is None:
         return "no --state declared"
-    if not spec.causal:
-        return "non-causal spec"
-    if spec.feature_map in ("softmax", "cosformer"):
-        return f"{spec.feature_map} carries no state (no finite, position-free feature map)"
+    if spec.no_state:
+        return spec.no_state
     if name != "state-split" and spec.feature_map == "taylor":
         return "the taylor spec fixes sim, not the order of the features a state holds"
     return None

@@ -6,6 +6,7 @@ batch of one sequence gives the plain call's output (vllm PR #22034: batch size 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -18,14 +19,16 @@ from .core import Outcome, as_array, check, inputs_of
 
 
 def _lengths(n: int) -> list[int]:
-    """The lengths packed: the case's own, an empty one, one token, an odd part, and the
-    whole again (a boundary after every kind of sequence)."""
-    return [n, 0, 1, max(1, n // 2 + 1) if n > 1 else 1, n][: 5 if n > 1 else 3]
+    """The lengths packed: empty ones first, in the middle and last, the case's own, one
+    token, an odd part, the case's again (a boundary after every kind of sequence)."""
+    return [0, n, 0, 1, n // 2 + 1, n, 0]
 
 
-def _sequences(case: Case) -> list[tuple[int, int]]:
-    """(batch row, length) of each packed sequence: rows taken in turn from the case."""
-    return [(s % case.b, n) for s, n in enumerate(_lengths(case.n))]
+def _sequence(case: Case, s: int, n: int) -> list[torch.Tensor]:
+    """q, k, v (1, H, n, d) of packed sequence s: drawn afresh, of the case's kind and
+    magnitude, so that no two sequences share a token."""
+    drawn = dataclasses.replace(case, b=1, n=n, seed=case.seed + 7919 * (s + 1))
+    return list(drawn.tensors()[:3])
 
 
 @check("varlen")
@@ -34,13 +37,14 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
     call."""
     spec = impl.spec
     (q, k, v, w), _ = inputs_of(case, spec)
-    seqs = _sequences(case)
-    parts = [[t[b : b + 1, :, :n] for t in (q, k, v)] for b, n in seqs]
+    lengths = _lengths(case.n)
+    parts = [_sequence(case, s, n) if n else [t[:1, :, :0] for t in (q, k, v)]
+             for s, n in enumerate(lengths)]  # fmt: skip
     packed = [torch.cat([p[i] for p in parts], dim=-2) for i in range(3)]
-    offsets = [0, *itertools.accumulate(n for _, n in seqs)]
+    offsets = [0, *itertools.accumulate(lengths)]
     cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
     out = as_array(impl.call_varlen(*packed, w, cu))
-    for s, ((_, n), (a, end)) in enumerate(zip(seqs, itertools.pairwise(offsets), strict=True)):
+    for s, (n, (a, end)) in enumerate(zip(lengths, itertools.pairwise(offsets), strict=True)):
         if n == 0:
             continue
         x = validate(*parts[s], spec, w)
@@ -48,10 +52,10 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
         tol = Tolerance.of(x, spec)
         found = mismatch(out[..., a:end, :], own, tol, tol.allowance())
         if found is not None:
-            after = f", after {seqs[s - 1][1]} tokens" if s else ""
+            after = f", after one of {lengths[s - 1]} tokens" if s else ""
             what = (
-                f"sequence {s} (length {n}{after}) of a packed batch of lengths "
-                f"{[m for _, m in seqs]} (cu_seqlens {offsets}) against its own run"
+                f"sequence {s} (length {n}{after}) of a packed batch of lengths {lengths} "
+                f"(cu_seqlens {offsets}) against its own run"
             )
             return Outcome(False, found.describe(what), {"units": found.units})
     single = torch.tensor([0, case.n], dtype=torch.int32, device=q.device)
@@ -61,4 +65,4 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
     if (found := mismatch(one, plain, tol, tol.allowance())) is not None:
         what = "a batch of one packed sequence against the plain call"
         return Outcome(False, found.describe(what), {"units": found.units})
-    return Outcome(True, f"packed lengths {[n for _, n in seqs]} equal their own runs")
+    return Outcome(True, f"packed lengths {lengths} equal their own runs")

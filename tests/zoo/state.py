@@ -69,6 +69,13 @@ def _tiled(q, k, v, initial_state, tail_in_state: bool = True, stale: bool = Fal
     return torch.cat(outs, dim=-2), entering if stale else (s, z)
 
 
+def state_input_dtype(q, k, v, initial_state=None):
+    """Prefix sums in float32, the state returned in the inputs' dtype (as a cache of them
+    keeps it)."""
+    out, (s, z) = state_cumsum(q, k, v, initial_state)
+    return out, (s.to(q.dtype), z.to(q.dtype))
+
+
 def state_tiles(q, k, v, initial_state=None):
     """Tiles of 16 tokens, the state carried from tile to tile."""
     return _tiled(q, k, v, initial_state)
@@ -112,6 +119,8 @@ def _entry(name, fn, broken: bool, bug: str, caught_by=()) -> Entry:
 ENTRIES = (
     _entry("state-cumsum", state_cumsum, False, "correct: prefix sums over tokens"),
     _entry("state-tiles-16", state_tiles, False, "correct: tiles of 16, state carried"),
+    _entry("state-input-dtype", state_input_dtype, False,
+           "correct: the state kept in the inputs' dtype"),
     _entry("state-ignored", state_ignored, True, "the initial state is ignored",
            ("state-split", "initial-state")),
     _entry("state-final-stale", state_final_stale, True, "final state stale by one tile",

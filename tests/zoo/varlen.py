@@ -90,6 +90,18 @@ def varlen_empty_takes_a_token(q, k, v, cu_seqlens=None):
     return _masked(q, k, v, ids[:, None] == ids[None, :])
 
 
+def varlen_keys_from_row_start(q, k, v, cu_seqlens=None):
+    """BUG: each sequence's keys and values are read from the start of the packed row, its
+    offset applied to the queries only."""
+    if cu_seqlens is None:
+        return _causal(q, k, v)
+    out = torch.empty_like(v, dtype=q.dtype)
+    for a, b in itertools.pairwise(_offsets(cu_seqlens)):
+        if b > a:
+            out[..., a:b, :] = _causal(q[..., a:b, :], k[..., : b - a, :], v[..., : b - a, :])
+    return out
+
+
 def _entry(name, fn, broken: bool, bug: str) -> Entry:
     caught = ("varlen",) if broken else ()
     return Entry(name, fn, "elu", True, broken, bug, caught_by=caught, varlen=True,
@@ -103,4 +115,6 @@ ENTRIES = (
     _entry("varlen-reset-per-tile", varlen_reset_per_tile, True, "reset at tile starts only"),
     _entry("varlen-empty-takes-a-token", varlen_empty_takes_a_token, True,
            "an empty sequence takes a token"),
+    _entry("varlen-keys-from-row-start", varlen_keys_from_row_start, True,
+           "keys read from the row's start"),
 )  # fmt: skip
