@@ -14,6 +14,8 @@ the root conftest.py loads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import property_helpers
 import pytest
 import torch
@@ -55,43 +57,40 @@ def pytest_configure(config: pytest.Config) -> None:
 _IMPL = pytest.StashKey[Implementation | None]()
 
 
+def _chosen_or(config: pytest.Config, built_in: Callable[[], list[Implementation]]):
+    """--impl (or --form) when given, else the built-in implementations."""
+    chosen = config.stash[_IMPL]
+    return [chosen] if chosen is not None else built_in()
+
+
 def implementations(config: pytest.Config) -> list[Implementation]:
     """--impl, or every built-in spec and form."""
-    chosen = config.stash[_IMPL]
-    if chosen is not None:
-        return [chosen]
-    return [
+    return _chosen_or(config, lambda: [
         resolve(form=form, spec=spec)
         for name in FEATURE_MAPS
         for spec in (Spec(name), Spec(name, causal=True))
         for form in forms_of(spec)
-    ]
+    ])  # fmt: skip
 
 
 def stateful(config: pytest.Config) -> list[Implementation]:
     """--impl, or the built-in forms that carry a state (for the state checks)."""
-    chosen = config.stash[_IMPL]
-    if chosen is not None:
-        return [chosen]
-    return [
+    return _chosen_or(config, lambda: [
         resolve(form=form, spec=Spec(name, causal=True), state=DECLARED)
         for name in FEATURE_MAPS
-        if name not in ("softmax", "cosformer")
+        if not Spec(name, causal=True).no_state
         for form in ("recurrent", "chunked")
-    ]
+    ])  # fmt: skip
 
 
 def packed(config: pytest.Config) -> list[Implementation]:
     """--impl, or every built-in spec in its fast form taking packed batches (the varlen
     check; the other forms share the packing, attention_varlen)."""
-    chosen = config.stash[_IMPL]
-    if chosen is not None:
-        return [chosen]
-    return [
+    return _chosen_or(config, lambda: [
         resolve(spec=spec, varlen=True)
         for name in FEATURE_MAPS
         for spec in (Spec(name), Spec(name, causal=True))
-    ]
+    ])  # fmt: skip
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

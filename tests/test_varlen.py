@@ -43,7 +43,7 @@ def test_bad_offsets_are_named(offsets, message):
 def test_a_packed_batch_of_the_built_in_forms_is_each_sequence_by_itself(name, causal, form):
     q, k, v = (torch.randn(1, 2, 11, 4, dtype=torch.float64) for _ in range(3))
     cu = torch.tensor([0, 5, 5, 6, 11])
-    out = attention_varlen(q, k, v, name, causal, form, cu_seqlens=cu)
+    out = attention_varlen(q, k, v, cu, feature_map=name, causal=causal, form=form)
     for a, b in ((0, 5), (5, 6), (6, 11)):
         own = attention(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], name, causal, form)
         torch.testing.assert_close(out[..., a:b, :], own, rtol=1e-12, atol=1e-14, equal_nan=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -371,22 +372,17 @@ def attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    feature_map: str = "elu",
-    causal: bool = False,
-    form: str | None = None,
-    projection: torch.Tensor | None = None,
-    eps: float = 0.0,
-    chunk_size: int = DEFAULT_CHUNK,
     cu_seqlens: torch.Tensor | None = None,
+    **options: Any,
 ) -> torch.Tensor:
-    """attention() of a packed batch: q, k, v (1, H, T, d) holding the sequences of
-    cu_seqlens one after another (inputs.check_cu_seqlens), each attending to itself only
-    (empty ones allowed); without cu_seqlens, attention() itself."""
-    options = dict(feature_map=feature_map, causal=causal, form=form, projection=projection,
-                   eps=eps, chunk_size=chunk_size)  # fmt: skip
+    """attention(q, k, v, **options) of a packed batch: q, k, v (1, H, T, d) holding the
+    sequences of cu_seqlens one after another (inputs.check_cu_seqlens), each attending to
+    itself only (empty ones allowed); without cu_seqlens, attention() itself."""
     if cu_seqlens is None:
         return attention(q, k, v, **options)
-    check_tensors(q, k, v, Spec(feature_map, causal=causal, eps=eps), projection)
+    spec = Spec(options.get("feature_map", "elu"), options.get("causal", False),
+                options.get("eps", 0.0))  # fmt: skip
+    check_tensors(q, k, v, spec, options.get("projection"))
     if q.shape[0] != 1 or k.shape[-2] != q.shape[-2]:
         raise SpecError(f"a packed batch is one row (1, H, T, d) of q and k alike, got {q.shape}")
     offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
