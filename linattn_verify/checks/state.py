@@ -35,11 +35,6 @@ from .core import Outcome, as_array, case_generator, check, inputs_of
 CHUNKS = (16, 64)  # the chunk sizes kernels use most; a cut at each and one past it
 
 
-def _pair(state) -> tuple:
-    """(S, z) of a state as fn returns it, or as the reference gives it."""
-    return tuple(state)
-
-
 def _array(t) -> np.ndarray:
     return t if isinstance(t, np.ndarray) else as_array(t)
 
@@ -63,7 +58,7 @@ def _cuts(case: Case) -> list[tuple[str, list[int]]]:
 
 def _state_mismatch(got, want, allowed: tuple[np.ndarray, np.ndarray]) -> str | None:
     """Where the state `got` differs from `want` by more than `allowed`, or None."""
-    for name, g, w, a in zip(("S", "z"), _pair(got), _pair(want), allowed, strict=True):
+    for name, g, w, a in zip(("S", "z"), got, want, allowed, strict=True):
         g64, w64 = _array(g), _array(w)
         with np.errstate(invalid="ignore"):
             diff = np.abs(g64 - w64)
@@ -121,7 +116,7 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
     tol = Tolerance.of(x, impl.spec)
     whole, final = impl.call_state(q, k, v, w, None)
     whole = as_array(whole)
-    allowed, dtype, natural = _bounds(impl, x, 2.0), _pair(final)[0].dtype, None
+    allowed, dtype, natural = _bounds(impl, x, 2.0), final[0].dtype, None
     for name, cuts in _cuts(case):
         state, outs = None, []
         for a, b in itertools.pairwise([0, *cuts, case.n]):
@@ -146,15 +141,16 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
 
 
 def _prefix(case: Case) -> int:
-    """Where initial-state cuts: past the first chunk of 16 when there is one, else drawn."""
-    if case.n > 17:
-        return 17
+    """Where initial-state cuts: one past the first chunk of CHUNKS[0] when there is one (a
+    prefix not aligned to a chunk), else drawn."""
+    if case.n > CHUNKS[0] + 1:
+        return CHUNKS[0] + 1
     return int(torch.randint(1, case.n, (1,), generator=case_generator(case, 22)))
 
 
 def _as_given(exact: tuple[np.ndarray, np.ndarray], like) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact state in the dtype and device of the state `like` fn returned."""
-    s = _pair(like)[0]
+    s = like[0]
     return tuple(torch.from_numpy(t).to(dtype=s.dtype, device=s.device) for t in exact)
 
 
@@ -202,7 +198,7 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
     what = f"rows {p}.. from the exact state of tokens 0..{p - 1} against one pass"
     if found is None:
         return agreement(what, None)
-    if nature := _by_nature(impl, x, [p], _pair(own)[0].dtype):
+    if nature := _by_nature(impl, x, [p], own[0].dtype):
         return Outcome(False, f"{what}: {nature}", by_nature=nature)
     reasons = {
         "the initial state is ignored (the output is that of no prefix)": as_array(
@@ -224,7 +220,7 @@ def final_state(impl: Implementation, case: Case) -> Outcome:
     _, final = impl.call_state(q, k, v, w, None)
     exact = exact_state(x, impl.spec)
     if problem := _state_mismatch(final, exact, _bounds(impl, x, 1.0)):
-        if nature := _unrepresentable(exact, _pair(final)[0].dtype, impl.spec.feature_map):
+        if nature := _unrepresentable(exact, final[0].dtype, impl.spec.feature_map):
             return Outcome(
                 False, f"{nature}: a state in true units cannot carry it", by_nature=nature
             )

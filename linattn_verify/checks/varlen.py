@@ -1,6 +1,7 @@
 """A packed batch (--varlen: fn(q, k, v, cu_seqlens=offsets) with B = 1, the FlashAttention
-convention): sequences of several lengths, an empty one and a one-token one among them
-(fla #103: empty sequences give NaN or an illegal access), packed one after another, give
+convention): sequences of several lengths, empty ones first, between and last and a
+one-token one among them (fla #103: empty sequences give NaN or an illegal access), each
+drawn afresh, packed one after another, give
 what each gives run by itself: nothing leaks across a boundary (fla PR #955, #837), and a
 batch of one sequence gives the plain call's output (vllm PR #22034: batch size 1)."""
 

@@ -15,10 +15,6 @@ from .arb import DEFAULT_PREC, rounded
 from .balls import Head, balls, features, working_precision
 from .common import MAX_PREC, ReferenceAccuracyError
 
-# the maps whose state is the spec's own: cosFormer's features depend on the whole length
-# (M), so no state continues it
-STATEFUL = ("elu", "relu", "performer-positive", "performer-hyperbolic", "performer-trig", "taylor")
-
 
 def _head_state(head: Head, name: str, prec: int) -> list[list[float | None]]:
     """[S | z] (F, dv + 1) of one head at `prec` bits, None where not yet resolved."""
@@ -33,8 +29,8 @@ def exact_state(
     x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
 ) -> tuple[np.ndarray, np.ndarray]:
     """(S (B, H, F, dv), z (B, H, F)) over every key of x, in float64."""
-    if spec.feature_map not in STATEFUL:
-        raise SpecError(f"{spec.feature_map} carries no state (no finite, position-free phi)")
+    if no_state := Spec(spec.feature_map, causal=True).no_state:  # the state after every key
+        raise SpecError(no_state)
     b_, h_ = x.k.shape[:2]
     heads = []
     for b in range(b_):
