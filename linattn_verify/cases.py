@@ -47,6 +47,7 @@ KINDS = (
     "large-norm",
 )
 CANCEL_OFFSET = 1000.0
+DECAY_RATE = 1 / 16  # gamma = 0.94 (and 0.97, ...), about RetNet's 1 - 2^-5 .. 1 - 2^-9
 VALUE_MEAN = 4.0  # mean-values: a mean of a few standard deviations
 OUTLIER_FACTOR = 10.0  # outlier-channels: "an order of magnitude larger"
 
@@ -66,6 +67,7 @@ class Case:
     seed: int = 0
     m: int | None = None  # projection rows for the Performer maps
     device: str = "cpu"
+    decay_rate: float = DECAY_RATE  # the mean -ln w per token of a decayed spec
 
     def __post_init__(self) -> None:
         sizes = (self.b, self.h, self.n, self.d, self.dv, self.seed, self.m or 1)
@@ -85,16 +87,23 @@ class Case:
             raise SpecError(f"case kind {self.kind!r}; known: {', '.join(KINDS)}")
         if not isinstance(self.magnitude, int | float) or not 0 < self.magnitude < float("inf"):
             raise SpecError(f"case magnitude must be finite and > 0, got {self.magnitude!r}")
+        if not isinstance(self.decay_rate, int | float) or not 0 < self.decay_rate < 1e6:
+            raise SpecError(f"case decay_rate must be in (0, 1e6), got {self.decay_rate!r}")
 
     def __str__(self) -> str:
         m = f" m={self.m}" if self.m else ""
+        rate = f" decay_rate={self.decay_rate:.3g}" if self.decay_rate != DECAY_RATE else ""
         return (
             f"B{self.b} H{self.h} N{self.n} d{self.d} dv{self.dv}{m} {self.dtype} "
-            f"{self.kind} magnitude={self.magnitude:.3g} seed={self.seed} {self.device}"
+            f"{self.kind} magnitude={self.magnitude:.3g} seed={self.seed} {self.device}{rate}"
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """The case as JSON (its decay_rate only where it is not the default)."""
+        fields = asdict(self)
+        if fields["decay_rate"] == DECAY_RATE:
+            del fields["decay_rate"]
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Case:
@@ -115,6 +124,24 @@ class Case:
             None if t is None else t.clamp(-top, top).to(device=self.device, dtype=dtype)
             for t in (q, k, v, w)
         )
+
+    def decay(self, kind: str | None) -> torch.Tensor | None:
+        """The decay of a spec whose decay is `kind` (specs.DECAYS; None: no decay), in the
+        case's dtype and device: gamma_h = exp(-decay_rate 2^-h) (H,), one rate an octave
+        apart per head as RetNet's, or log-gates g = decay_rate ln U, U ~ U(0, 1] (B, H, N),
+        of mean -decay_rate, drawn from their own generator (q, k, v are unchanged). gamma
+        is kept at least the dtype's smallest normal."""
+        if kind is None:
+            return None
+        dtype = getattr(torch, self.dtype)
+        if kind == "constant":
+            gamma = torch.exp(-self.decay_rate * 2.0 ** -torch.arange(self.h, **_F64))
+            gamma = gamma.clamp(min=torch.finfo(dtype).tiny)
+            return gamma.to(device=self.device, dtype=dtype)
+        gen = torch.Generator().manual_seed(self.seed * 7919 + 1)
+        uniform = 1.0 - torch.rand(self.b, self.h, self.n, generator=gen, **_F64)  # (0, 1]
+        g = (self.decay_rate * torch.log(uniform)).clamp(min=-torch.finfo(dtype).max)
+        return g.to(device=self.device, dtype=dtype)
 
 
 _F64 = {"dtype": torch.float64}

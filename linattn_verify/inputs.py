@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .specs import Spec, SpecError
+from .specs import DECAY_ARGUMENTS, Spec, SpecError
 
 # Unit roundoff u = 2^-p of each floating dtype we judge (p = significand bits incl. hidden).
 UNIT_ROUNDOFF: dict[str, float] = {
@@ -33,13 +33,17 @@ SMALLEST_SUBNORMAL: dict[str, float] = {
 
 @dataclass(frozen=True)
 class AttentionInputs:
-    """q, k, v (and W) as exact float64 arrays, with the dtype they came in."""
+    """q, k, v (and W, and the decay) as exact float64 arrays, with the dtype they came in.
+
+    decay: None, or for a decayed spec (specs.DECAYS) gamma (H,) ("constant") or the
+    log-gates g (B, H, N) ("gates")."""
 
     q: np.ndarray  # (B, H, Nq, d)
     k: np.ndarray  # (B, H, Nk, d)
     v: np.ndarray  # (B, H, Nk, dv)
     projection: np.ndarray | None  # (m, d)
     dtype: str  # the dtype of q (all inputs share it when they come from torch)
+    decay: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
@@ -106,14 +110,50 @@ def check_shapes(
         raise SpecError(f"feature map {spec.feature_map!r} takes no projection")
 
 
-def validate(q: Any, k: Any, v: Any, spec: Spec, projection: Any = None) -> AttentionInputs:
+def validate(
+    q: Any, k: Any, v: Any, spec: Spec, projection: Any = None, decay: Any = None
+) -> AttentionInputs:
     """Check shapes, dtypes and values against the spec; return exact float64 copies."""
     qa, qdtype = as_float64(q, "q")
     ka, _ = as_float64(k, "k")
     va, _ = as_float64(v, "v")
     proj = None if projection is None else as_float64(projection, "projection")[0]
     check_shapes(qa.shape, ka.shape, va.shape, spec, None if proj is None else proj.shape)
-    return AttentionInputs(qa, ka, va, proj, qdtype)
+    return AttentionInputs(qa, ka, va, proj, qdtype, check_decay(decay, spec, qa.shape))
+
+
+def decay_values(spec: Spec, gamma: Any, g: Any) -> Any:
+    """The decay's values, gamma or g as the spec's decay takes (specs.DECAY_ARGUMENTS);
+    SpecError for the other, or for either where the spec has no decay."""
+    wanted = DECAY_ARGUMENTS.get(spec.decay)
+    for name, value in (("gamma", gamma), ("g", g)):
+        if value is not None and name != wanted:
+            raise SpecError(f"{name} is given, but {spec} takes {wanted or 'no decay'}")
+    return gamma if wanted == "gamma" else g
+
+
+def check_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> np.ndarray | None:
+    """The decay of a decayed spec as an exact float64 array: gamma (H,) in (0, 1] for
+    "constant", log-gates g (B, H, N) <= 0 for "gates" (specs.DECAY_SOURCES); SpecError
+    for a decay given to a spec without one, or one missing, misshapen or out of range."""
+    if spec.decay is None:
+        if decay is not None:
+            raise SpecError(f"{spec} takes no decay (give the spec decay='constant' or 'gates')")
+        return None
+    what = "gamma" if spec.decay == "constant" else "g"
+    if decay is None:
+        raise SpecError(f"{spec} needs its decay: {what}")
+    arr, _ = as_float64(decay, what)
+    b, h, n = q_shape[:3]
+    want = (h,) if spec.decay == "constant" else (b, h, n)
+    if arr.shape != want:
+        raise SpecError(f"{what} must have shape {want}, got {arr.shape}")
+    if spec.decay == "constant" and not np.all((arr > 0) & (arr <= 1)):
+        raise SpecError(f"gamma must be in (0, 1], got {arr[~((arr > 0) & (arr <= 1))][0]!r}")
+    if spec.decay == "gates" and not np.all(arr <= 0):
+        bad = np.argwhere(arr > 0)[0]
+        raise SpecError(f"g must be <= 0 (log-gates), got {arr[tuple(bad)]} at {tuple(bad)}")
+    return arr
 
 
 def check_cu_seqlens(cu_seqlens: Any, total: int) -> list[int]:

@@ -72,6 +72,7 @@ RANDOM_SIGN_TOP = {
     "softmax": 3.0,
     "elu": 1.0,
     "relu": 8.0,
+    "identity": 8.0,
     "performer-positive": 0.5,
     "performer-hyperbolic": 0.5,
     "performer-trig": 0.5,

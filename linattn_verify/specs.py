@@ -2,6 +2,8 @@
 
 Output row i of attention is sum_j sim(q_i, k_j) v_j / (eps + sum_j sim(q_i, k_j)), with
 key j used by query i iff j <= i when the spec is causal (docs/contract.md, "The specs").
+Unnormalised (normalize=False) it is the numerator alone; `scale` multiplies every
+similarity; a decay multiplies sim(q_i, k_j) by w_ij (`decay_weight`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class FeatureMap:
         return {
             "elu": d,
             "relu": d,
+            "identity": d,
             "performer-positive": m,
             "performer-hyperbolic": 2 * (m or 0),
             "performer-trig": 2 * (m or 0),
@@ -67,6 +70,14 @@ FEATURE_MAPS: dict[str, FeatureMap] = {
             positive=True,
             needs_projection=False,
             source="phi(x) = max(x, 0); the denominator can be exactly 0",
+        ),
+        FeatureMap(
+            "identity",
+            kernelised=True,
+            positive=False,
+            needs_projection=False,
+            source="phi(x) = x: sim = q.k (Sun et al. 2023, RetNet, eq. 5; Yang et al. 2024, "
+            "GLA, eq. 1, without a feature map)",
         ),
         FeatureMap(
             "performer-positive",
@@ -120,22 +131,61 @@ def feature_map(name: str) -> FeatureMap:
         raise SpecError(f"unknown feature map {name!r}; known: {known}") from None
 
 
+DECAYS = ("constant", "gates")
+DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g"}  # the keyword a kernel takes it by
+RSQRT_D = "d^-0.5"  # the scale 1 / sqrt(d) of the head dimension d (fla's default)
+DECAY_SOURCES = {
+    "constant": "Sun et al. 2023 (RetNet), eq. 5: w_ij = gamma^(i - j), one gamma per head",
+    "gates": "Yang et al. 2024 (GLA), eq. 3 with scalar gates, and Dao & Gu 2024 (Mamba2), "
+    "sec. 3: w_ij = exp(g_(j+1) + ... + g_i), a log-gate g_t <= 0 per token and head",
+}
+
+
 @dataclass(frozen=True)
 class Spec:
-    """What an implementation claims: a feature map, causality and a denominator eps."""
+    """What an implementation claims: a feature map, causality, a denominator eps, whether
+    the output is normalised, a similarity scale and a decay (None, or one of DECAYS)."""
 
     feature_map: str
     causal: bool = False
     eps: float = 0.0
+    normalize: bool = True
+    scale: float | str = 1.0  # a number, or RSQRT_D
+    decay: str | None = None
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
         if not (self.eps >= 0.0 and self.eps < float("inf")):
             raise SpecError(f"eps must be finite and >= 0, got {self.eps!r}")
+        number = isinstance(self.scale, int | float) and not isinstance(self.scale, bool)
+        if self.scale != RSQRT_D and not (number and 0.0 < self.scale < float("inf")):
+            raise SpecError(f"scale must be finite and > 0 or {RSQRT_D!r}, got {self.scale!r}")
+        kernel = self.info.kernelised
+        if not self.normalize and (not kernel or self.eps):
+            what = "eps (it is the denominator's)" if kernel else "softmax (no feature map)"
+            raise SpecError(f"an unnormalised spec takes no {what}")
+        if self.decay is None:
+            return
+        if self.decay not in DECAYS:
+            raise SpecError(f"unknown decay {self.decay!r}; known: {', '.join(DECAYS)}")
+        if not self.causal:
+            raise SpecError("a decay needs a causal spec (w_ij is defined for j <= i)")
+        if not kernel or self.feature_map == "cosformer":
+            raise SpecError(f"{self.feature_map} takes no decay (its weights are its own)")
 
     @property
     def info(self) -> FeatureMap:
         return FEATURE_MAPS[self.feature_map]
+
+    @property
+    def plain(self) -> bool:
+        """Normalised, unscaled and without a decay: the specs the certified engine, the fast
+        bound and the long-context check cover."""
+        return self.normalize and self.scale == 1.0 and self.decay is None
+
+    def scale_for(self, d: int) -> float:
+        """The similarity scale at head dimension d (rounded to float64 for RSQRT_D)."""
+        return d**-0.5 if self.scale == RSQRT_D else float(self.scale)
 
     @property
     def no_state(self) -> str | None:
@@ -150,6 +200,11 @@ class Spec:
         return None
 
     def __str__(self) -> str:
-        causal = "causal" if self.causal else "non-causal"
-        eps = f", eps={self.eps:g}" if self.eps else ""
-        return f"{self.feature_map} ({causal}{eps})"
+        words = ["causal" if self.causal else "non-causal"]
+        words += [f"eps={self.eps:g}"] * bool(self.eps)
+        words += ["unnormalised"] * (not self.normalize)
+        words += [f"scale={self.scale:g}" if self.scale != RSQRT_D else f"scale={RSQRT_D}"] * (
+            self.scale != 1.0
+        )
+        words += [f"decay={self.decay}"] * (self.decay is not None)
+        return f"{self.feature_map} ({', '.join(words)})"

@@ -39,15 +39,16 @@ from .implementations.forms import (
     fast_form,
     forms_of,
 )
-from .specs import FEATURE_MAPS, Spec, SpecError
+from .specs import DECAY_ARGUMENTS, DECAYS, FEATURE_MAPS, RSQRT_D, Spec, SpecError
 from .target import load_target, split_target
 
 KINDS = ("form", "target", "adapter", "callable")
 LAYOUTS = ("bhnd", "bnhd")
 # the carried state fn takes and returns with --state (docs/contract.md, "Carried state"):
-# the pair (S, z), S (B, H, F, dv) and z (B, H, F), F the spec's feature dimension (every
-# spec is normalised: a state without z could not continue its normaliser)
-STATE_LAYOUTS = ("Sz",)
+# the pair (S, z), S (B, H, F, dv) and z (B, H, F), F the spec's feature dimension, for a
+# normalised spec (a state without z could not continue its normaliser); S alone for an
+# unnormalised one
+STATE_LAYOUTS = ("Sz", "S")
 DECLARED = "declared"  # --state without a layout: an adapter's or a built-in form's own
 COSTS = ("linear", "quadratic")
 # a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
@@ -117,7 +118,11 @@ class Implementation:
         chunk = f"-c{size}" if size not in (None, DEFAULT_CHUNK) else ""
         eps = f"-eps{spec.eps:g}" if spec.eps else ""
         causal = "causal" if spec.causal else "full"
-        return f"{spec.feature_map}-{causal}-{self.source.name}{chunk}{eps}"
+        rest = "-unnormalised" * (not spec.normalize) + f"-{spec.decay}" * bool(spec.decay)
+        rest += f"-scale{spec.scale_for(1) if spec.scale != RSQRT_D else 'rsqrtd'}" * (
+            spec.scale != 1.0
+        )
+        return f"{spec.feature_map}-{causal}-{self.source.name}{chunk}{eps}{rest}"
 
     @property
     def command(self) -> str:
@@ -139,6 +144,9 @@ class Implementation:
         words += ["--feature-map", self.spec.feature_map]
         words += ["--causal"] * self.spec.causal
         words += ["--eps", repr(self.spec.eps)] * bool(self.spec.eps)
+        words += ["--no-normalize"] * (not self.spec.normalize)
+        words += ["--scale", str(self.spec.scale)] * (self.spec.scale != 1.0)
+        words += ["--decay", str(self.spec.decay)] * (self.spec.decay is not None)
         words += ["--layout", self.layout] * (self.layout != "bhnd")
         default = default_cost(self.spec, name if kind == "form" else None)
         words += ["--cost", self.cost] * (self.cost != default)
@@ -175,13 +183,29 @@ class Implementation:
         """A (B, H, N, x) tensor in the implementation's layout (a view)."""
         return t.transpose(1, 2) if self.layout == "bnhd" else t
 
-    def call_raw(self, q, k, v, projection=None) -> torch.Tensor:
-        """fn on tensors already in its layout; any exception becomes ImplementationFailure."""
+    def _keywords(self, projection, decay) -> dict[str, Any]:
+        """fn's keyword arguments besides q, k, v: the projection of a Performer map, the
+        decay of a decayed spec by its keyword (specs.DECAY_ARGUMENTS), log-gates (B, H, N)
+        in fn's layout ((B, N, H) for bnhd)."""
+        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        if self.spec.decay is None:
+            if decay is not None:
+                raise SpecError(f"{self.name} takes no decay: its spec has none")
+            return kwargs
+        if decay is None:
+            raise SpecError(f"{self.name} needs its decay ({self.spec.decay})")
+        if self.spec.decay == "gates" and self.layout == "bnhd":
+            decay = decay.transpose(1, 2).contiguous()
+        return kwargs | {DECAY_ARGUMENTS[self.spec.decay]: decay}
+
+    def call_raw(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
+        """fn on tensors already in its layout (the decay in bhnd's); any exception becomes
+        ImplementationFailure."""
         if self.fn is None:
             raise SpecError(f"{self.name} is declared, not loaded: call load() first")
         if self.state is not None:
-            return self.call_state(q, k, v, projection, None, layout_given=True)[0]
-        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+            return self.call_state(q, k, v, projection, None, True, decay)[0]
+        kwargs = self._keywords(projection, decay)
         try:
             out = self.fn(q, k, v, **kwargs)
         except Exception as err:  # the implementation's failure is a finding, not a crash
@@ -191,7 +215,7 @@ class Implementation:
         return out
 
     def call_state(
-        self, q, k, v, projection=None, initial_state=None, layout_given: bool = False
+        self, q, k, v, projection=None, initial_state=None, layout_given: bool = False, decay=None
     ) -> tuple[torch.Tensor, Any]:
         """(out, final state) of fn continuing from initial_state (None: from the start), q,
         k, v (B, H, N, d) unless layout_given (already in fn's layout); the state the pair
@@ -202,7 +226,7 @@ class Implementation:
             raise SpecError(f"{self.name} is declared, not loaded: call load() first")
         if not layout_given:
             q, k, v = (self.to_layout(t).contiguous() for t in (q, k, v))
-        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        kwargs = self._keywords(projection, decay)
         try:
             result = self.fn(q, k, v, **kwargs, initial_state=initial_state)
         except Exception as err:  # the implementation's failure is a finding, not a crash
@@ -221,11 +245,13 @@ class Implementation:
             )
         m = None if projection is None else projection.shape[0]
         f = self.spec.info.feature_dim(q_.shape[-1], m)
-        if problem := _state_problem(final, (*want[:2], f, want[3])):
+        if problem := _state_problem(final, (*want[:2], f, want[3]), self.state):
             raise ImplementationFailure(f"returned a final state {problem}")
         return out if layout_given else self.to_layout(out), final
 
-    def call_varlen(self, q, k, v, projection, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def call_varlen(
+        self, q, k, v, projection, cu_seqlens: torch.Tensor, decay=None
+    ) -> torch.Tensor:
         """fn's output for the packed batch q, k, v (1, H, T, d) of cu_seqlens, (1, H, T, dv)
         (ImplementationFailure for anything else)."""
         if not self.varlen:
@@ -233,7 +259,7 @@ class Implementation:
         if self.fn is None:
             raise SpecError(f"{self.name} is declared, not loaded: call load() first")
         args = [self.to_layout(t).contiguous() for t in (q, k, v)]
-        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        kwargs = self._keywords(projection, decay)
         try:
             out = self.fn(*args, **kwargs, cu_seqlens=cu_seqlens)
         except Exception as err:  # the implementation's failure is a finding, not a crash
@@ -248,10 +274,11 @@ class Implementation:
             )
         return self.to_layout(out)
 
-    def __call__(self, q, k, v, projection=None) -> torch.Tensor:
-        """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout."""
+    def __call__(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
+        """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout; decay:
+        a decayed spec's gamma (H,) or log-gates (B, H, N) (Case.decay)."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
-        out = self.call_raw(*args, projection)
+        out = self.call_raw(*args, projection, decay)
         want = (*q.shape[:3], v.shape[-1])
         if out.dim() != 4 or tuple(self.to_layout(out).shape) != want:
             shape = tuple(out.shape)
@@ -274,6 +301,9 @@ def resolve(
     state: str | None = None,
     varlen: bool = False,
     load: bool = True,
+    normalize: bool | None = None,
+    scale: float | str | None = None,
+    decay: str | None = None,
 ) -> Implementation:
     """The implementation a user names: target None (a built-in form, `form` or the fast
     form of the spec), an adapter's name, a module:fn / path.py:fn target, or a callable;
@@ -281,14 +311,17 @@ def resolve(
     its own). With
     load=False nothing is imported (Implementation.load() does it later). state: the layout
     of the state fn carries (STATE_LAYOUTS), or DECLARED for an adapter's or a built-in
-    form's own. varlen: fn takes packed batches too (cu_seqlens). SpecError names what does
+    form's own. varlen: fn takes packed batches too (cu_seqlens). normalize, scale, decay:
+    the rest of the spec (specs.Spec; defaults True, 1, None). SpecError names what does
     not fit."""
     if varlen and state is not None:
         raise SpecError("--varlen with --state (a state per packed sequence) is not supported")
+    rest = (normalize, scale, decay)
     if spec is not None:
-        if (feature_map, causal, eps) != (None, None, None):
-            raise SpecError("give the spec either as spec= or as feature_map, causal, eps")
+        if (feature_map, causal, eps, *rest) != (None,) * 6:
+            raise SpecError("give the spec either as spec= or as feature_map, causal, eps, ...")
         feature_map, causal, eps = spec.feature_map, spec.causal, spec.eps
+        normalize, scale, decay = spec.normalize, spec.scale, spec.decay
     if cost is not None and cost not in COSTS:
         raise SpecError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
     if layout is not None and layout not in LAYOUTS:
@@ -306,6 +339,9 @@ def resolve(
                 ("causal", causal),
                 ("eps", eps),
                 ("layout", layout),
+                ("no-normalize", normalize is False),
+                ("scale", scale),
+                ("decay", decay),
             )
             if value
         ]
@@ -327,7 +363,10 @@ def resolve(
     if feature_map is None:
         what = "the built-in form" if target is None else repr(_label(target))
         raise SpecError(f"{what} needs --feature-map NAME (the spec it claims)")
-    spec = Spec(feature_map, causal=bool(causal), eps=eps or 0.0)
+    spec = Spec(
+        feature_map, bool(causal), eps or 0.0, normalize is not False,
+        1.0 if scale is None else scale, decay,
+    )  # fmt: skip
     if target is None:
         impl = replace(_form(spec, form, chunk_size, layout, cost, load=False), varlen=varlen)
         if state is not None:
@@ -338,6 +377,8 @@ def resolve(
         raise SpecError(f"--state takes the layout of {_label(target)}'s state: {layouts}")
     if state is not None and spec.no_state:
         raise SpecError(f"--state: {spec.no_state}")
+    if state not in (None, state_layout(spec)):
+        raise SpecError(f"--state {state}: the state of {spec} is {state_layout(spec)}")
     if callable(target):
         source = Source("callable", _label(target))
         return Implementation(
@@ -352,6 +393,11 @@ def resolve(
         state=state, varlen=varlen,
     )  # fmt: skip
     return impl.load() if load else impl
+
+
+def _scale(text: str) -> float | str:
+    """--scale's value: RSQRT_D or a number."""
+    return text if text == RSQRT_D else float(text)
 
 
 # The options that name an implementation to a command (what `command` writes and resolve
@@ -385,6 +431,32 @@ OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
     ("--causal", {"action": "store_true", "help": "the claimed spec is causal"}),
     ("--eps", {"type": float, "help": "the denominator eps it claims (default 0)"}),
+    (
+        "--no-normalize",
+        {
+            "dest": "normalize",
+            "action": "store_false",
+            "default": None,
+            "help": "the claimed spec is unnormalised: out_i = sum_j sim(q_i, k_j) v_j",
+        },
+    ),
+    (
+        "--scale",
+        {
+            "type": _scale,
+            "metavar": "C",
+            "help": f"every similarity times C: a number or {RSQRT_D} (1/sqrt(d), fla's "
+            "default); default 1",
+        },
+    ),
+    (
+        "--decay",
+        {
+            "choices": DECAYS,
+            "help": "causal decay: constant (fn takes gamma=(H,), sim times gamma^(i-j)) or "
+            "gates (fn takes log-gates g=(B, H, N), sim times exp(g_(j+1) + ... + g_i))",
+        },
+    ),
     (
         "--layout",
         {
@@ -438,6 +510,9 @@ def from_options(
         state=values.get("state"),
         varlen=bool(values.get("varlen")),
         load=load,
+        normalize=values.get("normalize"),
+        scale=values.get("scale"),
+        decay=values.get("decay"),
     )
 
 
@@ -475,7 +550,12 @@ def _builtin_state(impl: Implementation, state: str) -> str:
         raise SpecError(f"--state: {spec.no_state}")
     if form not in ("recurrent", "chunked"):
         raise SpecError(f"{impl.name} carries no state: the recurrent and chunked forms do")
-    return "Sz"
+    return state_layout(spec)
+
+
+def state_layout(spec: Spec) -> str:
+    """The layout of a spec's carried state: (S, z) when normalised, S alone otherwise."""
+    return "Sz" if spec.normalize else "S"
 
 
 def _builtin(impl: Implementation) -> Implementation:
@@ -490,8 +570,10 @@ def _builtin(impl: Implementation) -> Implementation:
     else:
         fn = functools.partial(attention, causal=spec.causal, form=form)
     fn = functools.partial(fn, feature_map=spec.feature_map, eps=spec.eps, chunk_size=chunk_size)
+    if not spec.plain:
+        fn = functools.partial(fn, normalize=spec.normalize, scale=spec.scale, decay=spec.decay)
     stream = None
-    if form in ("recurrent", "chunked"):
+    if form in ("recurrent", "chunked") and spec.plain:
 
         def stream(max_len, projection):
             return CausalStream(
@@ -501,8 +583,15 @@ def _builtin(impl: Implementation) -> Implementation:
     return replace(impl, fn=fn, stream=stream)
 
 
-def _state_problem(state: Any, want: tuple[int, int, int, int]) -> str | None:
-    """What is wrong with a state (S, z) for (B, H, F, dv) = want, or None."""
+def _state_problem(state: Any, want: tuple[int, int, int, int], layout: str) -> str | None:
+    """What is wrong with a state (S, z), or S alone for layout "S", for (B, H, F, dv) =
+    want, or None."""
+    if layout == "S":
+        if not isinstance(state, torch.Tensor):
+            return f"of type {type(state).__name__}, not the tensor S"
+        if tuple(state.shape) != want:
+            return f"S of shape {tuple(state.shape)}, not (B, H, F, dv) = {want}"
+        return None
     if not isinstance(state, tuple | list) or len(state) != 2:
         return f"of type {type(state).__name__}, not the pair (S, z)"
     if not all(isinstance(t, torch.Tensor) for t in state):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable
+from linattn_verify.cases import Case
 from linattn_verify.under_test import ImplementationFailure, resolve
 
 B, H, N, D, DV, M = 2, 2, 5, 4, 3, 8
@@ -65,7 +66,7 @@ def test_adapter_shape_and_dtype(name: str, dtype: torch.dtype) -> None:
     raises ImplementationFailure on a wrong shape."""
     impl = implementation(ADAPTERS[name])
     q, k, v, w = inputs(ADAPTERS[name], dtype)
-    out = impl(q, k, v, w)
+    out = impl(q, k, v, w, Case(B, H, N, D, DV, str(dtype)[6:]).decay(impl.spec.decay))
     assert tuple(out.shape) == (B, H, N, DV)
     assert out.dtype == dtype
     assert out.device == q.device

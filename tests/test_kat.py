@@ -18,7 +18,6 @@ import torch
 import linattn_verify as lv
 from linattn_verify import kat
 from linattn_verify.cases import Case
-from linattn_verify.specs import FEATURE_MAPS
 from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +48,7 @@ def test_committed_vectors_pass_the_check():
 
 def test_every_spec_has_causal_and_full_vectors_and_the_folder_is_small():
     manifest = kat.load_manifest(REFERENCES)
-    for name in FEATURE_MAPS:
+    for name in kat.KAT_MAPS:
         for causal in (False, True):
             assert any(
                 e["feature_map"] == name and e["causal"] == causal for e in manifest["vectors"]

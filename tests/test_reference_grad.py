@@ -49,6 +49,8 @@ def _torch_sim(q: torch.Tensor, k: torch.Tensor, name: str, w) -> torch.Tensor:
             return torch.nn.functional.elu(x) + 1
         if name == "relu":
             return torch.relu(x)
+        if name == "identity":
+            return x
         wt = torch.tensor(w)
         m = wt.shape[0]
         xs = x * d**-0.25

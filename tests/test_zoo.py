@@ -38,6 +38,8 @@ def implementation(entry: Entry) -> Implementation:
         stream=stream,
         state=entry.state,
         varlen=entry.varlen,
+        decay=entry.decay,
+        normalize=entry.normalize,
     )
 
 
@@ -88,3 +90,5 @@ def test_the_zoo_is_big_enough():
     assert sum(e.broken for e in state) >= 5 and sum(not e.broken for e in state) >= 3
     packed = [e for e in ZOO if e.varlen]  # packed-batch bugs and correct varlen kernels
     assert sum(e.broken for e in packed) >= 4 and sum(not e.broken for e in packed) >= 2
+    decayed = [e for e in ZOO if e.decay]  # decay bugs and correct decayed kernels
+    assert sum(e.broken for e in decayed) >= 5 and sum(not e.broken for e in decayed) >= 3

@@ -43,6 +43,7 @@ from ..inputs import AttentionInputs
 from ..reference.balls import (
     Head,
     balls,
+    decay_weights,
     direct_sims,
     features,
     kernel_sums,
@@ -59,7 +60,7 @@ from ..reference.certified import (
     streamed_sums,
 )
 from ..reference.common import MAX_PREC
-from ..specs import Spec
+from ..specs import RSQRT_D, Spec, SpecError
 
 # Elementary functions (exp, expm1, sin, cos, sqrt) are within 1 ulp = 2u in glibc, SLEEF
 # and CUDA's libdevice for these arguments; C_LIB = 2 units of roundoff.
@@ -139,7 +140,7 @@ def feature_errors(
         big = C_LIB * (1.0 if FEATURE_MODEL.get() == "standard" else np.exp(top))
         lift = 1 + np.minimum(-top, ELU_UNSHIFTED_MAX)
         psi = np.where(x > 0, phi, big + lift * phi) * u * (1 + u)
-    elif name == "relu":
+    elif name in ("relu", "identity"):  # exact features
         psi = np.zeros_like(phi)
     elif name == "cosformer":
         # theta = pi i / 2M after 3 roundings: |d theta| <= 3 u theta; cos and sin add C_LIB u
@@ -260,19 +261,65 @@ def _arb_sums(head: Head, spec: Spec, u: float, final: bool) -> HeadSums | None:
         )
         aq, ak = _abs(pq), _abs(pk)
         ones = balls(np.ones((nk, 1)))
-        nd = kernel_sums(pq, pk, ones, causal)
-        a_sums = kernel_sums(aq, ak, x, causal)
-        f = _add(
-            kernel_sums(sq, ak, x, causal),
-            kernel_sums(aq, sk, x, causal),
-            kernel_sums(sq, sk, x, causal),
-        )
+        sums = kernel_sums if spec.decay is None else _decayed_sums(head, spec, u)
+        nd = sums(pq, pk, ones, causal)
+        a_sums = sums(aq, ak, x, causal)
+        f = _add(sums(sq, ak, x, causal), sums(aq, sk, x, causal), sums(sq, sk, x, causal))
+        if spec.decay is not None:  # each weight's own decay error, relative
+            f = _add(f, _scaled_rows(a_sums, _decay_errors(head, spec, u)))
         m = len(pq[0])
+    if spec.scale != 1.0:  # an exact factor, rounded once where a kernel applies it
+        d = head.q.shape[1]
+        c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
+        nd, a_sums = ([[c * t for t in r] for r in rows] for rows in (nd, a_sums))
+        f = _add([[c * t for t in r] for r in f], [[u * t for t in r] for r in a_sums])
+    if not spec.normalize:  # no denominator: the sums themselves, and no error in a quotient
+        zero = np.zeros(nq, dtype=bool)
+        a, fs = (_ratios(rows, [arb(1)] * nq) for rows in (a_sums, f))
+        a[:, -1], fs[:, -1] = 0.0, 0.0
+        return HeadSums(a, fs, zero, m)
     dens = [abs(r[-1] + spec.eps) for r in nd]
     zero = np.array([t.is_zero() for t in dens])
     if not final and not all(z or t > 0 for z, t in zip(zero, dens, strict=True)):
         return None
     return HeadSums(_ratios(a_sums, dens), _ratios(f, dens), zero, m)
+
+
+def _decayed_sums(head: Head, spec: Spec, u: float):
+    """kernel_sums with the decay: rows sum_j w_ij (fq_i . fk_j) x_j in the quadratic form,
+    w_ij exact (balls.decay_weights)."""
+    rows = list(range(head.q.shape[0]))
+    weights = decay_weights(head, rows, spec.decay)
+
+    def sums(fq, fk, x, causal: bool) -> list[list[arb]]:
+        sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
+        decayed = [[s * w for s, w in zip(r, wr, strict=True)] for r, wr in zip(sims, weights)]
+        return (arb_mat(decayed) * arb_mat(x)).tolist()
+
+    return sums
+
+
+def _decay_errors(head: Head, spec: Spec, u: float) -> np.ndarray:
+    """eta_i: a bound on the relative error of any sane evaluation of the decay w_ij, j <= i,
+    in precision u. The exponent ln w_ij = G_i - G_j (G the prefix sums of the log-gates;
+    (i - j) ln gamma) comes from sums of at most N terms, directly or as a difference of
+    prefix sums from the sequence's start (chunked kernels): error <= gamma_(N+1) (2 L_i),
+    L_i = sum_(t<=i) |g_t| (Higham 2002, eq. 3.5); a power gamma^(i-j) by repeated products
+    errs by at most gamma_N; then up to two exponentials and their product (a decay split
+    at a chunk boundary), 2 C_LIB + 1 roundings. In float64, inflated by SAFETY."""
+    n = head.k.shape[0]
+    if spec.decay == "constant":
+        logs = np.arange(1, n + 1) * abs(math.log(float(head.decay)))
+    else:
+        logs = np.cumsum(np.abs(head.decay))
+    with np.errstate(over="ignore"):
+        rel = _grow(np.expm1(gamma(n + 1, u) * (2 * logs + 1)), gamma(2 * C_LIB + 2, u))
+    return np.where(np.isfinite(rel), rel * SAFETY, np.inf)
+
+
+def _scaled_rows(rows: list[list[arb]], factors: np.ndarray) -> list[list[arb]]:
+    """Each row times its factor (an upper bound, as a ball)."""
+    return [[t * arb(float(c)) for t in r] for r, c in zip(rows, factors, strict=True)]
 
 
 def _ratios(rows: list[list[arb]], dens: list[arb]) -> np.ndarray:
@@ -363,8 +410,10 @@ def scale_and_bound(
     """
     b_, h_, nq, nk, _, dv = x.shape
     if engine == "auto":
-        fast = spec.info.kernelised and nq * nk > FAST_BOUND_WORK
+        fast = spec.info.kernelised and spec.plain and nq * nk > FAST_BOUND_WORK
         engine = "fast" if fast else "arb"
+    if engine == "fast" and not spec.plain:
+        raise SpecError(f"the fast bound is for plain specs, not {spec}: engine='arb'")
     scale = np.full((b_, h_, nq, dv), np.nan)
     bound = np.full((b_, h_, nq, dv), np.nan)
     for b in range(b_):

@@ -28,10 +28,11 @@ class Judgement:
     bounds: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, q, k, v, w, spec: Spec) -> Judgement:
-        """Judgement of the tensors q, k, v (and W) as given, for `spec`."""
-        x = validate(q, k, v, spec, w)
-        golden = [golden_attention(q, k, v, spec, w, form) for form in golden_forms(spec)]
+    def of(cls, q, k, v, w, spec: Spec, decay=None) -> Judgement:
+        """Judgement of the tensors q, k, v (and W, and the decay) as given, for `spec`."""
+        x = validate(q, k, v, spec, w, decay)
+        forms = golden_forms(spec)
+        golden = [golden_attention(q, k, v, spec, w, form, decay) for form in forms]
         return cls(x, spec, exact(x, spec), golden)
 
     def __call__(self, out: Any) -> AccuracyVerdict:

@@ -30,6 +30,7 @@ from .bound import scale_and_bound
 # orders in use: sequential, pairwise, blocked); 4 admits any of them and still rejects a
 # kernel that keeps its state one precision lower (16x or more in these units).
 K_BUDGET = 4.0
+DECAY_CHUNK = 64  # the chunk of fla's and GLA's chunked kernels (decay_floor)
 # An output rounded to its dtype is already 0.5 units off; a budget below 1 unit would judge
 # the final rounding, not the algorithm.
 BUDGET_FLOOR = 1.0
@@ -51,11 +52,31 @@ def typical_roundings(n: int, u: float) -> float:
 def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     """The least error (units of u s) the budget takes as attainable, however the golden
     forms' roundings fell: typical_roundings of the longest sum, n = m + Nk + 1 terms (m
-    features, Nk keys, eps), times BUDGET_FLOOR."""
+    features, Nk keys, eps), times BUDGET_FLOOR; with a decay at least the error of its
+    chunked evaluation (decay_floor)."""
     nk, d = x.k.shape[2:]
     rows = None if x.projection is None else x.projection.shape[0]
     m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
-    return BUDGET_FLOOR * typical_roundings(m + nk + 1, u)
+    return BUDGET_FLOOR * max(typical_roundings(m + nk + 1, u), decay_floor(spec, x, u))
+
+
+def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
+    """A chunked kernel (Yang et al. 2024, sec. 3.2) forms ln w_ij from prefix sums of the
+    log-gates within a chunk of DECAY_CHUNK tokens, in its compute precision u_c: an error
+    of u_c times the sums' size, |G| <= the largest sum of |ln w_t| over DECAY_CHUNK
+    consecutive tokens, relative to each weight (units of u: |G| u_c / u); 0 without a
+    decay."""
+    if spec.decay is None:
+        return 0.0
+    logs = np.abs(np.log(x.decay)) if spec.decay == "constant" else np.abs(x.decay)
+    if spec.decay == "constant":
+        widest = float(logs.max()) * min(DECAY_CHUNK, x.k.shape[2])
+    else:
+        sums = np.cumsum(logs, axis=-1)
+        ahead = np.pad(sums, [(0, 0)] * (sums.ndim - 1) + [(DECAY_CHUNK, 0)])[..., :-DECAY_CHUNK]
+        widest = float((sums - ahead).max())
+    u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
+    return widest * u_compute / u
 
 
 def error_units(out: np.ndarray, ref: np.ndarray, scale: np.ndarray, u: float) -> np.ndarray:
@@ -175,7 +196,10 @@ def judge(
         if bounds is not None:
             bounds[dtype] = scale, bound
     defined = ~np.isnan(ref)
-    e = np.where(defined, error_units(out64, ref, scale, u), 0.0)
+    # an exact value beyond the dtype's range rounds to the infinity of its sign: no error
+    overflow = np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)
+    rounded_to_inf = overflow & np.isinf(out64) & (np.sign(out64) == np.sign(ref))
+    e = np.where(defined & ~rounded_to_inf, error_units(out64, ref, scale, u), 0.0)
     worst = np.unravel_index(int(np.argmax(e)), e.shape)
     golden_max = budget = within_budget = None
     if golden is not None:
@@ -186,7 +210,6 @@ def judge(
         within_budget = bool(np.max(e, where=budgeted, initial=0.0) <= budget)
     # A non-finite output where the exact value fits the dtype is wrong even where the
     # bound is vacuous; where the exact value is 0/0 the output must be NaN (docs/accuracy.md).
-    overflow = np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)
     bad = defined & ((e > bound) | (~np.isfinite(out64) & ~overflow))
     bad |= ~defined & ~np.isnan(out64)
     violations = int(np.sum(bad))

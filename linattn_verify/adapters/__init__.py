@@ -17,7 +17,7 @@ torch build. One module a library.
 
 from __future__ import annotations
 
-from . import fast_transformers, fla, linear_attention_transformer, performer, taylor_series
+from . import fast_transformers, fla, linear_attention_transformer, performer, retnet, taylor_series
 from .base import Adapter, AdapterUnavailable, relu_features
 
 _ALL = (
@@ -26,6 +26,7 @@ _ALL = (
     *fla.ADAPTERS,
     *linear_attention_transformer.ADAPTERS,
     *taylor_series.ADAPTERS,
+    *retnet.ADAPTERS,
 )
 ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in _ALL}
 if len(ADAPTERS) != len(_ALL):

@@ -10,6 +10,7 @@ from ..under_test import Implementation
 from .agreement import associativity, reference_agreement
 from .causality import causality, split_resume
 from .contract import contract
+from .decay import decay
 from .gradients import gradient, gradient_associativity, gradient_causality, gradient_finite
 from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
@@ -34,6 +35,7 @@ CHECKS = {
         initial_state,
         final_state,
         varlen,
+        decay,
     )
 }
 STATE_CHECKS = ("state-split", "initial-state", "final-state")  # with --state
@@ -48,9 +50,22 @@ GRAD_CHECKS = {
 ALL_CHECKS = CHECKS | GRAD_CHECKS
 
 
+# the checks that take a decayed spec's decay (Case.decay) to the kernel; the others do not
+# yet, and are not applicable to one
+WITH_DECAY = ("contract", "reference", "associativity", "causality", "decay")
+# the checks of a normalised output's properties
+NORMALISED = ("positivity", "convex-hull", "v-affine")
+
+
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
     spec = impl.spec
+    if spec.decay is not None and name not in WITH_DECAY:
+        return "not yet run with a decay (the decayed spec's checks: " + ", ".join(WITH_DECAY) + ")"
+    if name == "decay" and spec.decay is None:
+        return "no decay declared"
+    if not spec.normalize and name in NORMALISED:
+        return "an unnormalised output is no weighted mean of v"
     if name == "associativity" and not spec.info.kernelised:
         return f"{spec.feature_map} has no feature map: one association only"
     if name == "convex-hull" and not spec.info.positive:
@@ -92,6 +107,7 @@ __all__ = [
     "causality",
     "contract",
     "convex_hull",
+    "decay",
     "final_state",
     "gradient",
     "gradient_associativity",

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ..accuracy.judgement import Judgement
 from ..cases import Case
-from ..implementations.golden import GOLDEN_FORMS, golden_attention
+from ..implementations.golden import golden_attention, golden_forms
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, check, inputs_of
@@ -25,10 +25,11 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     """Judge the output against the exact reference: within the a-priori bound, and within
     K_BUDGET times the error of the golden forms in the same dtype."""
     q, k, v, w = case.tensors()
-    out = impl(q, k, v, w)
+    decay = case.decay(impl.spec.decay)
+    out = impl(q, k, v, w, decay)
     if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
-    judgement = Judgement.of(q, k, v, w, impl.spec)
+    judgement = Judgement.of(q, k, v, w, impl.spec, decay)
     verdict = judgement(out)
     worst = None
     if not verdict.passed:
@@ -64,15 +65,19 @@ def associativity(
     association), and against each of `others` (e.g. every chunk size of a chunked form)."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
+    decay = case.decay(spec.decay)
     tol = Tolerance.of(x, spec)
-    out = as_array(impl(q, k, v, w))
+    out = as_array(impl(q, k, v, w, decay))
     if out.shape != tol.scale.shape:
         return Outcome(False, f"output shape {out.shape} is not (B, H, N, dv)")
     pairs = [
-        (f"golden {form} form {ORDER[form]}", as_array(golden_attention(q, k, v, spec, w, form)))
-        for form in GOLDEN_FORMS
+        (
+            f"golden {form} form {ORDER[form]}",
+            as_array(golden_attention(q, k, v, spec, w, form, decay)),
+        )
+        for form in golden_forms(spec)
     ]
-    pairs += [(other.name, as_array(other(q, k, v, w))) for other in others]
+    pairs += [(other.name, as_array(other(q, k, v, w, decay))) for other in others]
     for name, b in pairs:
         if b.shape != out.shape:
             return Outcome(False, f"{name} returned shape {b.shape}, expected {out.shape}")

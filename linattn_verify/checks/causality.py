@@ -40,9 +40,15 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     )
     v_later = (v2[..., later, :].double() + LATER_OFFSET).to(v.dtype)
     v2 = torch.cat([v[..., : t + 1, :], v_later], -2)
-    tol, tol2 = Tolerance.of(x, spec), Tolerance.of(validate(q2, k2, v2, spec, w), spec)
-    out = as_array(impl(q, k, v, w))
-    changed = as_array(impl(q2, k2, v2, w))
+    decay, decay2 = case.decay(spec.decay), other.decay(spec.decay)  # later gates changed too
+    if spec.decay == "gates":
+        decay2 = torch.cat([decay[..., : t + 1], decay2[..., later]], -1)
+    elif spec.decay is not None:
+        decay2 = decay
+    tol = Tolerance.of(x, spec)
+    tol2 = Tolerance.of(validate(q2, k2, v2, spec, w, decay2), spec)
+    out = as_array(impl(q, k, v, w, decay))
+    changed = as_array(impl(q2, k2, v2, w, decay2))
     allowance = tol.allowance(1.0) + tol2.allowance(1.0)  # each input's own bound
     found = mismatch(changed, out, tol, allowance, (..., slice(0, t + 1), slice(None)))
     return agreement(f"rows 0..{t} after tokens {t + 1}..{case.n - 1} changed", found)

@@ -16,7 +16,7 @@ def contract(impl: Implementation, case: Case) -> Outcome:
     (q, k, v, w), _ = inputs_of(case, impl.spec)
     native = [impl.to_layout(t).contiguous() for t in (q, k, v)]
     before = [t.clone() for t in native]
-    out = impl.call_raw(*native, w)
+    out = impl.call_raw(*native, w, case.decay(impl.spec.decay))
     want = tuple(impl.to_layout(torch.empty(*q.shape[:3], v.shape[-1], device="meta")).shape)
     problems = []
     if tuple(out.shape) != want:

@@ -168,6 +168,8 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
     if impl.cost == "quadratic":
         return "the implementation declares quadratic cost: long N is not what it is for"
+    if not impl.spec.plain:
+        return f"its certified reference is for plain specs, not {impl.spec}"
     if all(t == "float64" for t in dtypes):
         return "float64 only: it is judged against correctly rounded references at N <= 1024"
     return None

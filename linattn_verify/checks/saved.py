@@ -13,6 +13,7 @@ import torch
 from ..cases import Case
 from ..inputs import validate
 from ..reference import exact
+from ..specs import DECAY_ARGUMENTS
 from ..under_test import Implementation, ImplementationFailure
 
 
@@ -23,17 +24,21 @@ def _array(t: torch.Tensor) -> np.ndarray:
 
 
 def save_case(impl: Implementation, case: Case, path: Path) -> str:
-    """Write q, k, v (B, H, N, d), projection (m, d) when the spec has one, output and exact
-    (B, H, N, dv; exact in float64, NaN where it is 0/0), and the case, spec, dtype and
-    implementation as strings; return a line saying what was written. An output the
-    implementation does not give (an exception) is left out and named in `problem`."""
+    """Write q, k, v (B, H, N, d), projection (m, d) when the spec has one, its decay
+    (gamma (H,) or g (B, H, N)) when it has one, output and exact (B, H, N, dv; exact in
+    float64, NaN where it is 0/0), and the case, spec, dtype and implementation as strings;
+    return a line saying what was written. An output the implementation does not give (an
+    exception) is left out and named in `problem`."""
     q, k, v, w = case.tensors()
+    decay = case.decay(impl.spec.decay)
     arrays = {"q": _array(q), "k": _array(k), "v": _array(v)}
     if w is not None:
         arrays["projection"] = _array(w)
-    arrays["exact"] = exact(validate(q, k, v, impl.spec, w), impl.spec)
+    if decay is not None:
+        arrays[DECAY_ARGUMENTS[impl.spec.decay]] = _array(decay)
+    arrays["exact"] = exact(validate(q, k, v, impl.spec, w, decay), impl.spec)
     try:
-        arrays["output"] = _array(impl(q, k, v, w))
+        arrays["output"] = _array(impl(q, k, v, w, decay))
         problem = ""
     except ImplementationFailure as err:
         problem = f"{impl.name} {err}"

@@ -119,11 +119,13 @@ def trig_parts(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def plain_features(x: torch.Tensor, name: str, n_pos: int, start: int = 0) -> torch.Tensor:
-    """phi(x) for the maps that need no shift: elu, relu, cosformer, taylor."""
+    """phi(x) for the maps that need no shift: elu, relu, identity, cosformer, taylor."""
     if name == "elu":
         return elu_features(x)
     if name == "relu":
         return torch.relu(x)
+    if name == "identity":
+        return x
     if name == "cosformer":
         # Qin et al. 2022, eq. 10: cos(pi (i-j)/(2M)) = cos(a_i) cos(a_j) + sin(a_i) sin(a_j)
         # with a_i = pi i / (2M), so phi(x_i) = [relu(x_i) cos(a_i), relu(x_i) sin(a_i)].

@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-from ..inputs import UNIT_ROUNDOFF, check_cu_seqlens, check_shapes, dtype_name
+from ..inputs import UNIT_ROUNDOFF, check_cu_seqlens, check_shapes, decay_values, dtype_name
 from ..specs import Spec, SpecError
 from . import native
 from .chunked import BLOCK_ROWS, chunked
+from .decayed import decayed_attention
 from .features import ELU_SHIFT_BELOW, exp, needs_shift, records_grad, scaled_features
 from .golden import golden_attention
 from .state import State, absorb, absorb_token, quotient, rescaled
@@ -41,17 +42,15 @@ DEFAULT_CHUNK = 64
 
 def forms_of(spec: Spec) -> tuple[str, ...]:
     """The forms that evaluate `spec`."""
-    if not spec.info.kernelised:
-        return ("quadratic",)
+    if not spec.info.kernelised or (not spec.plain and spec.info.needs_projection):
+        return ("quadratic",)  # decayed.py's forms take plain features only
     return ("quadratic", "recurrent", "chunked") if spec.causal else ("quadratic", "linear")
 
 
 def fast_form(spec: Spec) -> str:
     """The form `attention` takes at large N: linear (non-causal) or chunked (causal) for
-    kernelised specs, quadratic for softmax."""
-    if not spec.info.kernelised:
-        return "quadratic"
-    return "chunked" if spec.causal else "linear"
+    kernelised specs, quadratic for softmax (the last of forms_of)."""
+    return forms_of(spec)[-1]
 
 
 def check_tensors(q, k, v, spec: Spec, projection) -> None:
@@ -195,14 +194,27 @@ def attention(
     projection: torch.Tensor | None = None,
     eps: float = 0.0,
     chunk_size: int = DEFAULT_CHUNK,
+    *,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
+    gamma: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of `feature_map` in `form` (None: the cheaper of quadratic and linear).
 
     q, k: (B, H, N, d), v: (B, H, N, dv); any floating dtype, any strides, CPU or CUDA;
     projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype.
+    normalize, scale, decay: the spec's (specs.Spec); a decay's values are gamma (H,) for
+    "constant" and the log-gates g (B, H, N) for "gates" (decayed.py's forms).
     """
-    spec = Spec(feature_map, causal=causal, eps=eps)
+    spec = Spec(feature_map, causal, eps, normalize, scale, decay)
     check_tensors(q, k, v, spec, projection)
+    if not spec.plain or gamma is not None or g is not None:
+        form = form or fast_form(spec)
+        values = decay_values(spec, gamma, g)
+        check_finite(q, k, v, projection)
+        return decayed_attention(q, k, v, spec, form, projection, chunk_size, values)[0]
     nq, d = q.shape[-2:]
     nk, dv = k.shape[-2], v.shape[-1]
     m = None if projection is None else projection.shape[0]
@@ -353,12 +365,33 @@ def attention_with_state(
     eps: float = 0.0,
     form: str = "chunked",
     chunk_size: int = DEFAULT_CHUNK,
-    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    initial_state: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None = None,
+    *,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
+    gamma: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     = (S, z) (Katharopoulos et al. 2020, eq. 18-20: S = sum_j phi(k_j) v_j^T, z = sum_j
-    phi(k_j) over the earlier tokens; None: nothing before). Returns the output (B, H, N, dv)
-    in q's dtype and the state after the last token, (S, z) as CausalStream.carried()."""
+    phi(k_j) over the earlier tokens, decayed as the spec says; S alone for an unnormalised
+    spec; None: nothing before). Returns the output (B, H, N, dv) in q's dtype and the state
+    after the last token, (S, z) as CausalStream.carried() (S alone, unnormalised)."""
+    spec = Spec(feature_map, True, eps, normalize, scale, decay)
+    if not spec.plain or gamma is not None or g is not None:
+        check_tensors(q, k, v, spec, projection)
+        check_finite(q, k, v, projection)
+        if initial_state is not None and normalize:
+            if not isinstance(initial_state, tuple | list) or len(initial_state) != 2:
+                raise SpecError("initial_state is a pair (S, z)")
+        elif initial_state is not None:
+            initial_state = (initial_state, None)
+        values = decay_values(spec, gamma, g)
+        out, (s, z) = decayed_attention(
+            q, k, v, spec, form, projection, chunk_size, values, initial_state
+        )
+        return out, ((s, z) if normalize else s)
     stream = CausalStream(feature_map, projection, eps, chunk_size, form=form)
     if initial_state is not None:
         if not isinstance(initial_state, tuple | list) or len(initial_state) != 2:
@@ -387,7 +420,9 @@ def attention_varlen(
         raise SpecError(f"a packed batch is one row (1, H, T, d) of q and k alike, got {q.shape}")
     offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    gates = options.pop("g", None)
     for a, b in itertools.pairwise(offsets):
         if b > a:
-            out[..., a:b, :] = attention(*(t[..., a:b, :] for t in (q, k, v)), **options)
+            piece = {} if gates is None else {"g": gates[..., a:b]}
+            out[..., a:b, :] = attention(*(t[..., a:b, :] for t in (q, k, v)), **options, **piece)
     return out

@@ -45,9 +45,10 @@ SCAN_BLOCK = 64
 
 
 def golden_forms(spec: Spec) -> tuple[str, ...]:
-    """The golden forms that evaluate `spec`: both associations of a kernelised spec, the
-    quadratic form alone for softmax (it has no finite feature map)."""
-    return GOLDEN_FORMS if spec.info.kernelised else ("quadratic",)
+    """The golden forms that evaluate `spec`: both associations of a plain kernelised spec,
+    the quadratic form alone for softmax (it has no finite feature map) and for a scaled,
+    unnormalised or decayed one."""
+    return GOLDEN_FORMS if spec.info.kernelised and spec.plain else ("quadratic",)
 
 
 def golden_attention(
@@ -57,8 +58,10 @@ def golden_attention(
     spec: Spec,
     projection: torch.Tensor | np.ndarray | None = None,
     form: str = "quadratic",
+    decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention for `spec`, evaluated carefully in `form` ("quadratic" or "linear").
+    """Attention for `spec`, evaluated carefully in `form` ("quadratic" or "linear"; the
+    quadratic one for specs that are not plain: golden_forms).
 
     q: (B, H, Nq, d), k: (B, H, Nk, d), v: (B, H, Nk, dv), all of one floating dtype
     (float16, bfloat16, float32, float64) and one device; any strides. projection: W of
@@ -69,7 +72,7 @@ def golden_attention(
     positive similarity. Raises SpecError for bad inputs, an unknown form, or the linear
     form of softmax (which has no finite feature map).
     """
-    _check_call(q, k, v, spec, projection, form)
+    _check_call(q, k, v, spec, projection, form, decay)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc = (t.to(compute) for t in (q, k, v))
     w = None
@@ -79,7 +82,12 @@ def golden_attention(
     # sim_ij = exp(shift_i) * (computed weight_ij): the shift cancels in num / den, not in eps
     if form == "quadratic":
         weights, shift = quadratic_weights(qc, kc, spec, w)
+        if spec.decay is not None:
+            weights = weights * decay_matrix(decay, spec, qc.shape).to(compute)
+        weights = weights * spec.scale_for(q.shape[-1])
         num = weights @ vc
+        if not spec.normalize:
+            return (num if shift is None else num * torch.exp(shift)).to(q.dtype)
         den = weights.sum(dim=-1, keepdim=True)
     else:
         big_m = max(qc.shape[-2], kc.shape[-2])
@@ -98,19 +106,16 @@ def golden_attention(
 
 
 def _check_call(
-    q: object, k: object, v: object, spec: object, projection: object, form: object
+    q: object, k: object, v: object, spec: object, projection: object, form: object, decay
 ) -> None:
     """Raise SpecError for anything golden_attention cannot evaluate as the spec says."""
     if not isinstance(spec, Spec):
         raise SpecError(f"spec must be a linattn_verify.Spec, got {type(spec).__name__}")
     if form not in GOLDEN_FORMS:
         raise SpecError(f"unknown form {form!r}; golden forms: {', '.join(GOLDEN_FORMS)}")
-    if form == "linear" and not spec.info.kernelised:
-        raise SpecError(
-            f"{spec.feature_map!r} has no finite feature map, so no linear form: "
-            "use form='quadratic'"
-        )
-    validate(q, k, v, spec, projection)  # shapes, dtypes, finiteness, projection
+    if form not in golden_forms(spec):
+        raise SpecError(f"{spec} has no golden {form} form: use form='quadratic'")
+    validate(q, k, v, spec, projection, decay)  # shapes, dtypes, values, projection, decay
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise SpecError(f"{name} must be a torch tensor, got {type(t).__name__}")
@@ -173,6 +178,21 @@ def quadratic_weights(
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     return weights, shift
+
+
+def decay_matrix(decay: torch.Tensor, spec: Spec, shape: torch.Size) -> torch.Tensor:
+    """w_ij (B or 1, H, N, N) in float64, 0 for j > i: gamma^(i - j) = exp((i - j) ln gamma)
+    or exp(G_i - G_j), G the float64 prefix sums of the log-gates (Sun et al. 2023, eq. 5;
+    Yang et al. 2024, eq. 3)."""
+    n = shape[-2]
+    steps = torch.arange(n, device=decay.device, dtype=torch.float64)
+    if spec.decay == "constant":
+        log_w = (steps[:, None] - steps) * torch.log(decay.to(torch.float64))[:, None, None]
+    else:
+        prefix = torch.cumsum(decay.to(torch.float64), dim=-1)
+        log_w = prefix[..., :, None] - prefix[..., None, :]
+    keep = torch.ones(n, n, dtype=torch.bool, device=decay.device).tril()
+    return torch.exp(log_w.masked_fill(~keep, -math.inf))
 
 
 # ------------------------------------------------------------------------ linear form

@@ -51,6 +51,8 @@ def golden_features(
         return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0) - top)), top
     if name == "relu":
         return torch.clamp(x, min=0.0), None
+    if name == "identity":
+        return x, None
     if name == "cosformer":  # Qin et al. 2022, eq. 10: [relu(x_i) cos a_i, relu(x_i) sin a_i]
         a = torch.arange(x.shape[-2], device=x.device, dtype=x.dtype) * (math.pi / (2 * big_m))
         r = torch.clamp(x, min=0.0)

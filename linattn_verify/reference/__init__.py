@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs import AttentionInputs, validate
+from ..inputs import AttentionInputs, decay_values, validate
 from ..specs import Spec, SpecError
 from .arb import arb_attention
 from .certified import CERTIFIED_SHARE, Certified, certified_attention
@@ -49,15 +49,24 @@ def reference(
     projection: Any = None,
     eps: float = 0.0,
     engine: str = "auto",
+    *,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
+    gamma: Any = None,
+    g: Any = None,
 ) -> np.ndarray:
     """Exact attention output (B, H, Nq, dv) as float64, within one ulp of the true value.
 
     q, k: (B, H, N, d); v: (B, H, N, dv); torch tensors or numpy arrays of float16, bfloat16,
     float32 or float64, taken exactly as they are. Rows whose denominator is exactly zero
-    (relu with eps = 0) are NaN: the definition is 0/0 there.
+    (relu with eps = 0) are NaN: the definition is 0/0 there. normalize, scale and decay
+    are the spec's (specs.Spec); a decay's values are gamma (H,) for "constant" and the
+    log-gates g (B, H, N) for "gates".
     """
-    spec = Spec(feature_map, causal=causal, eps=eps)
-    return exact(validate(q, k, v, spec, projection), spec, engine)
+    spec = Spec(feature_map, causal, eps, normalize, scale, decay)
+    values = decay_values(spec, gamma, g)
+    return exact(validate(q, k, v, spec, projection, values), spec, engine)
 
 
 __all__ = [

@@ -20,8 +20,17 @@ import numpy as np
 from flint import arb, arb_mat
 
 from ..inputs import AttentionInputs
-from ..specs import Spec
-from .balls import Head, balls, direct_sims, features, kernel_sums, masked, working_precision
+from ..specs import RSQRT_D, Spec
+from .balls import (
+    Head,
+    balls,
+    decay_weights,
+    direct_sims,
+    features,
+    kernel_sums,
+    masked,
+    working_precision,
+)
 from .common import MAX_PREC, ReferenceAccuracyError, refine
 
 DEFAULT_PREC = 128
@@ -30,9 +39,15 @@ FAITHFUL_RADIUS = 2.0**-62  # a ball this narrow (relative) rounds to within one
 
 
 def weighted_sums(head: Head, spec: Spec, rows: list[int], x: list[list[arb]], linear: bool):
-    """sum_j sim(q_i, k_j) x_j for the query rows `rows` (all rows when `linear`)."""
+    """sum_j scale w_ij sim(q_i, k_j) x_j for the query rows `rows` (all rows when
+    `linear`), w_ij the decay (1 without one: the linear form is for those)."""
+    if spec.scale != 1.0:
+        d = head.q.shape[1]
+        c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
+        sums = weighted_sums(head, replace(spec, scale=1.0), rows, x, linear)
+        return [[c * t for t in r] for r in sums]
     name = spec.feature_map
-    if linear:
+    if linear and spec.decay is None:
         nq, nk = head.q.shape[0], head.k.shape[0]
         fq = features(head.q, range(nq), head, name)
         fk = features(head.k, range(nk), head, name)
@@ -47,6 +62,9 @@ def weighted_sums(head: Head, spec: Spec, rows: list[int], x: list[list[arb]], l
             sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
         else:
             sims = direct_sims(head, block, name)
+        if spec.decay is not None:
+            weights = decay_weights(head, block, spec.decay)
+            sims = [[a * b for a, b in zip(r, w, strict=True)] for r, w in zip(sims, weights)]
         out.extend((arb_mat(masked(sims, block, spec.causal)) * xm).tolist())
     return out
 
@@ -54,7 +72,7 @@ def weighted_sums(head: Head, spec: Spec, rows: list[int], x: list[list[arb]], l
 def prefers_linear(spec: Spec, head: Head) -> bool:
     """The linear form when the spec has features and they are fewer than the keys."""
     info = spec.info
-    if not info.kernelised:
+    if not info.kernelised or spec.decay is not None:
         return False
     m = None if head.w is None else head.w.shape[0]
     return info.feature_dim(head.q.shape[1], m) < head.k.shape[0]
@@ -71,9 +89,12 @@ def rounded(ball: arb) -> float | None:
     return None
 
 
-def _quotients(num_den: list[list[arb]], eps: float) -> list[list[float | None]]:
-    """out_ic = num_ic / (eps + den_i), den in the last column; NaN where 0/0 exactly."""
-    out = []
+def _quotients(num_den: list[list[arb]], spec: Spec) -> list[list[float | None]]:
+    """out_ic = num_ic / (eps + den_i), den in the last column; NaN where 0/0 exactly; the
+    numerator alone for an unnormalised spec."""
+    if not spec.normalize:
+        return [[rounded(t) for t in row[:-1]] for row in num_den]
+    eps, out = spec.eps, []
     for row in num_den:
         den = row[-1] + eps
         if den.is_zero():
@@ -99,7 +120,7 @@ def arb_attention(
         linear = len(rows) == nq and p == prec and prefers_linear(spec, head)
         with working_precision(p):
             vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
-            quot = _quotients(weighted_sums(head, spec, rows, vals, linear), spec.eps)
+            quot = _quotients(weighted_sums(head, spec, rows, vals, linear), spec)
         done = np.array([all(t is not None for t in row) for row in quot])
         values = np.array([[math.nan if t is None else t for t in row] for row in quot])
         return values, done

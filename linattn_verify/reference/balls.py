@@ -43,10 +43,15 @@ class Head:
     v: np.ndarray
     w: np.ndarray | None
     big_m: int  # cosFormer's M = max(Nq, Nk)
+    decay: np.ndarray | None = None  # gamma (a 0-d array) or the head's log-gates g (N,)
 
     @classmethod
     def of(cls, x: AttentionInputs, b: int, h: int) -> Head:
-        return cls(x.q[b, h], x.k[b, h], x.v[b, h], x.projection, max(x.q.shape[2], x.k.shape[2]))
+        decay = None
+        if x.decay is not None:
+            decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+        big_m = max(x.q.shape[2], x.k.shape[2])
+        return cls(x.q[b, h], x.k[b, h], x.v[b, h], x.projection, big_m, decay)
 
 
 def scaled_rows(x: np.ndarray) -> arb_mat:
@@ -67,6 +72,8 @@ def features(x: np.ndarray, positions: range, head: Head, name: str) -> list[lis
         return [[arb(t) + 1 if t > 0 else arb(t).exp() for t in row] for row in x.tolist()]
     if name == "relu":
         return [[arb(t) if t > 0 else arb(0) for t in row] for row in x.tolist()]
+    if name == "identity":
+        return balls(x)
     if name == "cosformer":  # relu(x_i) [cos(pi i / 2M), sin(pi i / 2M)]
         out = []
         for i, row in zip(positions, x.tolist(), strict=True):
@@ -97,6 +104,23 @@ def features(x: np.ndarray, positions: range, head: Head, name: str) -> list[lis
             out.append([s * scale for s, _ in sc] + [c * scale for _, c in sc])
         return out
     raise AssertionError(name)
+
+
+def decay_weights(head: Head, rows: list[int], kind: str) -> list[list[arb]]:
+    """w_ij for the query rows `rows` and every key j <= i (0 beyond), exactly at the working
+    precision: gamma^(i - j) ("constant") or exp(g_(j+1) + ... + g_i) = exp(G_i) / exp(G_j),
+    G the prefix sums of the log-gates ("gates"; specs.DECAY_SOURCES)."""
+    nk, zero = head.k.shape[0], arb(0)
+    if kind == "constant":
+        powers = [arb(1)]
+        for _ in range(nk - 1):
+            powers.append(powers[-1] * arb(float(head.decay)))
+        return [[powers[i - j] if j <= i else zero for j in range(nk)] for i in rows]
+    total, growth = arb(0), []
+    for g in head.decay.tolist():
+        total += g
+        growth.append(total.exp())
+    return [[growth[i] / growth[j] if j <= i else zero for j in range(nk)] for i in rows]
 
 
 def direct_sims(head: Head, rows: list[int], name: str) -> list[list[arb]]:

@@ -31,7 +31,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..inputs import AttentionInputs
-from ..specs import Spec
+from ..specs import Spec, SpecError
 
 U64 = 2.0**-53
 LIB_ULPS = 2  # numpy's exp, sin, cos, ** within 2 ulps = 4 u
@@ -110,6 +110,8 @@ def float_features(
         return Features(phi, err * SAFETY)
     if name == "relu":
         return Features(np.maximum(x, 0.0), np.zeros_like(x))
+    if name == "identity":
+        return Features(np.array(x, copy=True), np.zeros_like(x))
     if name == "cosformer":  # relu(x_i) [cos(pi i / 2M), sin(pi i / 2M)]
         cos, sin, err_c, err_s = (t[:, None] for t in _angles(positions, big_m))
         r = np.maximum(x, 0.0)
@@ -245,6 +247,8 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
     docstring); NaN where the value is 0/0 exactly (relu rows with eps = 0)."""
     from .arb import arb_attention
 
+    if not spec.plain:
+        raise SpecError(f"the certified engine is for plain specs, not {spec}: engine='arb'")
     b_, h_, nq, _, _, dv = x.shape
     values, bound, scale = (np.empty((b_, h_, nq, dv)) for _ in range(3))
     pending: dict[tuple[int, int], list[int]] = {}
@@ -274,7 +278,7 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
 
 # Maps whose features' error bounds are relative (err <= r |phi|), so that the features'
 # error sums are (2 r + r^2) times the |term| sums and need no matmuls of their own
-RELATIVE = ("elu", "relu", "performer-positive", "performer-hyperbolic", "taylor")
+RELATIVE = ("elu", "relu", "identity", "performer-positive", "performer-hyperbolic", "taylor")
 
 
 def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):

@@ -23,6 +23,7 @@ x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
   phi(k_j); dL/dk_j = J_phi(k_j)^T sum_i b_ij phi(q_i). With
   - elu + 1 (Katharopoulos et al. 2020, eq. 7): phi'(x) = 1 for x > 0, exp(x) for x <= 0
     (both sides give 1 at 0: phi is C^1);
+  - identity: phi(x) = x, phi'(x) = 1.
   - relu: phi'(x) = 1 for x > 0 and 0 for x <= 0. At 0 relu has no derivative; 0 is the
     subgradient torch uses (threshold_backward), so autograd and this reference agree;
   - cosFormer (Qin et al. 2022, eq. 9-11): a_ij = relu(q_i).relu(k_j) cos(pi (i-j) / (2M)),
@@ -170,7 +171,7 @@ class _Kernel:
     def _feature_mags(self, x: list, f: list) -> list:
         """M(phi_f): |phi_f| plus what rounding inside its argument can change."""
         mp = mpmath.mp
-        if self.name in ("elu", "relu", "cosformer"):
+        if self.name in ("elu", "relu", "identity", "cosformer"):
             return [abs(t) for t in f]  # exact input, one rounding (or none)
         _, half_sq, absproj = self._projections(x)
         if self.name == "performer-positive":
@@ -187,6 +188,8 @@ class _Kernel:
         if self.name == "elu":
             deriv = [mp.one if t > 0 else ft for t, ft in zip(x, f)]  # exp(x) = phi(x)
             return [a * b for a, b in zip(u, deriv)], [a * b for a, b in zip(um, deriv)]
+        if self.name == "identity":
+            return list(u), list(um)
         if self.name in ("relu", "cosformer"):
             zero = mp.zero
             return [a if t > 0 else zero for a, t in zip(u, x)], [

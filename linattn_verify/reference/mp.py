@@ -19,7 +19,7 @@ import numpy as np
 from mpmath.libmp import to_float
 
 from ..inputs import AttentionInputs
-from ..specs import Spec
+from ..specs import RSQRT_D, Spec
 from .common import MAX_PREC, allowed_keys, refine
 
 DEFAULT_PREC = 113  # IEEE binary128's significand: the first precision
@@ -41,6 +41,8 @@ def features(x: list, w: list | None, kind: str) -> list:
         return [t + 1 if t > 0 else mp.exp(t) for t in x]
     if kind == "relu":
         return [t if t > 0 else mp.zero for t in x]
+    if kind == "identity":
+        return list(x)
     d = len(x)
     xs = [t / mp.root(d, 4) for t in x]  # x' = x d^(-1/4)
     half_sq = mp.fdot(xs, xs) / 2
@@ -98,14 +100,32 @@ def _magnitudes(qi: list, fq: list | None, keys: list, key_feats: list | None, s
     return [abs(a) for a in sims]  # cosformer: a non-negative product
 
 
+def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
+    """(w_ij, a bound on |ln w_ij| plus 1 for the error estimate) for every key j <= i:
+    gamma^(i - j) or exp(G_i - G_j), G_i = g_0 + ... + g_i (specs.DECAY_SOURCES); decay is
+    gamma (a float) or the head's log-gates."""
+    mp = mpmath.mp
+    if kind == "constant":
+        gamma = mp.mpf(decay)
+        logs = [(i - j) * abs(mp.log(gamma)) + 1 for j in range(i + 1)]
+        return [gamma ** (i - j) for j in range(i + 1)], logs
+    gates = [mp.mpf(t) for t in decay[: i + 1]]
+    prefix = [mp.zero]
+    for g in gates:
+        prefix.append(prefix[-1] + g)  # prefix[j + 1] = G_j
+    spread = 2 * mp.fsum(abs(g) for g in gates) + 1
+    return [mp.exp(prefix[i + 1] - prefix[j + 1]) for j in range(i + 1)], [spread] * (i + 1)
+
+
 def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
     """Rows `rows` of head (b, h) at `prec` bits: (output, error estimate), both float64.
 
     The estimate is n 2^-prec (sum_j |a_j| |v_j| + |out| sum_j |a_j|) / |den| with n the
     number of roundings on any path to an output (Higham's gamma_n to first order: the sum
     over Nk keys, a dot product over d for an exponent and another for |x'|^2, one over the
-    features, and SCALAR_OPS scalar operations) and |a_j| the magnitudes of `_magnitudes`;
-    it grows with the cancellation in the sums.
+    features, and SCALAR_OPS scalar operations) and |a_j| the magnitudes of `_magnitudes`
+    (times the decay and 1 + |ln w|, whose prefix sums err in proportion); it grows with
+    the cancellation in the sums. Unnormalised: the numerator and its estimate alone.
     """
     out = np.empty((len(rows), x.v.shape[3]))
     err = np.empty_like(out)
@@ -115,7 +135,7 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
         vals = [[mp.mpf(t) for t in row] for row in x.v[b, h].tolist()]
         w = None if x.projection is None else [[mp.mpf(t) for t in r] for r in x.projection]
         key_feats = None
-        if spec.feature_map in ("elu", "relu") or spec.info.needs_projection:
+        if spec.feature_map in ("elu", "relu", "identity") or spec.info.needs_projection:
             key_feats = [features(kj, w, spec.feature_map) for kj in keys]
         n_features = 2 * len(w) if w else 2 * x.q.shape[3] + 1
         n_roundings = len(keys) + 2 * x.q.shape[3] + n_features + SCALAR_OPS
@@ -125,17 +145,27 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
             fq = None if key_feats is None else features(qi, w, spec.feature_map)
             sims = similarities(qi, fq, i, keys, key_feats, spec, max(x.q.shape[2], len(keys)))
             mags = _magnitudes(qi, fq, keys, key_feats, sims, spec)
+            c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
+            if spec.decay is not None:
+                decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+                wts, logs = decay_weights(decay, i, spec.decay)
+                sims = [s * t * c for s, t in zip(sims, wts)]
+                mags = [a * t * c * e for a, t, e in zip(mags, wts, logs)]
+            elif c != 1:
+                sims, mags = [s * c for s in sims], [a * c for a in mags]
             js = allowed_keys(i, len(keys), spec.causal)
             den = mp.fsum(sims[j] for j in js) + spec.eps
             den_err = rounding * mp.fsum(mags[j] for j in js)
-            for c in range(out.shape[1]):
-                if den == 0:
-                    out[r, c], err[r, c] = math.nan, 0.0
-                    continue
-                num = mp.fsum(sims[j] * vals[j][c] for j in js)
-                num_err = rounding * mp.fsum(mags[j] * abs(vals[j][c]) for j in js)
-                out[r, c] = nearest(num / den)
-                err[r, c] = nearest((num_err + abs(num / den) * den_err) / abs(den))
+            for col in range(out.shape[1]):
+                num = mp.fsum(sims[j] * vals[j][col] for j in js)
+                num_err = rounding * mp.fsum(mags[j] * abs(vals[j][col]) for j in js)
+                if not spec.normalize:
+                    out[r, col], err[r, col] = nearest(num), nearest(num_err)
+                elif den == 0:
+                    out[r, col], err[r, col] = math.nan, 0.0
+                else:
+                    out[r, col] = nearest(num / den)
+                    err[r, col] = nearest((num_err + abs(num / den) * den_err) / abs(den))
     return out, err
 
 

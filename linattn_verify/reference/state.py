@@ -1,8 +1,10 @@
 """The exact state of a causal kernelised spec after its last token, faithfully rounded to
-float64: S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) (Katharopoulos et al. 2020,
-eq. 18-20), phi the spec's feature map (balls.features: the order of the features is the
-spec's). In ball arithmetic: every element is accepted once its ball determines its float64
-rounding, else the head is recomputed at twice the precision (arb.rounded)."""
+float64: S = sum_j w_j phi(k_j) v_j^T and z = sum_j w_j phi(k_j) (Katharopoulos et al. 2020,
+eq. 18-20; w_j = 1, or with a decay w_(N-1, j): Sun et al. 2023, eq. 6; Yang et al. 2024,
+eq. 3), phi the spec's feature map (balls.features: the order of the features is the
+spec's); the spec's scale is the queries', not the state's. In ball arithmetic: every
+element is accepted once its ball determines its float64 rounding, else the head is
+recomputed at twice the precision (arb.rounded)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,19 @@ from flint import arb, arb_mat
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .arb import DEFAULT_PREC, rounded
-from .balls import Head, balls, features, working_precision
+from .balls import Head, balls, decay_weights, features, working_precision
 from .common import MAX_PREC, ReferenceAccuracyError
 
 
-def _head_state(head: Head, name: str, prec: int) -> list[list[float | None]]:
+def _head_state(head: Head, spec: Spec, prec: int) -> list[list[float | None]]:
     """[S | z] (F, dv + 1) of one head at `prec` bits, None where not yet resolved."""
+    n = head.k.shape[0]
     with working_precision(prec):
-        fk = arb_mat(features(head.k, range(head.k.shape[0]), head, name))
+        rows = features(head.k, range(n), head, spec.feature_map)
+        if spec.decay is not None:
+            last = decay_weights(head, [n - 1], spec.decay)[0]
+            rows = [[t * w for t in row] for row, w in zip(rows, last, strict=True)]
+        fk = arb_mat(rows)
         right = arb_mat([[*row, arb(1)] for row in balls(head.v)])
         sums = (fk.transpose() * right).tolist()
     return [[rounded(t) for t in row] for row in sums]
@@ -41,7 +48,7 @@ def exact_state(
                     raise ReferenceAccuracyError(
                         f"the state of head ({b}, {h}) is not resolved at {max_prec} bits"
                     )
-                values = _head_state(head, spec.feature_map, p)
+                values = _head_state(head, spec, p)
                 if all(t is not None for row in values for t in row):
                     break
                 p *= 2

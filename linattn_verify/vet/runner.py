@@ -128,6 +128,7 @@ class VetReport:
 def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, str, dict]]:
     """(row name, task, options) in order: contract first, so a broken contract shows first."""
     from ..checks import CHECKS, GRAD_CHECKS
+    from ..kat import not_applicable as kat_not_applicable
 
     spec = description["spec"]
     examples = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
@@ -144,7 +145,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if options.longest:
         long = {"longest": options.longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
-    if options.kat and spec.eps == 0:
+    if options.kat and not kat_not_applicable(spec):
         kat = {"device": options.device, "dtypes": options.dtypes}
         steps.append(("known-answers", "known-answers", kat))
     if options.sampler:
@@ -166,12 +167,12 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
         target, description["name"], str(description["spec"]), [], options.failing_regimes
     )
     from ..checks import GRAD_CHECKS
+    from ..kat import not_applicable as kat_not_applicable
 
     for name, reason in description["not_applicable"].items():
         if options.grad or name not in GRAD_CHECKS:
             report.rows.append({"name": name, "status": "not applicable", "detail": reason})
-    if options.kat and description["spec"].eps != 0:
-        reason = "the known-answer vectors are for eps = 0"
+    if options.kat and (reason := kat_not_applicable(description["spec"])):
         report.rows.append({"name": "known-answers", "status": "not applicable", "detail": reason})
     return report
 

@@ -28,6 +28,9 @@ class Entry:
     state: the layout of the state fn carries (--state: fn(q, k, v, initial_state=...)
     returns (out, final_state)), or None. varlen: fn also takes packed batches
     (--varlen: fn(q, k, v, cu_seqlens=None)).
+    decay: the decay of the spec it claims (specs.DECAYS: "constant", fn(q, k, v,
+    gamma=(H,)), or "gates", fn(q, k, v, g=(B, H, N))), or None. normalize: False for an
+    unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division).
     """
 
     name: str
@@ -45,10 +48,12 @@ class Entry:
     long: bool = False
     state: str | None = None
     varlen: bool = False
+    decay: str | None = None
+    normalize: bool = True
 
 
 # The entry modules import Entry from here, so they come after its definition.
-from . import backward, broken, correct, long, state, subtle, textbook, varlen  # noqa: E402
+from . import backward, broken, correct, decay, long, state, subtle, textbook, varlen  # noqa: E402
 
 ZOO: tuple[Entry, ...] = (
     broken.ENTRIES
@@ -59,6 +64,7 @@ ZOO: tuple[Entry, ...] = (
     + long.ENTRIES
     + state.ENTRIES
     + varlen.ENTRIES
+    + decay.ENTRIES
 )
 
 __all__ = ["ZOO", "Entry"]
