@@ -317,6 +317,16 @@ def _decay_errors(head: Head, spec: Spec, u: float) -> np.ndarray:
     return np.where(np.isfinite(rel), rel * SAFETY, np.inf)
 
 
+def _last_weights(head: Head, spec: Spec) -> np.ndarray:
+    """w_(N-1, j) for every key j in float64 (within SAFETY): gamma^(N-1-j) or
+    exp(G_(N-1) - G_j), the suffix sums of the log-gates."""
+    n = head.k.shape[0]
+    if spec.decay == "constant":
+        return np.exp((n - 1 - np.arange(n)) * math.log(float(head.decay)))
+    suffix = np.concatenate([np.cumsum(head.decay[::-1])[::-1][1:], [0.0]])
+    return np.exp(suffix)
+
+
 def _scaled_rows(rows: list[list[arb]], factors: np.ndarray) -> list[list[arb]]:
     """Each row times its factor (an upper bound, as a ball)."""
     return [[t * arb(float(c)) for t in r] for r, c in zip(rows, factors, strict=True)]
@@ -464,9 +474,10 @@ def state_bound(
     x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bounds on |S_hat - S| (B, H, F, dv) and |z_hat - z| (B, H, F) for any evaluation in
-    precision u of the state after every key, S = sum_j phi(k_j) v_j^T and z = sum_j
-    phi(k_j) (reference/state.py), stored in precision u; tiny: the dtype's smallest
-    subnormal.
+    precision u of the state after every key, S = sum_j w_j phi(k_j) v_j^T and z = sum_j
+    w_j phi(k_j) (reference/state.py; w_j the decay from key j to the last, 1 without
+    one, each within eta_(N-1) of its value: _decay_errors), stored in precision u; tiny:
+    the dtype's smallest subnormal.
 
     Each term's feature is within psi_j of phi(k_j) (feature_errors) and at most a_j + psi_j
     in magnitude. The products and a sum of N terms in any order, tiled or not, add at most
@@ -487,6 +498,10 @@ def state_bound(
             head = Head.of(x, b, h)
             stab = _stabiliser(head.k, head.k, head.w, name)
             _, a, psi = _features(head.k, np.arange(nk), head.big_m, head.w, name, u, stab)
+            if spec.decay is not None:  # each term times w_(N-1, j) <= 1, with its error
+                last = _last_weights(head, spec) * SAFETY
+                eta = _decay_errors(head, spec, u)[-1]
+                a, psi = a * last[:, None], (psi + eta * a) * last[:, None]
             mags = np.concatenate([np.abs(head.v), np.ones((nk, 1))], 1)
             terms, errors, sizes = (a + psi).T @ mags, psi.T @ mags, a.T @ mags
             underflow = tiny * (mags.sum(0) + nk)

@@ -4,8 +4,9 @@ own without triton, and the Triton kernels (CUDA only).
 Left out on purpose: fla's naive_chunk_linear_attn (fla/ops/linear_attn/naive.py) hard-codes
 chunks of 64 and raises unless N % 64 == 0; padding the sequence would be more than
 translating, and naive_recurrent_linear_attn in the same file computes the same thing for
-every N. Un-normalised variants (normalize=False / use_norm=False) are not attention in the
-sense of our specs (no denominator at all).
+every N. The unnormalised kernels are the simple-GLA ones (identity features, gates);
+linear_attn's normalize=False is that with gates of 0, and naive_retention fixes its gammas
+inside its body (1 - 2^(-5-h)), where no suite's gamma can reach them: not adapted.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from ..specs import Spec
+from ..specs import RSQRT_D, Spec
 from .base import (
     Adapter,
     AdapterUnavailable,
@@ -91,6 +92,24 @@ def _load_fla_naive_linear_attn_state() -> Fn:
     return fla_naive_linear_attn_state
 
 
+def _load_simple_gla(function: str, state: bool) -> Callable[[], Fn]:
+    """fla/ops/simple_gla/naive.py's `function`(q, k, v, g) on (B, T, H, K) tensors and
+    log-gates g (B, T, H), scale None (K^-1/2); with `state`, fn(q, k, v, g,
+    initial_state=None) -> (o, S), S [B, H, K, V] as ours."""
+
+    def load() -> Fn:
+        naive = getattr(_fla_file("ops/simple_gla/naive.py"), function)
+        if not state:
+            return lambda q, k, v, g: naive(q, k, v, g)[0]
+
+        def with_state(q, k, v, g, initial_state=None):
+            return naive(q, k, v, g, initial_state=initial_state, output_final_state=True)
+
+        return with_state
+
+    return load
+
+
 def _load_fla_naive_based() -> Fn:
     """fla/ops/based/naive.py, naive_parallel_based(q, k, v) (scale=None -> d^-1/2,
     use_norm=True): (B, H, T, K) in and out."""
@@ -137,6 +156,12 @@ _BASED = (
 )
 
 LINEAR_SPEC = Spec("relu", causal=True, eps=1e-10)
+SIMPLE_GLA_SPEC = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="gates")
+_SIMPLE_GLA = (
+    "Simple GLA: o_i = K^-1/2 sum_{j<=i} exp(G_i - G_j) (q_i . k_j) v_j, G the prefix sums "
+    "of the log-gates g (B, T, H): the identity spec, unnormalised, scale d^-0.5, gates; "
+    "computed in float32 whatever the input dtype."
+)
 BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
 
 
@@ -161,6 +186,20 @@ ADAPTERS = (
         state="Sz",
         load_state=_load_fla_naive_linear_attn_state,
     ),
+    Adapter("fla.simple-gla-naive", "fla-core", "fla/ops/simple_gla/naive.py:"
+            "naive_parallel_simple_gla", SIMPLE_GLA_SPEC, "bnhd", _SIMPLE_GLA + " Quadratic "
+            "form; its output stays float32.", _load_simple_gla("naive_parallel_simple_gla",
+            False), INSTALL, cost="quadratic"),
+    Adapter("fla.simple-gla-naive-recurrent", "fla-core", "fla/ops/simple_gla/naive.py:"
+            "naive_recurrent_simple_gla", SIMPLE_GLA_SPEC, "bnhd", _SIMPLE_GLA + " A Python "
+            "loop over T; the output cast back, its state S float32.",
+            _load_simple_gla("naive_recurrent_simple_gla", False), INSTALL, state="S",
+            load_state=_load_simple_gla("naive_recurrent_simple_gla", True)),
+    Adapter("fla.simple-gla-naive-chunk", "fla-core", "fla/ops/simple_gla/naive.py:"
+            "naive_chunk_simple_gla", SIMPLE_GLA_SPEC, "bnhd", _SIMPLE_GLA + " Chunks of 64 "
+            "(T padded); its output stays float32.", _load_simple_gla("naive_chunk_simple_gla",
+            False), INSTALL, state="S", load_state=_load_simple_gla("naive_chunk_simple_gla",
+            True)),
     _based("fla.based-naive", "fla/ops/based/naive.py:naive_parallel_based", "bhnd",
            " Quadratic form, in the input dtype.", _load_fla_naive_based, cost="quadratic"),
     _based("fla.based-naive-chunk", "fla/ops/based/naive.py:naive_chunk_based", "bhnd",

@@ -43,6 +43,20 @@ def inputs_of(case: Case, spec: Spec) -> tuple[tuple, AttentionInputs]:
     return (q, k, v, w), validate(q, k, v, spec, w, case.decay(spec.decay))
 
 
+def decay_part(
+    decay: torch.Tensor | None,
+    batch: slice = slice(None),
+    head: slice = slice(None),
+    tokens: slice = slice(None),
+) -> torch.Tensor | None:
+    """The part of a decay (Case.decay) that goes with q[batch, head, tokens]: gamma (H,)
+    by head alone (batch elements and tokens share it), log-gates g (B, H, N) by all three;
+    None without a decay."""
+    if decay is None:
+        return None
+    return decay[head] if decay.dim() == 1 else decay[batch, head, tokens]
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a check body returns; `check` turns it into a CheckResult."""

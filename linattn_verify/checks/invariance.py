@@ -4,12 +4,14 @@ Each compares two outputs of the implementation within the sum of their a-priori
 (core.py), so only a real change of what is computed fails them:
 - v-affine: out(a V + c) = a out(V) + c (a = -2, c a power of two near max |v|; with
   eps > 0 only c = 0 holds). a V + c is rounded to the dtype: that rounding moves the exact
-  output by at most u s' more, which the allowance adds;
+  output by at most u s' more, which the allowance adds. A decay (the same for both) keeps
+  the output a weighted mean of v, so it holds for decayed specs too;
 - permutation (non-causal, position-free maps): out(P q, S k, S v) = P out(q, k, v) for
   permutations P of the queries and S of the keys;
-- batch-head: each (b, h) computed alone equals its slice of the batched output;
+- batch-head: each (b, h) computed alone, with its own slice of the decay (gamma_h, or
+  the log-gates g[b, h]), equals its slice of the batched output;
 - layout: non-contiguous inputs (a strided slice, memory in another dimension order) give
-  the output of contiguous ones.
+  the output of contiguous ones (the same decay, log-gates in the implementation's layout).
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from ..cases import Case
 from ..inputs import validate
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
-from .core import Outcome, as_array, case_generator, check, inputs_of
+from .core import Outcome, as_array, case_generator, check, decay_part, inputs_of
 
 
 @check("v-affine")
 def v_affine(impl: Implementation, case: Case) -> Outcome:
-    """out(a V + c) = a out(V) + c, a = -2 and c = 2^(ceil(log2 max|v|) + 1) (c = 0 if eps > 0)."""
+    """out(a V + c) = a out(V) + c, a = -2 and c = 2^(ceil(log2 max|v|) + 1) (c = 0 if eps > 0),
+    both with the case's decay."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
+    decay = case.decay(spec.decay)
     top = float(np.abs(x.v).max())
     c = 0.0 if spec.eps > 0 or top == 0 else 2.0 ** (math.ceil(math.log2(top)) + 1)
     a = -2.0
@@ -38,10 +42,10 @@ def v_affine(impl: Implementation, case: Case) -> Outcome:
     if wide.abs().max() > torch.finfo(v.dtype).max:
         return Outcome(True, f"a V + c overflows {case.dtype}: not applicable to this case")
     v2 = wide.to(v.dtype)
-    x2 = validate(q, k, v2, spec, w)
+    x2 = validate(q, k, v2, spec, w, decay)
     tol, tol2 = Tolerance.of(x, spec), Tolerance.of(x2, spec)
-    out = as_array(impl(q, k, v, w))
-    out2 = as_array(impl(q, k, v2, w))
+    out = as_array(impl(q, k, v, w, decay))
+    out2 = as_array(impl(q, k, v2, w, decay))
     # out2's bound, |a| times out's, one u s' for rounding a V + c, and float64's own
     allowance = tol2.allowance(1.0) + abs(a) * tol.allowance(1.0) + tol2.u * tol2.scale
     # a out is exact (a power of two); adding c rounds once in float64: 2^-53 |a out + c|
@@ -68,16 +72,19 @@ def permutation(impl: Implementation, case: Case) -> Outcome:
 
 @check("batch-head")
 def batch_head(impl: Implementation, case: Case) -> Outcome:
-    """Each (b, h) alone equals its slice of the batched result."""
+    """Each (b, h) alone, with its slice of the decay (gamma[h], g[b, h]), equals its slice
+    of the batched result."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
+    decay = case.decay(spec.decay)
     tol = Tolerance.of(x, spec)
-    out = as_array(impl(q, k, v, w))
+    out = as_array(impl(q, k, v, w, decay))
     alone = np.empty_like(out)
     for b in range(case.b):
         for h in range(case.h):
-            one = (t[b : b + 1, h : h + 1] for t in (q, k, v))
-            alone[b : b + 1, h : h + 1] = as_array(impl(*one, w))
+            at = (slice(b, b + 1), slice(h, h + 1))
+            one = (t[at] for t in (q, k, v))
+            alone[at] = as_array(impl(*one, w, decay_part(decay, *at)))
     return agreement(
         "each (b, h) alone against the batched output", mismatch(alone, out, tol, tol.allowance())
     )
@@ -99,14 +106,16 @@ def _reordered(t: torch.Tensor) -> torch.Tensor:
 
 @check("layout")
 def layout(impl: Implementation, case: Case) -> Outcome:
-    """Non-contiguous inputs (in the implementation's own layout) give the contiguous output."""
+    """Non-contiguous inputs (in the implementation's own layout) give the contiguous output,
+    with the same decay."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
+    decay = case.decay(spec.decay)
     tol = Tolerance.of(x, spec)
     native = [impl.to_layout(t).contiguous() for t in (q, k, v)]
-    out = as_array(impl(q, k, v, w))  # the contiguous output, its shape checked
+    out = as_array(impl(q, k, v, w, decay))  # the contiguous output, its shape checked
     for name, make in (("strided", _strided), ("reordered", _reordered)):
-        got = impl.call_raw(*(make(t) for t in native), w)
+        got = impl.call_raw(*(make(t) for t in native), w, decay)
         if got.shape != native[0].shape[:-1] + native[2].shape[-1:]:
             return Outcome(False, f"{name} inputs gave shape {tuple(got.shape)}")
         found = mismatch(as_array(impl.to_layout(got)), out, tol, tol.allowance())

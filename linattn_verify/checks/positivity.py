@@ -1,12 +1,14 @@
 """Properties of positive kernels: a positive denominator and outputs in the convex hull.
 
-- positivity: phi(q_i).Z_i + eps > 0 exactly (from the arb engine) and no NaN/inf in the
-  output for finite inputs. relu and cosformer (a row with no positive similarity has
-  denominator 0) and performer-trig (sin/cos features: the denominator can be negative)
-  violate it by nature: the check fails with `by_nature` set and the row that shows it;
+- positivity: phi(q_i).Z_i + eps > 0 exactly (from the arb engine; Z_i = sum_j w_ij
+  phi(k_j) with a decay w_ij) and no NaN/inf in the output for finite inputs. relu and
+  cosformer (a row with no positive similarity has denominator 0) and performer-trig
+  (sin/cos features: the denominator can be negative) violate it by nature: the check
+  fails with `by_nature` set and the row that shows it;
 - convex hull: for positive kernels out_ic = sum_j a_ij v_jc / sum_j a_ij lies within
-  [min_j v_jc, max_j v_jc] over the keys row i sees, up to the a-priori bound (with
-  eps > 0 the weights sum to less than 1: the hull of the values and 0).
+  [min_j v_jc, max_j v_jc] over the keys row i sees, up to the a-priori bound (a decay
+  w_ij > 0 leaves the weights a_ij w_ij positive; with eps > 0 the weights sum to less
+  than 1: the hull of the values and 0).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from .core import Outcome, as_array, check, first_marked, inputs_of
 
 @check("positivity")
 def positivity(impl: Implementation, case: Case) -> Outcome:
-    """The output is finite where the exact denominator is positive, and every exact
-    denominator is positive (a spec that violates that fails by nature)."""
+    """The output (with the case's decay) is finite where the exact denominator is positive,
+    and every exact denominator is positive (a spec that violates that fails by nature)."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
     signs = arb_denominator_signs(x, spec)
-    out = as_array(impl(q, k, v, w))
+    out = as_array(impl(q, k, v, w, case.decay(spec.decay)))
     demanded = np.broadcast_to((signs > 0)[..., None], out.shape)
     if not spec.info.positive:  # a signed kernel's output may leave the dtype's range:
         # finite is demanded only where |out| <= s fits it (positive kernels: within max |v|)
@@ -56,11 +58,12 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
 
 @check("convex-hull")
 def convex_hull(impl: Implementation, case: Case) -> Outcome:
-    """Every output within [min_j v_j, max_j v_j] per coordinate over the visible keys."""
+    """Every output (with the case's decay) within [min_j v_j, max_j v_j] per coordinate
+    over the visible keys."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
-    out = as_array(impl(q, k, v, w))
+    out = as_array(impl(q, k, v, w, case.decay(spec.decay)))
     vals = x.v
     if spec.causal:
         lo, hi = np.minimum.accumulate(vals, axis=2), np.maximum.accumulate(vals, axis=2)

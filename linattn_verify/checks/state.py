@@ -13,7 +13,9 @@
   of accuracy/bound.py's state_bound.
 
 Outputs are compared within the sum of their a-priori bounds (compare.py), states within
-the sum of their state bounds: any evaluation order satisfies them.
+the sum of their state bounds: any evaluation order satisfies them. The state is (S, z), or
+S alone for an unnormalised spec (under_test.state_layout); a decayed spec's pieces take
+their own gates (the tokens' slice of g), gamma whole.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..reference.certified import float_features
 from ..reference.state import exact_state
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
-from .core import Outcome, as_array, case_generator, check, inputs_of
+from .core import Outcome, as_array, case_generator, check, decay_part, inputs_of
 
 CHUNKS = (16, 64)  # the chunk sizes kernels use most; a cut at each and one past it
 
@@ -41,6 +43,21 @@ def _array(t) -> np.ndarray:
 
 def _piece(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
     return t[..., a:b, :]
+
+
+def _pieces(q, k, v, decay, a: int, b: int) -> tuple:
+    """Tokens a..b-1 of q, k, v and their decay."""
+    return (*(_piece(t, a, b) for t in (q, k, v)), decay_part(decay, tokens=slice(a, b)))
+
+
+def _parts(state, spec) -> tuple:
+    """The state's tensors: (S, z), or (S,) for an unnormalised spec."""
+    return tuple(state) if spec.normalize else (state,)
+
+
+def _exact(x, spec) -> tuple[np.ndarray, ...]:
+    """The exact state as _parts has it."""
+    return exact_state(x, spec)[: 1 + spec.normalize]
 
 
 def _cuts(case: Case) -> list[tuple[str, list[int]]]:
@@ -56,9 +73,9 @@ def _cuts(case: Case) -> list[tuple[str, list[int]]]:
     return splits
 
 
-def _state_mismatch(got, want, allowed: tuple[np.ndarray, np.ndarray]) -> str | None:
-    """Where the state `got` differs from `want` by more than `allowed`, or None."""
-    for name, g, w, a in zip(("S", "z"), got, want, allowed, strict=True):
+def _state_mismatch(got, want, allowed: tuple[np.ndarray, ...]) -> str | None:
+    """Where the state's parts `got` differ from `want` by more than `allowed`, or None."""
+    for name, g, w, a in zip(("S", "z"), got, want, allowed, strict=False):
         g64, w64 = _array(g), _array(w)
         with np.errstate(invalid="ignore"):
             diff = np.abs(g64 - w64)
@@ -82,9 +99,11 @@ def _unrepresentable(exact, dtype: torch.dtype, feature_map: str) -> str | None:
     largest value, or a key sum z below its smallest normal (nonzero, or zero for a map of
     positive features, whose sums are never exactly 0)."""
     info = torch.finfo(dtype)
-    s, z = exact
-    if np.any(np.abs(s) > info.max) or np.any(np.abs(z) > info.max):
+    if any(np.any(np.abs(t) > info.max) for t in exact):
         return f"the exact state overflows {info.dtype}"
+    if len(exact) == 1:  # no key sums
+        return None
+    z = exact[1]
     positive = feature_map in POSITIVE_FEATURES
     if np.any(((np.abs(z) > 0) | positive) & (np.abs(z) < info.tiny)):
         return f"exact key sums z underflow {info.dtype}"
@@ -93,9 +112,12 @@ def _unrepresentable(exact, dtype: torch.dtype, feature_map: str) -> str | None:
 
 def _by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> str | None:
     """_unrepresentable for the state after any of `cuts` tokens, as a by-nature reason."""
+    spec = impl.spec
     for c in cuts:
-        prefix = validate(x.q[:, :, :c], x.k[:, :, :c], x.v[:, :, :c], impl.spec, x.projection)
-        if why := _unrepresentable(exact_state(prefix, impl.spec), dtype, impl.spec.feature_map):
+        gates = x.decay[..., :c] if spec.decay == "gates" else x.decay  # float64 arrays
+        ts = (x.q[:, :, :c], x.k[:, :, :c], x.v[:, :, :c])
+        prefix = validate(*ts, spec, x.projection, gates)
+        if why := _unrepresentable(_exact(prefix, spec), dtype, spec.feature_map):
             return f"{why} after {c} tokens: a state in true units cannot carry it"
     return None
 
@@ -106,21 +128,24 @@ def _bounds(impl: Implementation, x, times: float) -> tuple[np.ndarray, np.ndarr
     s, z = state_bound(x, impl.spec, UNIT_ROUNDOFF[x.dtype], SMALLEST_SUBNORMAL[x.dtype])
     if impl.spec.feature_map == "taylor":
         s, z = (np.broadcast_to(t.max(axis=2, keepdims=True), t.shape) for t in (s, z))
-    return times * s, times * z
+    return (times * s, times * z)[: 1 + impl.spec.normalize]
 
 
 @check("state-split")
 def state_split(impl: Implementation, case: Case) -> Outcome:
     """The sequence in pieces, the state carried, equals one pass: output and final state."""
-    (q, k, v, w), x = inputs_of(case, impl.spec)
-    tol = Tolerance.of(x, impl.spec)
-    whole, final = impl.call_state(q, k, v, w, None)
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    decay = case.decay(spec.decay)
+    tol = Tolerance.of(x, spec)
+    whole, final = _call(impl, q, k, v, w, decay, None)
     whole = as_array(whole)
-    allowed, dtype, natural = _bounds(impl, x, 2.0), final[0].dtype, None
+    allowed, dtype, natural = _bounds(impl, x, 2.0), _parts(final, spec)[0].dtype, None
     for name, cuts in _cuts(case):
         state, outs = None, []
         for a, b in itertools.pairwise([0, *cuts, case.n]):
-            out, state = impl.call_state(*(_piece(t, a, b) for t in (q, k, v)), w, state)
+            *piece, gates = _pieces(q, k, v, decay, a, b)
+            out, state = _call(impl, *piece, w, gates, state)
             outs.append(out)
         found = mismatch(as_array(torch.cat(outs, dim=-2)), whole, tol, tol.allowance())
         if found is not None:
@@ -128,7 +153,7 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
                 natural = natural or f"{name} {cuts}: {nature}"
                 continue
             return agreement(f"{name} {cuts} against one pass", found)
-        if problem := _state_mismatch(state, final, allowed):
+        if problem := _state_mismatch(_parts(state, spec), _parts(final, spec), allowed):
             if nature := _by_nature(impl, x, [*cuts, case.n], dtype):
                 natural = natural or f"{name} {cuts}: {nature}"
                 continue
@@ -140,6 +165,11 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
     return Outcome(True, "every split gives the one-pass output and final state")
 
 
+def _call(impl: Implementation, q, k, v, w, decay, state):
+    """(out, final state) of impl from `state`, with its decay."""
+    return impl.call_state(q, k, v, w, state, decay=decay)
+
+
 def _prefix(case: Case) -> int:
     """Where initial-state cuts: one past the first chunk of CHUNKS[0] when there is one (a
     prefix not aligned to a chunk), else drawn."""
@@ -148,10 +178,11 @@ def _prefix(case: Case) -> int:
     return int(torch.randint(1, case.n, (1,), generator=case_generator(case, 22)))
 
 
-def _as_given(exact: tuple[np.ndarray, np.ndarray], like) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact state in the dtype and device of the state `like` fn returned."""
-    s = like[0]
-    return tuple(torch.from_numpy(t).to(dtype=s.dtype, device=s.device) for t in exact)
+def _as_given(exact: tuple[np.ndarray, ...], like, spec):
+    """The exact state in the layout, dtype and device of the state `like` fn returned."""
+    s = _parts(like, spec)[0]
+    given = tuple(torch.from_numpy(t).to(dtype=s.dtype, device=s.device) for t in exact)
+    return given if spec.normalize else given[0]
 
 
 def _prefix_ignored(x, impl: Implementation, p: int, exact_s: np.ndarray) -> np.ndarray:
@@ -178,14 +209,15 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
         return Outcome(True, "N = 1: no prefix to fold")
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
+    decay = case.decay(spec.decay)
     p = _prefix(case)
-    head = [_piece(t, 0, p) for t in (q, k, v)]
-    exact = exact_state(validate(*head, spec, w), spec)
-    _, own = impl.call_state(*head, w, None)
-    given = _as_given(exact, own)
-    rest = [_piece(t, p, case.n) for t in (q, k, v)]
+    *head, head_decay = _pieces(q, k, v, decay, 0, p)
+    exact = _exact(validate(*head, spec, w, head_decay), spec)
+    _, own = _call(impl, *head, w, head_decay, None)
+    given = _as_given(exact, own, spec)
+    *rest, rest_decay = _pieces(q, k, v, decay, p, case.n)
     tol, rows = Tolerance.of(x, spec), (..., slice(p, None), slice(None))
-    whole = as_array(impl.call_state(q, k, v, w, None)[0])
+    whole = as_array(_call(impl, q, k, v, w, decay, None)[0])
 
     def with_rest(values: np.ndarray) -> np.ndarray:
         """The one-pass output with rows p.. replaced by `values`."""
@@ -193,20 +225,21 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
         full[rows] = values
         return full
 
-    got = with_rest(as_array(impl.call_state(*rest, w, given)[0]))
+    got = with_rest(as_array(_call(impl, *rest, w, rest_decay, given)[0]))
     found = mismatch(got, whole, tol, tol.allowance(), rows)
     what = f"rows {p}.. from the exact state of tokens 0..{p - 1} against one pass"
     if found is None:
         return agreement(what, None)
-    if nature := _by_nature(impl, x, [p], own[0].dtype):
+    if nature := _by_nature(impl, x, [p], _parts(own, spec)[0].dtype):
         return Outcome(False, f"{what}: {nature}", by_nature=nature)
     reasons = {
         "the initial state is ignored (the output is that of no prefix)": as_array(
-            impl.call_state(*rest, w, None)[0]
+            _call(impl, *rest, w, rest_decay, None)[0]
         ),
-        "its normaliser ignores the prefix the state stands for: it divides by phi(q_i) . "
-        "(the keys of this call) only": _prefix_ignored(x, impl, p, exact[0]),
     }
+    if spec.plain:  # the normaliser of this call's keys (decayed: the decays, too)
+        why = "its normaliser ignores the prefix the state stands for: it divides by phi(q_i) "
+        reasons[why + ". (the keys of this call) only"] = _prefix_ignored(x, impl, p, exact[0])
     for why, values in reasons.items():
         if mismatch(got, with_rest(values), tol, tol.allowance(), rows) is None:
             return agreement(what, found, f"; {why}")
@@ -215,12 +248,13 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
 
 @check("final-state")
 def final_state(impl: Implementation, case: Case) -> Outcome:
-    """The final state against the exact S (and z), within the state bound."""
-    (q, k, v, w), x = inputs_of(case, impl.spec)
-    _, final = impl.call_state(q, k, v, w, None)
-    exact = exact_state(x, impl.spec)
-    if problem := _state_mismatch(final, exact, _bounds(impl, x, 1.0)):
-        if nature := _unrepresentable(exact, final[0].dtype, impl.spec.feature_map):
+    """The final state against the exact S (and z, normalised), within the state bound."""
+    spec = impl.spec
+    (q, k, v, w), x = inputs_of(case, spec)
+    _, final = _call(impl, q, k, v, w, case.decay(spec.decay), None)
+    exact, parts = _exact(x, spec), _parts(final, spec)
+    if problem := _state_mismatch(parts, exact, _bounds(impl, x, 1.0)):
+        if nature := _unrepresentable(exact, parts[0].dtype, spec.feature_map):
             return Outcome(
                 False, f"{nature}: a state in true units cannot carry it", by_nature=nature
             )

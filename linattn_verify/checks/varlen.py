@@ -3,7 +3,9 @@ convention): sequences of several lengths, empty ones first, between and last an
 one-token one among them (fla #103: empty sequences give NaN or an illegal access), each
 drawn afresh, packed one after another, give
 what each gives run by itself: nothing leaks across a boundary (fla PR #955, #837), and a
-batch of one sequence gives the plain call's output (vllm PR #22034: batch size 1)."""
+batch of one sequence gives the plain call's output (vllm PR #22034: batch size 1). A
+decayed spec's log-gates are drawn with each sequence and packed along N like its tokens
+(each sequence's own run gets its slice g[..., a:b]); a constant gamma is shared."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ..cases import Case
 from ..inputs import validate
 from ..under_test import Implementation
 from .compare import Tolerance, mismatch
-from .core import Outcome, as_array, check, inputs_of
+from .core import Outcome, as_array, check, decay_part, inputs_of
 
 
 def _lengths(n: int) -> list[int]:
@@ -25,31 +27,34 @@ def _lengths(n: int) -> list[int]:
     return [0, n, 0, 1, n // 2 + 1, n, 0]
 
 
-def _sequence(case: Case, s: int, n: int) -> list[torch.Tensor]:
-    """q, k, v (1, H, n, d) of packed sequence s: drawn afresh, of the case's kind and
-    magnitude, so that no two sequences share a token."""
+def _sequence(case: Case, s: int, n: int, kind: str | None) -> list[torch.Tensor | None]:
+    """q, k, v (1, H, n, d) of packed sequence s and its decay of `kind` (Case.decay): drawn
+    afresh, of the case's kind and magnitude, so that no two sequences share a token."""
     drawn = dataclasses.replace(case, b=1, n=n, seed=case.seed + 7919 * (s + 1))
-    return list(drawn.tensors()[:3])
+    return [*drawn.tensors()[:3], drawn.decay(kind)]
 
 
 @check("varlen")
 def varlen(impl: Implementation, case: Case) -> Outcome:
-    """Each sequence of a packed batch equals its own run; one sequence equals the plain
-    call."""
+    """Each sequence of a packed batch equals its own run (with its slice of the packed
+    log-gates); one sequence equals the plain call."""
     spec = impl.spec
     (q, k, v, w), _ = inputs_of(case, spec)
+    decay, first = case.decay(spec.decay), slice(0, 1)
     lengths = _lengths(case.n)
-    parts = [_sequence(case, s, n) if n else [t[:1, :, :0] for t in (q, k, v)]
-             for s, n in enumerate(lengths)]  # fmt: skip
+    empty = [*(t[:1, :, :0] for t in (q, k, v)), decay_part(decay, first, tokens=slice(0, 0))]
+    parts = [_sequence(case, s, n, spec.decay) if n else empty for s, n in enumerate(lengths)]
     packed = [torch.cat([p[i] for p in parts], dim=-2) for i in range(3)]
+    packed_decay = decay if spec.decay != "gates" else torch.cat([p[3] for p in parts], -1)
     offsets = [0, *itertools.accumulate(lengths)]
     cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
-    out = as_array(impl.call_varlen(*packed, w, cu))
+    out = as_array(impl.call_varlen(*packed, w, cu, packed_decay))
     for s, (n, (a, end)) in enumerate(zip(lengths, itertools.pairwise(offsets), strict=True)):
         if n == 0:
             continue
-        x = validate(*parts[s], spec, w)
-        own = as_array(impl(*parts[s], w))
+        own_decay = decay_part(packed_decay, tokens=slice(a, end))
+        x = validate(*parts[s][:3], spec, w, own_decay)
+        own = as_array(impl(*parts[s][:3], w, own_decay))
         tol = Tolerance.of(x, spec)
         found = mismatch(out[..., a:end, :], own, tol, tol.allowance())
         if found is not None:
@@ -60,9 +65,10 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
             )
             return Outcome(False, found.describe(what), {"units": found.units})
     single = torch.tensor([0, case.n], dtype=torch.int32, device=q.device)
-    one = as_array(impl.call_varlen(*(t[:1] for t in (q, k, v)), w, single))
-    plain = as_array(impl(*(t[:1] for t in (q, k, v)), w))
-    tol = Tolerance.of(validate(*(t[:1] for t in (q, k, v)), spec, w), spec)
+    row, row_decay = [t[first] for t in (q, k, v)], decay_part(decay, first)
+    one = as_array(impl.call_varlen(*row, w, single, row_decay))
+    plain = as_array(impl(*row, w, row_decay))
+    tol = Tolerance.of(validate(*row, spec, w, row_decay), spec)
     if (found := mismatch(one, plain, tol, tol.allowance())) is not None:
         what = "a batch of one packed sequence against the plain call"
         return Outcome(False, found.describe(what), {"units": found.units})

@@ -413,8 +413,9 @@ def attention_varlen(
     itself only (empty ones allowed); without cu_seqlens, attention() itself."""
     if cu_seqlens is None:
         return attention(q, k, v, **options)
-    spec = Spec(options.get("feature_map", "elu"), options.get("causal", False),
-                options.get("eps", 0.0))  # fmt: skip
+    keys = ("feature_map", "causal", "eps", "normalize", "scale", "decay")
+    defaults = Spec("elu")
+    spec = Spec(**{key: options.get(key, getattr(defaults, key)) for key in keys})
     check_tensors(q, k, v, spec, options.get("projection"))
     if q.shape[0] != 1 or k.shape[-2] != q.shape[-2]:
         raise SpecError(f"a packed batch is one row (1, H, T, d) of q and k alike, got {q.shape}")

@@ -125,33 +125,48 @@ def gates_bf16_prefix(q, k, v, g):
     return _quadratic(q, k, v, _gate_gaps(prefix))
 
 
-def _gates_chunked(q, k, v, g, carry_decayed: bool = True):
-    """Chunks of 16 tokens: inside a chunk exp(G_i - G_j) from the chunk's own prefix sums G,
-    the state entering it seen by row i through exp(G_i), and carried to the next chunk
-    decayed by the chunk's total exp(G_last) (Yang et al. 2024, eq. 4-5); carry_decayed=False
-    leaves that total out."""
+def _gates_chunked(q, k, v, g, carry_decayed=True, initial_state=None, state_decayed=True):
+    """(out, final state S) in chunks of 16 tokens: inside a chunk exp(G_i - G_j) from the
+    chunk's own prefix sums G, the state entering it seen by row i through exp(G_i), and
+    carried to the next chunk decayed by the chunk's total exp(G_last) (Yang et al. 2024,
+    eq. 4-5), from initial_state (S (B, H, d, dv); None: zero). carry_decayed=False leaves
+    that total out between chunks; state_decayed=False lets the rows see the initial
+    state undecayed."""
     qc, kc, vc = _widen(q, k, v)
     gc = g.to(qc.dtype)
     b, h, n, d = qc.shape
-    s = qc.new_zeros(b, h, d, vc.shape[-1])
+    s = qc.new_zeros(b, h, d, vc.shape[-1]) if initial_state is None else initial_state.to(qc)
     outs = []
     for a in range(0, n, CHUNK):
         qi, ki, vi = (t[..., a : a + CHUNK, :] for t in (qc, kc, vc))
         prefix = torch.cumsum(gc[..., a : a + CHUNK], dim=-1)
         inner = (qi @ ki.mT) * torch.exp(_gate_gaps(prefix))
-        outs.append(torch.exp(prefix)[..., None] * (qi @ s) + inner @ vi)
+        seen = torch.exp(prefix) if state_decayed or a else torch.ones_like(prefix)
+        outs.append(seen[..., None] * (qi @ s) + inner @ vi)
         to_end = torch.exp(prefix[..., -1:] - prefix)[..., None]
         if carry_decayed:
             s = torch.exp(prefix[..., -1])[..., None, None] * s
         s = s + (ki * to_end).mT @ vi
-    return torch.cat(outs, dim=-2).to(q.dtype)
+    return torch.cat(outs, dim=-2).to(q.dtype), s.to(q.dtype)
+
+
+def gates_chunked_state(q, k, v, g, initial_state=None):
+    """(out, S) of the chunked form in chunks of 16, continuing initial_state."""
+    return _gates_chunked(q, k, v, g, initial_state=initial_state)
+
+
+def gates_initial_state_undecayed(q, k, v, g, initial_state=None):
+    """BUG: the rows of the first chunk see the initial state undecayed (q_i S_0, not
+    exp(G_i) q_i S_0): the decay applied to the state inside a call but not to the one
+    handed in (fla #351's class: wrong only when an initial_state is given)."""
+    return _gates_chunked(q, k, v, g, initial_state=initial_state, state_decayed=False)
 
 
 def gates_state_not_decayed(q, k, v, g):
     """BUG: the state carried from one chunk of 16 to the next is not decayed by the chunk's
     total decay (its rows and the inside of a chunk are right): a key two chunks back is
     decayed by the current chunk's prefix only."""
-    return _gates_chunked(q, k, v, g, carry_decayed=False)
+    return _gates_chunked(q, k, v, g, carry_decayed=False)[0]
 
 
 def gates_exp_apart(q, k, v, g):
@@ -196,4 +211,8 @@ ENTRIES = (
            "the state carried between chunks is not decayed", ("reference", "decay")),
     _entry("decay-gates-exp-apart", gates_exp_apart, "gates", True,
            "exp(G_i) and exp(-G_j) formed apart: overflow", ("decay",)),
+    _entry("decay-gates-chunked-state", gates_chunked_state, "gates", False,
+           "correct: chunks of 16, its state S carried", state="S"),
+    _entry("decay-gates-initial-state-undecayed", gates_initial_state_undecayed, "gates",
+           True, "the initial state seen undecayed", ("initial-state",), state="S"),
 )  # fmt: skip
