@@ -18,6 +18,7 @@ reproduces a check on it are derived here and nowhere else.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import shlex
 import sys
@@ -432,12 +433,12 @@ OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--causal", {"action": "store_true", "help": "the claimed spec is causal"}),
     ("--eps", {"type": float, "help": "the denominator eps it claims (default 0)"}),
     (
-        "--no-normalize",
+        "--normalize",
         {
-            "dest": "normalize",
-            "action": "store_false",
+            "action": argparse.BooleanOptionalAction,
             "default": None,
-            "help": "the claimed spec is unnormalised: out_i = sum_j sim(q_i, k_j) v_j",
+            "help": "--no-normalize: the claimed spec is unnormalised, out_i = sum_j "
+            "sim(q_i, k_j) v_j (default: normalised, divided by eps + sum_j sim(q_i, k_j))",
         },
     ),
     (

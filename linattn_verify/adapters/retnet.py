@@ -60,16 +60,23 @@ def _load(form: str) -> Callable[[], Fn]:
             with _gammas(retention, gamma):
                 return retention.retention_parallel(q, k, v)[0]
 
-        def chunkwise(q, k, v, gamma):
-            state, out = None, []
+        def chunkwise(q, k, v, gamma, initial_state=None):
+            """(out, S): the library's state is S / sqrt(d) (it divides k by sqrt(d)),
+            translated to and from the suite's S."""
+            root = q.shape[-1] ** 0.5
+            state, out = None if initial_state is None else initial_state / root, []
             with _gammas(retention, gamma):
                 for start in range(0, q.shape[2], CHUNK):
                     piece = (t[:, :, start : start + CHUNK] for t in (q, k, v))
                     o, state = retention.retention_chunkwise(*piece, state)
                     out.append(o)
-            return torch.cat(out, dim=2)
+            return torch.cat(out, dim=2), state * root
 
-        return {"parallel": parallel, "chunkwise": chunkwise}[form]
+        if form == "parallel":
+            return parallel
+        if form == "chunkwise-state":
+            return chunkwise
+        return lambda q, k, v, gamma: chunkwise(q, k, v, gamma)[0]
 
     return load
 
@@ -80,5 +87,7 @@ ADAPTERS = (
             _load("parallel"), INSTALL, cost="quadratic"),
     Adapter("retnet.chunkwise", "yet-another-retnet", "yet_another_retnet.retention."
             "retention_chunkwise", SPEC, "bhnd", _NOTE + f" Chunks of {CHUNK} tokens, its "
-            "state carried from chunk to chunk.", _load("chunkwise"), INSTALL),
+            "state carried from chunk to chunk (with --state: its S / sqrt(d) translated to "
+            "and from S).", _load("chunkwise"), INSTALL, state="S",
+            load_state=_load("chunkwise-state")),
 )  # fmt: skip
