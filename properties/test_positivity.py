@@ -1,8 +1,9 @@
 """Positive denominators and finite outputs (every dtype, adversarial magnitudes), and
 outputs in the convex hull of the values for positive kernels.
 
-relu and cosformer (a query with no positive similarity: denominator 0) and
-performer-trig (sin/cos features: a negative denominator) violate positivity by nature;
+relu and cosformer (a query with no positive similarity: denominator 0), performer-trig
+(sin/cos features) and identity (q . k) (a negative denominator) violate positivity by
+nature;
 test_positivity_by_nature shows a counterexample for each as an expected failure, and
 test_positivity still fails them on any non-finite output where the exact denominator is
 positive.
@@ -20,6 +21,7 @@ BY_NATURE = {
     "can be 0 or negative",
     "cosformer": "relu(q_i).relu(k_j) cos(...) is 0 when no key shares a positive "
     "coordinate with the query: denominator exactly 0 (0/0)",
+    "identity": "q . k is signed: the denominator q_i . sum_j k_j can be 0 or negative",
 }
 
 

@@ -511,3 +511,71 @@ def state_bound(
             out_z.append(np.where(np.isfinite(g), out, np.inf)[:, dv])
     f = out_s[0].shape[0]
     return np.stack(out_s).reshape(b_, h_, f, dv), np.stack(out_z).reshape(b_, h_, f)
+
+
+def state_gradient_bound(
+    x: AttentionInputs,
+    spec: Spec,
+    g_out: np.ndarray,
+    g_state: np.ndarray,
+    u: float,
+    tiny: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on the errors of dL/dS_0 (B, H, F, dv) and dL_S/dv (B, H, N, dv) of
+    reference/state.py's exact_state_gradients, for any evaluation in precision u.
+
+    dL/dS_0 = sum_i c W_i phi(q_i) g_out_i^T + W_(N-1) g_state: N + 1 terms, each a product
+    of a feature (within psi, feature_errors), the decay W_i (within eta_i, _decay_errors),
+    the scale and a cotangent; a backward pass through a recurrence or through chunks
+    forms W_i from up to N rounded decays and sums the terms in any order, so gamma_(2N + 2
+    C_LIB + 6) times the terms' magnitudes covers it (Higham 2002, Theorem 3.1), plus the
+    features' and decays' own errors; dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j) likewise
+    over F terms. Stored in precision u: u times the magnitude, which also covers the
+    float64 rounding of the exact values; tiny / 2 per term for underflow. In float64,
+    inflated by SAFETY; infinite where gamma is."""
+    (
+        b_,
+        h_,
+        n,
+        d,
+    ) = x.q.shape
+    name = spec.feature_map
+    c = spec.scale_for(d) * SAFETY
+    g = gamma(2 * n + 2 * C_LIB + 6, u)
+    out_s, out_v = [], []
+    for b in range(b_):
+        for h in range(h_):
+            head = Head.of(x, b, h)
+            stab = _stabiliser(head.q, head.k, head.w, name)
+            positions = np.arange(n)
+            _, aq, psi_q = _features(head.q, positions, head.big_m, head.w, name, u, stab)
+            _, ak, psi_k = _features(head.k, positions, head.big_m, head.w, name, u, stab)
+            into = last = np.ones(n)
+            eta = np.zeros(n)
+            if spec.decay is not None:
+                into = _from_start_weights(head, spec) * SAFETY
+                last = _last_weights(head, spec) * SAFETY
+                eta = _decay_errors(head, spec, u)
+            go, gs = np.abs(g_out[b, h]), np.abs(g_state[b, h])
+            left = c * into[:, None]
+            size_s = (left * aq).T @ go + into[-1] * gs
+            errs_s = (left * (psi_q + eta[:, None] * aq)).T @ go + eta[-1] * into[-1] * gs
+            keys = last[:, None] * ak
+            size_v = keys @ gs
+            errs_v = (last[:, None] * (psi_k + eta[-1] * ak)) @ gs
+            with np.errstate(invalid="ignore", over="ignore"):
+                for size, errs, terms, out in (
+                    (size_s, errs_s, n + 1, out_s), (size_v, errs_v, ak.shape[1], out_v)
+                ):  # fmt: skip
+                    e = (g * (size + errs) + errs + u * size + tiny * terms) * SAFETY
+                    out.append(np.where(np.isfinite(g), e, np.inf))
+    f, dv = out_s[0].shape
+    return np.stack(out_s).reshape(b_, h_, f, dv), np.stack(out_v).reshape(b_, h_, n, dv)
+
+
+def _from_start_weights(head: Head, spec: Spec) -> np.ndarray:
+    """W_i, the decay from before the first token to token i, in float64 (within SAFETY)."""
+    n = head.k.shape[0]
+    if spec.decay == "constant":
+        return np.exp(np.arange(1, n + 1) * math.log(float(head.decay)))
+    return np.exp(np.cumsum(head.decay))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -144,6 +145,30 @@ def _fla_triton(module: str, function: str, returns_state: bool, **kwargs) -> Ca
     return load
 
 
+def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], Fn]:
+    """A loader for fla.ops.simple_gla.<function> (CUDA) on (B, T, H, K) tensors: gates as
+    its g (B, T, H), a constant decay gamma (H,) as its g_gamma = ln gamma; scale None
+    (K^-1/2); packed batches by its cu_seqlens; with `state`, fn(..., initial_state=None)
+    -> (o, S), S [B, H, K, V] as ours (output_final_state=True)."""
+
+    def load() -> Fn:
+        require_cuda(f"fla.ops.simple_gla.{function}")
+        kernel = getattr(import_library("fla.ops.simple_gla", INSTALL_TRITON), function)
+
+        def fla_simple_gla(q, k, v, initial_state=None, cu_seqlens=None, **values):
+            if decay == "constant":
+                decays = {"g_gamma": torch.log(values["gamma"].float())}
+            else:
+                decays = {"g": values["g"]}
+            o, s = kernel(q, k, v, **decays, initial_state=initial_state,
+                          output_final_state=True, cu_seqlens=cu_seqlens)  # fmt: skip
+            return (o, s) if state else o
+
+        return fla_simple_gla
+
+    return load
+
+
 _FLA_LINEAR = (
     "fla's kernels take features already mapped (its layers apply the feature map first); "
     "the adapter maps q and k with relu, so the spec is relu. With normalize=True "
@@ -222,6 +247,28 @@ ADAPTERS = (
             ("fused-chunk", "fused_chunk_linear_attn", "fused chunk kernel"),
             ("fused-recurrent", "fused_recurrent_linear_attn", "recurrent kernel"),
         )
+    ),
+    *(
+        Adapter(
+            f"fla.simple-gla-{short}{'-gamma' * (decay == 'constant')}",
+            "fla-core",
+            f"fla.ops.simple_gla.{function}",
+            replace(SIMPLE_GLA_SPEC, decay=decay),
+            "bnhd",
+            _SIMPLE_GLA.replace("computed in float32 whatever the input dtype", f"Triton {how}")
+            + (" The constant decay as its g_gamma = ln gamma." if decay == "constant" else ""),
+            _simple_gla_triton(function, decay, False),
+            INSTALL_TRITON,
+            device="cuda",
+            state="S",
+            load_state=_simple_gla_triton(function, decay, True),
+            varlen=True,
+        )
+        for short, function, how in (
+            ("chunk", "chunk_simple_gla", "chunk kernel"),
+            ("fused-recurrent", "fused_recurrent_simple_gla", "recurrent kernel"),
+        )
+        for decay in ("gates", "constant")
     ),
     _based("fla.based-parallel", "fla.ops.based.parallel_based", "bnhd",
            " Triton kernel, fp32 accumulation; asserts d <= 128.",

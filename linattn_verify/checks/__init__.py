@@ -15,6 +15,7 @@ from .gradients import gradient, gradient_associativity, gradient_causality, gra
 from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
 from .state import final_state, initial_state, state_split
+from .state_gradient import state_gradient
 from .varlen import varlen
 
 CHECKS = {
@@ -45,17 +46,35 @@ STATE_CHECKS = ("state-split", "initial-state", "final-state")  # with --state
 # exact gradient (reference/grad.py).
 GRAD_CHECKS = {
     fn.check_name: fn
-    for fn in (gradient, gradient_causality, gradient_associativity, gradient_finite)
+    for fn in (
+        gradient,
+        gradient_causality,
+        gradient_associativity,
+        gradient_finite,
+        state_gradient,
+    )
 }
 ALL_CHECKS = CHECKS | GRAD_CHECKS
 
 
-# the checks that do not take a decay to the kernel, and why
-WITHOUT_DECAY = {
-    "split-resume": "the stream API carries no decay (the state checks take it)",
+# the checks that do not take every spec, and why: split-resume's stream takes no decay
+# (the state checks do), the exact gradients of reference/grad.py are for plain specs
+NOT_FOR = {
+    "split-resume": (
+        lambda spec: spec.decay is not None,
+        "the stream API carries no decay (the state checks take it)",
+    ),
     **dict.fromkeys(
         ("gradient", "gradient-causality", "gradient-associativity", "gradient-finite"),
-        "the exact gradients (reference/grad.py) are for specs without a decay yet",
+        (
+            lambda spec: not spec.plain,
+            "the exact gradients (reference/grad.py) are for plain specs: normalised, "
+            "unscaled, without a decay",
+        ),
+    ),
+    "state-gradient": (
+        lambda spec: spec.normalize,
+        "the exact state gradients are for unnormalised specs (the state S) yet",
     ),
 }
 # the checks of a normalised output's properties
@@ -65,8 +84,8 @@ NORMALISED = ("positivity", "convex-hull", "v-affine")
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
     spec = impl.spec
-    if spec.decay is not None and name in WITHOUT_DECAY:
-        return WITHOUT_DECAY[name]
+    if name in NOT_FOR and NOT_FOR[name][0](spec):
+        return NOT_FOR[name][1]
     if name == "decay" and spec.decay is None:
         return "no decay declared"
     if not spec.normalize and name in NORMALISED:
@@ -83,7 +102,7 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return "non-causal spec"
     if name == "split-resume" and (not spec.causal or impl.stream is None):
         return "no state API" if spec.causal else "non-causal spec"
-    if name in STATE_CHECKS:
+    if name in (*STATE_CHECKS, "state-gradient"):
         return _state_not_applicable(name, impl)
     if name == "varlen" and not impl.varlen:
         return "no --varlen declared"
@@ -125,6 +144,7 @@ __all__ = [
     "positivity",
     "reference_agreement",
     "split_resume",
+    "state_gradient",
     "state_split",
     "v_affine",
     "varlen",

@@ -12,7 +12,7 @@ import numpy as np
 from flint import arb, arb_mat
 
 from ..inputs import AttentionInputs
-from ..specs import Spec, SpecError
+from ..specs import RSQRT_D, Spec, SpecError
 from .arb import DEFAULT_PREC, rounded
 from .balls import Head, balls, decay_weights, features, working_precision
 from .common import MAX_PREC, ReferenceAccuracyError
@@ -55,3 +55,77 @@ def exact_state(
             heads.append(np.array(values, dtype=np.float64))
     sz = np.stack(heads).reshape(b_, h_, *heads[0].shape)
     return sz[..., :-1], sz[..., -1]
+
+
+def exact_state_gradients(
+    x: AttentionInputs,
+    spec: Spec,
+    g_out: np.ndarray,
+    g_state: np.ndarray,
+    prec: int = DEFAULT_PREC,
+    max_prec: int = MAX_PREC,
+) -> tuple[np.ndarray, np.ndarray]:
+    """For an unnormalised causal spec continuing an initial state S_0, and the loss
+    L = sum(out * g_out) + sum(S_N * g_state) (S_N the final state): (dL/dS_0 (B, H, F, dv),
+    dL_S/dv (B, H, N, dv)), L_S = sum(S_N * g_state) alone, faithfully rounded to float64.
+
+    out_i = c phi(q_i)^T (W_i S_0 + sum_(j<=i) w_ij phi(k_j) v_j^T) and S_N = W_(N-1) S_0 +
+    sum_j w_(N-1, j) phi(k_j) v_j^T, W_i = w_(i, -1) the decay from before the first token
+    to i (exp(G_i), gamma^(i + 1); 1 without a decay), so dL/dS_0 = sum_i c W_i phi(q_i)
+    g_out_i^T + W_(N-1) g_state (the final state's cotangent, fla's dht, flows into dh0)
+    and dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j)."""
+    if spec.normalize or spec.no_state:
+        raise SpecError(f"exact state gradients are for unnormalised causal specs, not {spec}")
+    b_, h_, n = x.q.shape[:3]
+    out_s, out_v = [], []
+    for b in range(b_):
+        for h in range(h_):
+            head, p = Head.of(x, b, h), prec
+            while True:
+                if p > max_prec:
+                    raise ReferenceAccuracyError(
+                        f"the state gradients of head ({b}, {h}) are not resolved at "
+                        f"{max_prec} bits"
+                    )
+                ds, dv = _head_state_gradients(head, spec, g_out[b, h], g_state[b, h], p)
+                if all(t is not None for rows in (ds, dv) for row in rows for t in row):
+                    break
+                p *= 2
+            out_s.append(np.array(ds, dtype=np.float64))
+            out_v.append(np.array(dv, dtype=np.float64))
+    f, dv_ = out_s[0].shape
+    return np.stack(out_s).reshape(b_, h_, f, dv_), np.stack(out_v).reshape(b_, h_, n, dv_)
+
+
+def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, prec: int):
+    """(dL/dS_0, dL_S/dv) of one head at `prec` bits, None where not yet resolved."""
+    n, d = head.q.shape
+    with working_precision(prec):
+        c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
+        fq = features(head.q, range(n), head, spec.feature_map)
+        fk = features(head.k, range(n), head, spec.feature_map)
+        into, last = _from_start(head, spec), [arb(1)] * n
+        if spec.decay is not None:
+            last = decay_weights(head, [n - 1], spec.decay)[0]
+        left = arb_mat([[c * into[i] * t for t in fq[i]] for i in range(n)])
+        ds = left.transpose() * arb_mat(balls(g_out)) + arb_mat(balls(g_state)) * into[-1]
+        keys = arb_mat([[last[j] * t for t in fk[j]] for j in range(n)])
+        dv = keys * arb_mat(balls(g_state))
+        return tuple([[rounded(t) for t in row] for row in m.tolist()] for m in (ds, dv))
+
+
+def _from_start(head: Head, spec: Spec) -> list:
+    """W_i: the decay from before the first token to token i (1 without a decay)."""
+    n = head.q.shape[0]
+    if spec.decay is None:
+        return [arb(1)] * n
+    if spec.decay == "constant":
+        gamma, out = arb(float(head.decay)), []
+        for _ in range(n):
+            out.append((out[-1] if out else arb(1)) * gamma)
+        return out
+    total, out = arb(0), []
+    for g in head.decay.tolist():
+        total += g
+        out.append(total.exp())
+    return out

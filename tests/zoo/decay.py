@@ -169,6 +169,17 @@ def gates_state_not_decayed(q, k, v, g):
     return _gates_chunked(q, k, v, g, carry_decayed=False)[0]
 
 
+def gates_dht_dropped(q, k, v, g, initial_state=None):
+    """BUG (backward only): the final state's dependence on the initial state is left out of
+    the graph (the decayed S_0 added detached), so the final state's cotangent (dht) never
+    reaches dL/dS_0 (dh0): the forward is exact (fla #1140's class)."""
+    out, s = _gates_chunked(q, k, v, g, initial_state=initial_state)
+    if initial_state is None:
+        return out, s
+    _, fresh = _gates_chunked(q, k, v, g)  # the keys' part alone
+    return out, fresh + (s - fresh).detach()
+
+
 def gates_exp_apart(q, k, v, g):
     """BUG: exp(G_i) and exp(-G_j) formed apart, G the prefix sums from the sequence's start,
     and multiplied (q_i exp(G_i)) . (k_j exp(-G_j)), in chunks of 16 with the state in the
@@ -212,7 +223,9 @@ ENTRIES = (
     _entry("decay-gates-exp-apart", gates_exp_apart, "gates", True,
            "exp(G_i) and exp(-G_j) formed apart: overflow", ("decay",)),
     _entry("decay-gates-chunked-state", gates_chunked_state, "gates", False,
-           "correct: chunks of 16, its state S carried", state="S"),
+           "correct: chunks of 16, its state S carried", state="S", grad=True),
+    _entry("decay-gates-dht-dropped", gates_dht_dropped, "gates", True,
+           "dht never reaches dh0 (backward only)", ("state-gradient",), state="S", grad=True),
     _entry("decay-gates-initial-state-undecayed", gates_initial_state_undecayed, "gates",
            True, "the initial state seen undecayed", ("initial-state",), state="S"),
 )  # fmt: skip

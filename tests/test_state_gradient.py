@@ -1,0 +1,118 @@
+"""The backward pass of a carried state (checks/state_gradient.py): the exact gradients
+against autograd through a float64 closed form, the bound, and the check on built-ins and
+broken kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linattn_verify.accuracy.bound import state_gradient_bound
+from linattn_verify.cases import Case
+from linattn_verify.checks import GRAD_CHECKS, not_applicable
+from linattn_verify.implementations.forms import attention_with_state
+from linattn_verify.inputs import validate
+from linattn_verify.reference.state import exact_state_gradients
+from linattn_verify.specs import Spec, SpecError
+from linattn_verify.under_test import DECLARED, resolve
+
+B, H, N, D, DV = 1, 2, 7, 3, 2
+
+
+def _closed_form(q, k, v, g, s0, g_out, g_state, scale):
+    """dL/dS_0 and dL_S/dv of identity features with gates, written from the definition in
+    float64 numpy: out_i = c q_i^T (e^(G_i) S_0 + sum_(j<=i) e^(G_i - G_j) k_j v_j^T)."""
+    prefix = np.cumsum(g, axis=-1)  # G_i
+    ds0 = np.einsum("bhi,bhid,bhic->bhdc", scale * np.exp(prefix), q, g_out)
+    ds0 += np.exp(prefix[..., -1])[..., None, None] * g_state
+    to_end = np.exp(prefix[..., -1:] - prefix)  # w_(N-1, j)
+    dv = np.einsum("bhj,bhjd,bhdc->bhjc", to_end, k, g_state)
+    return ds0, dv
+
+
+def test_exact_state_gradients_match_the_closed_form():
+    gen = np.random.default_rng(5)
+    q, k = gen.standard_normal((2, B, H, N, D))
+    v, g_out = gen.standard_normal((2, B, H, N, DV))
+    g = -gen.random((B, H, N)) * 2
+    s0, g_state = gen.standard_normal((2, B, H, D, DV))
+    spec = Spec("identity", True, normalize=False, scale=0.5, decay="gates")
+    x = validate(q, k, v, spec, None, g)
+    ds0, dv = exact_state_gradients(x, spec, g_out, g_state)
+    want_s, want_v = _closed_form(q, k, v, g, s0, g_out, g_state, 0.5)
+    np.testing.assert_allclose(ds0, want_s, rtol=1e-13)
+    np.testing.assert_allclose(dv, want_v, rtol=1e-13)
+
+
+def test_exact_state_gradients_refuse_a_normalised_spec():
+    x = validate(*np.ones((3, 1, 1, 2, 2)), Spec("elu", True))
+    with pytest.raises(SpecError, match="unnormalised"):
+        exact_state_gradients(x, Spec("elu", True), np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)))
+
+
+@pytest.mark.parametrize("decay", [None, "constant", "gates"])
+def test_float64_autograd_of_the_built_in_is_within_the_bound(decay):
+    case = Case(B, H, N, D, DV, "float64", seed=4)
+    q, k, v, _ = case.tensors()
+    values = case.decay(decay)
+    spec = Spec("elu", True, normalize=False, decay=decay)
+    keyword = {"constant": "gamma", "gates": "g"}.get(decay)
+    gen = torch.Generator().manual_seed(1)
+    s0 = torch.randn(B, H, D, DV, generator=gen, dtype=torch.float64, requires_grad=True)
+    g_out = torch.randn(B, H, N, DV, generator=gen, dtype=torch.float64)
+    g_state = torch.randn(B, H, D, DV, generator=gen, dtype=torch.float64)
+    kwargs = {keyword: values} if keyword else {}
+    out, s = attention_with_state(q, k, v, "elu", initial_state=s0, chunk_size=3,
+                                  normalize=False, decay=decay, **kwargs)  # fmt: skip
+    ((out * g_out).sum() + (s * g_state).sum()).backward()
+    x = validate(q, k, v, spec, None, values)
+    ds0, _ = exact_state_gradients(x, spec, g_out.numpy(), g_state.numpy())
+    bound, _ = state_gradient_bound(x, spec, g_out.numpy(), g_state.numpy(), 2.0**-53)
+    error = np.abs(s0.grad.numpy() - ds0)
+    assert np.all(error <= bound) and np.all(np.isfinite(bound))
+    assert np.all(bound < 1e-12 * (1 + np.abs(ds0)))  # and not vacuous
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_the_built_in_forms_pass(form, dtype):
+    impl = resolve(form=form, feature_map="identity", causal=True, normalize=False,
+                   scale="d^-0.5", decay="gates", state=DECLARED)  # fmt: skip
+    result = GRAD_CHECKS["state-gradient"](impl, Case(1, 2, 40, 4, 3, dtype, seed=3))
+    assert result.passed, result.message
+
+
+def _dropping_dht(q, k, v, g=None, initial_state=None):
+    """The built-in, with the final state's dependence on the initial state detached."""
+    options = {"normalize": False, "decay": "gates", "g": g}
+    out, s = attention_with_state(q, k, v, "identity", initial_state=initial_state, **options)
+    if initial_state is None:
+        return out, s
+    _, fresh = attention_with_state(q, k, v, "identity", **options)
+    return out, fresh + (s - fresh).detach()
+
+
+def _queries_in_the_state(q, k, v, g=None, initial_state=None):
+    """The built-in, whose final state picks up a multiple of sum(q) (a wrong graph)."""
+    options = {"normalize": False, "decay": "gates", "g": g}
+    out, s = attention_with_state(q, k, v, "identity", initial_state=initial_state, **options)
+    return out, s + 0.0 * q.sum() + (q - q.detach()).sum()
+
+
+@pytest.mark.parametrize(
+    ("fn", "words"),
+    [(_dropping_dht, "dL/dS_0"), (_queries_in_the_state, "moves the queries")],
+)
+def test_broken_backward_passes_fail(fn, words):
+    impl = resolve(fn, feature_map="identity", causal=True, normalize=False, decay="gates",
+                   state="S")  # fmt: skip
+    result = GRAD_CHECKS["state-gradient"](impl, Case(1, 2, 20, 4, 3, "float32", seed=3))
+    assert not result.passed and words in result.message, result.message
+
+
+def test_not_applicable_to_a_normalised_state():
+    impl = resolve(form="chunked", feature_map="elu", causal=True, state=DECLARED)
+    assert "unnormalised" in not_applicable("state-gradient", impl)
+    plain = resolve(form="chunked", feature_map="elu", causal=True, normalize=False)
+    assert not_applicable("state-gradient", plain) == "no --state declared"
