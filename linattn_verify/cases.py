@@ -26,6 +26,7 @@ Pair: the two inputs of a random-feature kernel estimate (stats/, strategies.ker
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -142,6 +143,17 @@ class Case:
         uniform = 1.0 - torch.rand(self.b, self.h, self.n, generator=gen, **_F64)  # (0, 1]
         g = (self.decay_rate * torch.log(uniform)).clamp(min=-torch.finfo(dtype).max)
         return g.to(device=self.device, dtype=dtype)
+
+
+def default_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
+    """The cases' default decay (Case.decay at DECAY_RATE), constant over tokens, for
+    inputs q (B, H, N, d) that come from no case (the scaling runs): gamma =
+    exp(-DECAY_RATE) per head or gates of -DECAY_RATE, in q's dtype and device."""
+    if kind is None:
+        return None
+    shape = q.shape[1:2] if kind == "constant" else q.shape[:3]
+    value = math.exp(-DECAY_RATE) if kind == "constant" else -DECAY_RATE
+    return torch.full(shape, value, dtype=q.dtype, device=q.device)
 
 
 _F64 = {"dtype": torch.float64}

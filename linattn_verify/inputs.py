@@ -140,7 +140,7 @@ def check_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> np.ndarray 
         if decay is not None:
             raise SpecError(f"{spec} takes no decay (give the spec decay='constant' or 'gates')")
         return None
-    what = "gamma" if spec.decay == "constant" else "g"
+    what = DECAY_ARGUMENTS[spec.decay]
     if decay is None:
         raise SpecError(f"{spec} needs its decay: {what}")
     arr, _ = as_float64(decay, what)

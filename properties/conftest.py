@@ -63,12 +63,19 @@ def _chosen_or(config: pytest.Config, built_in: Callable[[], list[Implementation
     return [chosen] if chosen is not None else built_in()
 
 
+def _specs(name: str) -> tuple[Spec, Spec]:
+    """The non-causal and causal spec of a map, as its kernels use it: identity features
+    unnormalised (RetNet, simple GLA), every other map normalised."""
+    normalize = name != "identity"
+    return Spec(name, normalize=normalize), Spec(name, causal=True, normalize=normalize)
+
+
 def implementations(config: pytest.Config) -> list[Implementation]:
     """--impl, or every built-in spec and form."""
     return _chosen_or(config, lambda: [
         resolve(form=form, spec=spec)
         for name in FEATURE_MAPS
-        for spec in (Spec(name), Spec(name, causal=True))
+        for spec in _specs(name)
         for form in forms_of(spec)
     ])  # fmt: skip
 
@@ -76,9 +83,9 @@ def implementations(config: pytest.Config) -> list[Implementation]:
 def stateful(config: pytest.Config) -> list[Implementation]:
     """--impl, or the built-in forms that carry a state (for the state checks)."""
     return _chosen_or(config, lambda: [
-        resolve(form=form, spec=Spec(name, causal=True), state=DECLARED)
+        resolve(form=form, spec=_specs(name)[1], state=DECLARED)
         for name in FEATURE_MAPS
-        if not Spec(name, causal=True).no_state
+        if not _specs(name)[1].no_state
         for form in ("recurrent", "chunked")
     ])  # fmt: skip
 
@@ -87,9 +94,7 @@ def packed(config: pytest.Config) -> list[Implementation]:
     """--impl, or every built-in spec in its fast form taking packed batches (the varlen
     check; the other forms share the packing, attention_varlen)."""
     return _chosen_or(config, lambda: [
-        resolve(spec=spec, varlen=True)
-        for name in FEATURE_MAPS
-        for spec in (Spec(name), Spec(name, causal=True))
+        resolve(spec=spec, varlen=True) for name in FEATURE_MAPS for spec in _specs(name)
     ])  # fmt: skip
 
 

@@ -261,12 +261,12 @@ def _arb_sums(head: Head, spec: Spec, u: float, final: bool) -> HeadSums | None:
         )
         aq, ak = _abs(pq), _abs(pk)
         ones = balls(np.ones((nk, 1)))
-        sums = kernel_sums if spec.decay is None else _decayed_sums(head, spec, u)
+        sums = kernel_sums if spec.decay is None else _decayed_sums(head, spec)
         nd = sums(pq, pk, ones, causal)
         a_sums = sums(aq, ak, x, causal)
         f = _add(sums(sq, ak, x, causal), sums(aq, sk, x, causal), sums(sq, sk, x, causal))
-        if spec.decay is not None:  # each weight's own decay error, relative
-            f = _add(f, _scaled_rows(a_sums, _decay_errors(head, spec, u)))
+        if spec.decay is not None:  # each weight's own decay error, relative: (A + F) eta
+            f = _add(f, _scaled_rows(_add(a_sums, f), _decay_errors(head, spec, u)))
         m = len(pq[0])
     if spec.scale != 1.0:  # an exact factor, rounded once where a kernel applies it
         d = head.q.shape[1]
@@ -285,7 +285,7 @@ def _arb_sums(head: Head, spec: Spec, u: float, final: bool) -> HeadSums | None:
     return HeadSums(_ratios(a_sums, dens), _ratios(f, dens), zero, m)
 
 
-def _decayed_sums(head: Head, spec: Spec, u: float):
+def _decayed_sums(head: Head, spec: Spec):
     """kernel_sums with the decay: rows sum_j w_ij (fq_i . fk_j) x_j in the quadratic form,
     w_ij exact (balls.decay_weights)."""
     rows = list(range(head.q.shape[0]))
@@ -304,16 +304,19 @@ def _decay_errors(head: Head, spec: Spec, u: float) -> np.ndarray:
     in precision u. The exponent ln w_ij = G_i - G_j (G the prefix sums of the log-gates;
     (i - j) ln gamma) comes from sums of at most N terms, directly or as a difference of
     prefix sums from the sequence's start (chunked kernels): error <= gamma_(N+1) (2 L_i),
-    L_i = sum_(t<=i) |g_t| (Higham 2002, eq. 3.5); a power gamma^(i-j) by repeated products
-    errs by at most gamma_N; then up to two exponentials and their product (a decay split
-    at a chunk boundary), 2 C_LIB + 1 roundings. In float64, inflated by SAFETY."""
+    L_i = sum_(t<=i) |g_t| (Higham 2002, eq. 3.5), the 1 of (2 L_i + 1) covering a power
+    gamma^(i-j) by repeated products; then up to two exponentials and their product (a
+    decay split at a chunk boundary), 2 C_LIB + 2 roundings, or, in a recurrence, one
+    exponential and one product a token, (C_LIB + 1) N roundings (the state times each
+    token's rounded exp(g_t)). In float64, inflated by SAFETY."""
     n = head.k.shape[0]
     if spec.decay == "constant":
         logs = np.arange(1, n + 1) * abs(math.log(float(head.decay)))
     else:
         logs = np.cumsum(np.abs(head.decay))
     with np.errstate(over="ignore"):
-        rel = _grow(np.expm1(gamma(n + 1, u) * (2 * logs + 1)), gamma(2 * C_LIB + 2, u))
+        rounds = gamma((C_LIB + 1) * n + 2 * C_LIB + 2, u)
+        rel = _grow(np.expm1(gamma(n + 1, u) * (2 * logs + 1)), rounds)
     return np.where(np.isfinite(rel), rel * SAFETY, np.inf)
 
 
@@ -501,7 +504,7 @@ def state_bound(
             if spec.decay is not None:  # each term times w_(N-1, j) <= 1, with its error
                 last = _last_weights(head, spec) * SAFETY
                 eta = _decay_errors(head, spec, u)[-1]
-                a, psi = a * last[:, None], (psi + eta * a) * last[:, None]
+                a, psi = a * last[:, None], (psi + eta * (a + psi)) * last[:, None]
             mags = np.concatenate([np.abs(head.v), np.ones((nk, 1))], 1)
             terms, errors, sizes = (a + psi).T @ mags, psi.T @ mags, a.T @ mags
             underflow = tiny * (mags.sum(0) + nk)
@@ -527,8 +530,9 @@ def state_gradient_bound(
     dL/dS_0 = sum_i c W_i phi(q_i) g_out_i^T + W_(N-1) g_state: N + 1 terms, each a product
     of a feature (within psi, feature_errors), the decay W_i (within eta_i, _decay_errors),
     the scale and a cotangent; a backward pass through a recurrence or through chunks
-    forms W_i from up to N rounded decays and sums the terms in any order, so gamma_(2N + 2
-    C_LIB + 6) times the terms' magnitudes covers it (Higham 2002, Theorem 3.1), plus the
+    forms W_i from up to N rounded decays (an exponential and a product each) and sums the
+    terms in any order, so gamma_((C_LIB + 2) N + 2 C_LIB + 6) times the terms' magnitudes
+    covers it (Higham 2002, Theorem 3.1), plus the
     features' and decays' own errors; dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j) likewise
     over F terms. Stored in precision u: u times the magnitude, which also covers the
     float64 rounding of the exact values; tiny / 2 per term for underflow. In float64,
@@ -541,7 +545,7 @@ def state_gradient_bound(
     ) = x.q.shape
     name = spec.feature_map
     c = spec.scale_for(d) * SAFETY
-    g = gamma(2 * n + 2 * C_LIB + 6, u)
+    g = gamma((C_LIB + 2) * n + 2 * C_LIB + 6, u)
     out_s, out_v = [], []
     for b in range(b_):
         for h in range(h_):
@@ -559,10 +563,10 @@ def state_gradient_bound(
             go, gs = np.abs(g_out[b, h]), np.abs(g_state[b, h])
             left = c * into[:, None]
             size_s = (left * aq).T @ go + into[-1] * gs
-            errs_s = (left * (psi_q + eta[:, None] * aq)).T @ go + eta[-1] * into[-1] * gs
+            errs_s = (left * (psi_q + eta[:, None] * (aq + psi_q))).T @ go + eta[-1] * into[-1] * gs
             keys = last[:, None] * ak
             size_v = keys @ gs
-            errs_v = (last[:, None] * (psi_k + eta[-1] * ak)) @ gs
+            errs_v = (last[:, None] * (psi_k + eta[-1] * (ak + psi_k))) @ gs
             with np.errstate(invalid="ignore", over="ignore"):
                 for size, errs, terms, out in (
                     (size_s, errs_s, n + 1, out_s), (size_v, errs_v, ak.shape[1], out_v)

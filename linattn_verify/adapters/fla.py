@@ -157,7 +157,7 @@ def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], F
 
         def fla_simple_gla(q, k, v, initial_state=None, cu_seqlens=None, **values):
             if decay == "constant":
-                decays = {"g_gamma": torch.log(values["gamma"].float())}
+                decays = {"g_gamma": torch.log(values["gamma"].double()).float()}
             else:
                 decays = {"g": values["g"]}
             o, s = kernel(q, k, v, **decays, initial_state=initial_state,

@@ -165,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
     old = _old_report(args.compare) if args.compare else None
     if args.json:
         options.check_writable(Path(args.json))
+    if report_options.impl is not None and not report_options.impl.spec.plain:
+        raise options.UsageError(
+            f"the report's panels are for plain specs (normalised, unscaled, no decay), not "
+            f"{report_options.impl.spec}: `vet` judges it"
+        )
     plan = make_plan(report_options)
     if report_options.impl is not None and (
         failure := _probe(report_options.impl, report_options.devices[0])

@@ -33,10 +33,10 @@ State = tuple[torch.Tensor, torch.Tensor | None]
 
 
 def log_decays(decay: torch.Tensor, spec: Spec, shape: torch.Size, dtype) -> torch.Tensor:
-    """ln w_t per token (B or 1, H, N) in `dtype`: ln gamma for a constant decay, g itself
-    for gates."""
+    """ln w_t per token (B, H, N) of `shape`'s (B, H, N, d) in `dtype`: ln gamma for a
+    constant decay, g itself for gates."""
     if spec.decay == "constant":
-        return torch.log(decay.to(dtype))[None, :, None].expand(1, shape[1], shape[2])
+        return torch.log(decay.to(dtype))[None, :, None].expand(*shape[:3])
     return decay.to(dtype)
 
 
@@ -78,7 +78,7 @@ def decayed_attention(
         return _finish(num_den, spec, q.dtype), None
     log_w = None
     if spec.decay is not None:
-        log_w = log_decays(decay, spec, q.shape, dtype).expand(*q.shape[:3])
+        log_w = log_decays(decay, spec, q.shape, dtype)
     state = _initial(initial_state, phi_k, vz, spec)
     step = 1 if form == "recurrent" else chunk_size
     out = []

@@ -422,6 +422,8 @@ def attention_varlen(
     offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     gates = options.pop("g", None)
+    if gates is not None and tuple(gates.shape) != (1, q.shape[1], q.shape[-2]):
+        raise SpecError(f"g of a packed batch must be (1, H, T), got {tuple(gates.shape)}")
     for a, b in itertools.pairwise(offsets):
         if b > a:
             piece = {} if gates is None else {"g": gates[..., a:b]}

@@ -181,9 +181,9 @@ def quadratic_weights(
 
 
 def decay_matrix(decay: torch.Tensor, spec: Spec, shape: torch.Size) -> torch.Tensor:
-    """w_ij (B or 1, H, N, N) in float64, 0 for j > i: gamma^(i - j) = exp((i - j) ln gamma)
-    or exp(G_i - G_j), G the float64 prefix sums of the log-gates (Sun et al. 2023, eq. 5;
-    Yang et al. 2024, eq. 3)."""
+    """w_ij in float64, (H, N, N) for gamma and (B, H, N, N) for gates, 0 for j > i:
+    gamma^(i - j) = exp((i - j) ln gamma) or exp(G_i - G_j), G the float64 prefix sums of
+    the log-gates (Sun et al. 2023, eq. 5; Yang et al. 2024, eq. 3)."""
     n = shape[-2]
     steps = torch.arange(n, device=decay.device, dtype=torch.float64)
     if spec.decay == "constant":

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cases import DECAY_RATE, Case
+from ..cases import Case, default_decay
 from ..checks import CHECKS
 from ..checks.search import search_regimes
 from ..regimes import REGIMES
@@ -176,16 +176,9 @@ def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048)
         w = w.to(device)
     ns = [2**i for i in range(8, max_n.bit_length())]
 
-    def decay(q):  # the cases' default decay, constant over tokens (Case.decay)
-        if spec.decay is None:
-            return None
-        shape = q.shape[1:2] if spec.decay == "constant" else q.shape[:3]
-        value = math.exp(-DECAY_RATE) if spec.decay == "constant" else -DECAY_RATE
-        return torch.full(shape, value, dtype=q.dtype, device=q.device)
-
     result = scaling_result(
         impl.name,
-        lambda q, k, v: impl(q, k, v, w, decay(q)),
+        lambda q, k, v: impl(q, k, v, w, default_decay(spec.decay, q)),
         expected,
         ns,
         causal=spec.causal,
