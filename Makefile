@@ -11,7 +11,8 @@ run: $(VENV)/.installed  ## the main job: the report (accuracy, random features,
 	$(PY) -m linattn_verify report
 
 test: $(VENV)/.installed $(VENV)/.adapters  ## the test suite (what CI runs)
-	$(PY) -m pytest -q -n auto --dist worksteal
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+	$(PY) -m pytest -q -n auto --dist worksteal  # one BLAS thread a worker, as one torch thread
 
 lint: $(VENV)/.installed  ## ruff and the layer contract (import-linter)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports

@@ -3,16 +3,19 @@ computed once, for every output to be judged on it (accuracy/verdict.py's judge)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..cases import Case
 from ..implementations.golden import golden_attention, golden_forms
 from ..inputs import AttentionInputs, validate
 from ..reference import exact
 from ..specs import Spec
+from .bound import FEATURE_MODEL
 from .verdict import AccuracyVerdict, judge
 
 
@@ -35,6 +38,20 @@ class Judgement:
         golden = [golden_attention(q, k, v, spec, w, form, decay) for form in forms]
         return cls(x, spec, exact(x, spec), golden)
 
+    @classmethod
+    def of_case(cls, case: Case, spec: Spec) -> Judgement:
+        """Judgement of the case's tensors and decay, kept for the next call with the same
+        case, spec and feature model (a search and vet's accuracy task meet the same cases,
+        and the zoo's kernels of one spec do; callers must not modify its arrays)."""
+        return _of_case(case, spec, FEATURE_MODEL.get())
+
     def __call__(self, out: Any) -> AccuracyVerdict:
         """Judge `out`: bound, and budget K_BUDGET times the worst golden form's error."""
         return judge(out, self.x, self.spec, self.ref, self.golden, self.bounds)
+
+
+@functools.lru_cache(maxsize=256)
+def _of_case(case: Case, spec: Spec, feature_model: str) -> Judgement:
+    """Judgement.of_case; feature_model is part of the key (the bound depends on it)."""
+    q, k, v, w = case.tensors()
+    return Judgement.of(q, k, v, w, spec, case.decay(spec.decay))

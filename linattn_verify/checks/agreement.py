@@ -29,7 +29,7 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     out = impl(q, k, v, w, decay)
     if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
-    judgement = Judgement.of(q, k, v, w, impl.spec, decay)
+    judgement = Judgement.of_case(case, impl.spec)
     verdict = judgement(out)
     worst = None
     if not verdict.passed:
