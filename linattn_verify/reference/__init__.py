@@ -22,10 +22,10 @@ from .common import MAX_PREC, ReferenceAccuracyError
 from .mp import mp_attention
 
 ENGINES = ("auto", "mp", "arb", "certified")
-# Largest B*H*Nq*Nk*(d + dv) for which "auto" uses mpmath, the literal definition: small
-# cases, where it is quick (README, "Exact references"; tests/test_reference.py
-# cross-checks the engines on such sizes).
-MP_MAX_WORK = 2**14
+# Largest B*H*Nq*Nk*(d + dv) for which "auto" uses mpmath, the literal definition: the
+# smallest cases; arb is 15 to 30 times faster from a few tokens on (README, "Exact
+# references"; tests/test_reference.py cross-checks the engines on such sizes).
+MP_MAX_WORK = 2**10
 
 
 def exact(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.ndarray:
