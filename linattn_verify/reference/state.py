@@ -39,20 +39,12 @@ def exact_state(
     if no_state := Spec(spec.feature_map, causal=True).no_state:  # the state after every key
         raise SpecError(no_state)
     b_, h_ = x.k.shape[:2]
-    heads = []
-    for b in range(b_):
-        for h in range(h_):
-            head, p = Head.of(x, b, h), prec
-            while True:
-                if p > max_prec:
-                    raise ReferenceAccuracyError(
-                        f"the state of head ({b}, {h}) is not resolved at {max_prec} bits"
-                    )
-                values = _head_state(head, spec, p)
-                if all(t is not None for row in values for t in row):
-                    break
-                p *= 2
-            heads.append(np.array(values, dtype=np.float64))
+    heads = [
+        np.array(_resolved(lambda p, b=b, h=h: (_head_state(Head.of(x, b, h), spec, p),),
+                           f"the state of head ({b}, {h})", prec, max_prec)[0])
+        for b in range(b_)
+        for h in range(h_)
+    ]  # fmt: skip
     sz = np.stack(heads).reshape(b_, h_, *heads[0].shape)
     return sz[..., :-1], sz[..., -1]
 
@@ -80,21 +72,27 @@ def exact_state_gradients(
     out_s, out_v = [], []
     for b in range(b_):
         for h in range(h_):
-            head, p = Head.of(x, b, h), prec
-            while True:
-                if p > max_prec:
-                    raise ReferenceAccuracyError(
-                        f"the state gradients of head ({b}, {h}) are not resolved at "
-                        f"{max_prec} bits"
-                    )
-                ds, dv = _head_state_gradients(head, spec, g_out[b, h], g_state[b, h], p)
-                if all(t is not None for rows in (ds, dv) for row in rows for t in row):
-                    break
-                p *= 2
+            ds, dv = _resolved(
+                lambda p, b=b, h=h: _head_state_gradients(
+                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], p
+                ),
+                f"the state gradients of head ({b}, {h})", prec, max_prec,
+            )  # fmt: skip
             out_s.append(np.array(ds, dtype=np.float64))
             out_v.append(np.array(dv, dtype=np.float64))
     f, dv_ = out_s[0].shape
     return np.stack(out_s).reshape(b_, h_, f, dv_), np.stack(out_v).reshape(b_, h_, n, dv_)
+
+
+def _resolved(compute, what: str, prec: int, max_prec: int) -> tuple:
+    """compute(p) -> tables of floats (None where not resolved) at p = prec, 2 prec, ...
+    until every entry is resolved; ReferenceAccuracyError past max_prec."""
+    while prec <= max_prec:
+        tables = compute(prec)
+        if all(t is not None for table in tables for row in table for t in row):
+            return tables
+        prec *= 2
+    raise ReferenceAccuracyError(f"{what} is not resolved at {max_prec} bits")
 
 
 def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, prec: int):
