@@ -107,7 +107,8 @@ def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
     mp = mpmath.mp
     if kind == "constant":
         gamma = mp.mpf(decay)
-        logs = [(i - j) * abs(mp.log(gamma)) + 1 for j in range(i + 1)]
+        log_gamma = abs(mp.log(gamma))
+        logs = [(i - j) * log_gamma + 1 for j in range(i + 1)]
         return [gamma ** (i - j) for j in range(i + 1)], logs
     gates = [mp.mpf(t) for t in decay[: i + 1]]
     prefix = [mp.zero]
