@@ -523,30 +523,32 @@ def state_gradient_bound(
     g_state: np.ndarray,
     u: float,
     tiny: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds on the errors of dL/dS_0 (B, H, F, dv) and dL_S/dv (B, H, N, dv) of
-    reference/state.py's exact_state_gradients, for any evaluation in precision u.
+    normalised: tuple | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Bounds on the errors of dL/dS_0 (B, H, F, dv), dL/dz_0 (B, H, F; None unnormalised)
+    and dL_S/dv (B, H, N, dv) of reference/state.py's exact_state_gradients, for any
+    evaluation in precision u. normalised: (g_z, (S_0, z_0), the exact StateGradients) of
+    a normalised spec, whose exact denominators and outputs the bound takes.
 
-    dL/dS_0 = sum_i c W_i phi(q_i) g_out_i^T + W_(N-1) g_state: N + 1 terms, each a product
-    of a feature (within psi, feature_errors), the decay W_i (within eta_i, _decay_errors),
-    the scale and a cotangent; a backward pass through a recurrence or through chunks
-    forms W_i from up to N rounded decays (an exponential and a product each) and sums the
-    terms in any order, so gamma_((C_LIB + 2) N + 2 C_LIB + 6) times the terms' magnitudes
-    covers it (Higham 2002, Theorem 3.1), plus the
-    features' and decays' own errors; dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j) likewise
-    over F terms. Stored in precision u: u times the magnitude, which also covers the
+    dL/dS_0 = sum_i c W_i phi(q_i) (g_out_i / D_i)^T + W_(N-1) g_state: N + 1 terms, each a
+    product of a feature (within psi, feature_errors), the decay W_i (within eta_i,
+    _decay_errors), the scale, a cotangent and 1 / D_i; a backward pass through a
+    recurrence or through chunks forms W_i from up to N rounded decays (an exponential and a
+    product each) and sums the terms in any order, so gamma_((C_LIB + 2) N + F + 2 C_LIB +
+    8) times the terms' magnitudes covers it (Higham 2002, Theorem 3.1), plus the features',
+    decays' and denominators' own errors; dL/dz_0 = -sum_i c W_i phi(q_i) (g_out_i . out_i)
+    / D_i + W_(N-1) g_z likewise, with out_i's error; dL_S/dv_j = w_(N-1, j) g_state^T
+    phi(k_j) over F terms. The computed D_i (its N F + F terms: the continued sums, the
+    initial state's) is within e_D of D_i, the numerator within e_n, so 1 / D_i is within
+    r_D / |D_i|, r_D = e_D / (|D_i| - e_D), and out_i within (e_n + |out_i| e_D) / (|D_i| -
+    e_D) (infinite where e_D >= |D_i|: the row's sign is not determined). Unnormalised D_i
+    = 1 exactly. Stored in precision u: u times the magnitude, which also covers the
     float64 rounding of the exact values; tiny / 2 per term for underflow. In float64,
     inflated by SAFETY; infinite where gamma is."""
-    (
-        b_,
-        h_,
-        n,
-        d,
-    ) = x.q.shape
+    b_, h_, n, d = x.q.shape
     name = spec.feature_map
     c = spec.scale_for(d) * SAFETY
-    g = gamma((C_LIB + 2) * n + 2 * C_LIB + 6, u)
-    out_s, out_v = [], []
+    out_s, out_z, out_v = [], [], []
     for b in range(b_):
         for h in range(h_):
             head = Head.of(x, b, h)
@@ -554,6 +556,7 @@ def state_gradient_bound(
             positions = np.arange(n)
             _, aq, psi_q = _features(head.q, positions, head.big_m, head.w, name, u, stab)
             _, ak, psi_k = _features(head.k, positions, head.big_m, head.w, name, u, stab)
+            g = gamma((C_LIB + 2) * n + aq.shape[1] + 2 * C_LIB + 8, u)
             into = last = np.ones(n)
             eta = np.zeros(n)
             if spec.decay is not None:
@@ -561,20 +564,85 @@ def state_gradient_bound(
                 last = _last_weights(head, spec) * SAFETY
                 eta = _decay_errors(head, spec, u)
             go, gs = np.abs(g_out[b, h]), np.abs(g_state[b, h])
-            left = c * into[:, None]
-            size_s = (left * aq).T @ go + into[-1] * gs
-            errs_s = (left * (psi_q + eta[:, None] * (aq + psi_q))).T @ go + eta[-1] * into[-1] * gs
+            left = c * into[:, None] * aq  # |c W_i phi(q_i)|
+            left_err = c * into[:, None] * (psi_q + eta[:, None] * (aq + psi_q))
+            den, r_den, out_abs, out_err = np.ones(n), np.zeros(n), None, None
+            if normalised is not None:
+                g_z, initial, exact = normalised
+                den, r_den, out_abs, out_err = _quotient_errors(
+                    head, spec, (aq, psi_q, ak, psi_k), (left, left_err, eta), g,
+                    [t[b, h] for t in initial], (exact.den[b, h], exact.out[b, h]),
+                )  # fmt: skip
+            with np.errstate(divide="ignore"):
+                per_row = go / den[:, None]
+            size_s = left.T @ per_row + into[-1] * gs
+            errs_s = (left_err * (1 + r_den[:, None]) + left * r_den[:, None]).T @ per_row
+            parts = [(size_s, errs_s + eta[-1] * into[-1] * gs, n + 1, out_s)]
             keys = last[:, None] * ak
-            size_v = keys @ gs
-            errs_v = (last[:, None] * (psi_k + eta[-1] * (ak + psi_k))) @ gs
+            parts.append((keys @ gs, (last[:, None] * (psi_k + eta[-1] * (ak + psi_k))) @ gs,
+                          ak.shape[1], out_v))  # fmt: skip
+            if normalised is not None:
+                gz = np.abs(g_z[b, h])
+                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                    hz = (go * out_abs).sum(1) / den
+                    e_hz = (go * out_err).sum(1) / den * (1 + r_den) + hz * r_den
+                size_z = left.T @ hz + into[-1] * gz
+                errs_z = left_err.T @ (hz + e_hz) + left.T @ e_hz + eta[-1] * into[-1] * gz
+                parts.append((size_z, errs_z, n + 1, out_z))
             with np.errstate(invalid="ignore", over="ignore"):
-                for size, errs, terms, out in (
-                    (size_s, errs_s, n + 1, out_s), (size_v, errs_v, ak.shape[1], out_v)
-                ):  # fmt: skip
+                for size, errs, terms, out in parts:
                     e = (g * (size + errs) + errs + u * size + tiny * terms) * SAFETY
-                    out.append(np.where(np.isfinite(g), e, np.inf))
+                    out.append(np.where(np.isfinite(g) & ~np.isnan(e), e, np.inf))
     f, dv = out_s[0].shape
-    return np.stack(out_s).reshape(b_, h_, f, dv), np.stack(out_v).reshape(b_, h_, n, dv)
+    bound_z = np.stack(out_z).reshape(b_, h_, f) if out_z else None
+    return (np.stack(out_s).reshape(b_, h_, f, dv), bound_z, np.stack(out_v).reshape(b_, h_, n, dv))
+
+
+def _quotient_errors(head: Head, spec: Spec, feats, lefts, g: float, initial, exact):
+    """For a normalised spec continuing (S_0, z_0): (a lower bound on |D_i|, r_D_i, an upper
+    bound on |out_i|, the bound on out_i's error) per row, from the exact D_i and out_i
+    (within one float64 rounding, SAFETY) and the errors of the computed sums (see
+    state_gradient_bound)."""
+    aq, psi_q, ak, psi_k = feats
+    left, left_err, eta = lefts
+    s0, z0 = (np.abs(t) for t in initial)
+    den_exact, out_exact = exact
+    c = spec.scale_for(head.q.shape[1]) * SAFETY
+    weights = _causal_weight_matrix(head, spec) * SAFETY
+    sizes = c * (aq @ ak.T) * weights  # |c w_ij phi(q_i) . phi(k_j)|
+    grown = c * ((aq + psi_q) @ (ak + psi_k).T) * weights * (1 + eta[:, None])
+    errors = grown - sizes  # the features' and the decay's errors
+    mags = np.concatenate([np.abs(head.v), np.ones((head.v.shape[0], 1))], 1)
+    state = np.concatenate([s0, z0[:, None]], 1)
+    size = sizes @ mags + left @ state + np.concatenate([np.zeros(s0.shape[1]), [spec.eps]])
+    err = errors @ mags + left_err @ state
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = g * (size + err) + err  # numerator columns, then the denominator
+        e_n, e_d = e[:, :-1], e[:, -1]
+        den = np.abs(den_exact) / SAFETY
+        margin = den - e_d
+        r_den = np.where(margin > 0, e_d / margin, np.inf)
+        out_abs = np.abs(out_exact) * SAFETY
+        out_err = np.where(
+            margin[:, None] > 0, (e_n + out_abs * e_d[:, None]) / margin[:, None], np.inf
+        )
+    return den, r_den, out_abs, out_err
+
+
+def _causal_weight_matrix(head: Head, spec: Spec) -> np.ndarray:
+    """w_ij (N, N) in float64 (within SAFETY), 0 for j > i: 1, gamma^(i-j) or
+    exp(G_i - G_j)."""
+    n = head.q.shape[0]
+    gaps = np.arange(n)[:, None] - np.arange(n)[None, :]
+    if spec.decay is None:
+        return (gaps >= 0).astype(np.float64)
+    if spec.decay == "constant":
+        logs = gaps * math.log(float(head.decay))
+    else:
+        prefix = np.cumsum(head.decay)
+        logs = prefix[:, None] - prefix[None, :]
+    with np.errstate(over="ignore"):
+        return np.where(gaps >= 0, np.exp(np.where(gaps >= 0, logs, 0.0)), 0.0)
 
 
 def _from_start_weights(head: Head, spec: Spec) -> np.ndarray:

@@ -72,10 +72,6 @@ NOT_FOR = {
             "unscaled, without a decay",
         ),
     ),
-    "state-gradient": (
-        lambda spec: spec.normalize,
-        "the exact state gradients are for unnormalised specs (the state S) yet",
-    ),
 }
 # the checks of a normalised output's properties
 NORMALISED = ("positivity", "convex-hull", "v-affine")

@@ -50,13 +50,13 @@ def _pieces(q, k, v, decay, a: int, b: int) -> tuple:
     return (*(_piece(t, a, b) for t in (q, k, v)), decay_part(decay, tokens=slice(a, b)))
 
 
-def _parts(state, spec) -> tuple:
+def state_parts(state, spec) -> tuple:
     """The state's tensors: (S, z), or (S,) for an unnormalised spec."""
     return tuple(state) if spec.normalize else (state,)
 
 
 def _exact(x, spec) -> tuple[np.ndarray, ...]:
-    """The exact state as _parts has it."""
+    """The exact state as state_parts has it."""
     return exact_state(x, spec)[: 1 + spec.normalize]
 
 
@@ -140,7 +140,7 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
     tol = Tolerance.of(x, spec)
     whole, final = _call(impl, q, k, v, w, decay, None)
     whole = as_array(whole)
-    allowed, dtype, natural = _bounds(impl, x, 2.0), _parts(final, spec)[0].dtype, None
+    allowed, dtype, natural = _bounds(impl, x, 2.0), state_parts(final, spec)[0].dtype, None
     for name, cuts in _cuts(case):
         state, outs = None, []
         for a, b in itertools.pairwise([0, *cuts, case.n]):
@@ -153,7 +153,7 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
                 natural = natural or f"{name} {cuts}: {nature}"
                 continue
             return agreement(f"{name} {cuts} against one pass", found)
-        if problem := _state_mismatch(_parts(state, spec), _parts(final, spec), allowed):
+        if problem := _state_mismatch(state_parts(state, spec), state_parts(final, spec), allowed):
             if nature := _by_nature(impl, x, [*cuts, case.n], dtype):
                 natural = natural or f"{name} {cuts}: {nature}"
                 continue
@@ -180,7 +180,7 @@ def _prefix(case: Case) -> int:
 
 def _as_given(exact: tuple[np.ndarray, ...], like, spec):
     """The exact state in the layout, dtype and device of the state `like` fn returned."""
-    s = _parts(like, spec)[0]
+    s = state_parts(like, spec)[0]
     given = tuple(torch.from_numpy(t).to(dtype=s.dtype, device=s.device) for t in exact)
     return given if spec.normalize else given[0]
 
@@ -230,7 +230,7 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
     what = f"rows {p}.. from the exact state of tokens 0..{p - 1} against one pass"
     if found is None:
         return agreement(what, None)
-    if nature := _by_nature(impl, x, [p], _parts(own, spec)[0].dtype):
+    if nature := _by_nature(impl, x, [p], state_parts(own, spec)[0].dtype):
         return Outcome(False, f"{what}: {nature}", by_nature=nature)
     reasons = {
         "the initial state is ignored (the output is that of no prefix)": as_array(
@@ -252,7 +252,7 @@ def final_state(impl: Implementation, case: Case) -> Outcome:
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
     _, final = _call(impl, q, k, v, w, case.decay(spec.decay), None)
-    exact, parts = _exact(x, spec), _parts(final, spec)
+    exact, parts = _exact(x, spec), state_parts(final, spec)
     if problem := _state_mismatch(parts, exact, _bounds(impl, x, 1.0)):
         if nature := _unrepresentable(exact, parts[0].dtype, spec.feature_map):
             return Outcome(

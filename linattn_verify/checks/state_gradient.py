@@ -1,16 +1,16 @@
 """The backward pass of a carried state (--state with --grad): for the loss L = sum(out *
-G) + sum(S_N * G_S), the output and the final state S_N weighted by cotangents seeded per
-case, from an initial state S_0 drawn with the case,
+G) + sum(S_N * G_S) (+ sum(z_N * G_z) when normalised), the output and the final state
+(S_N, z_N) weighted by cotangents seeded per case, from an initial state drawn with the
+case (unnormalised: N(0, 1); normalised: the exact state of the case's own sequence, a
+plausible prefix, so that the normaliser stays away from 0),
 
-- dL/dS_0 (fla's dh0, the final state's cotangent dht flowing into it through the decays)
-  and dL_S/dv for L_S = sum(S_N * G_S) alone (dht into the inputs; dL_S/dq must be 0: the
-  final state does not depend on the queries) against the exact ones of
+- dL/dS_0 (fla's dh0, the final state's cotangent dht flowing into it through the decays),
+  dL/dz_0 when normalised (the normaliser's share: it says whether the backward accounts
+  for z_0), and dL_S/dv for the final state's terms alone (dht into the inputs; dL_S/dq
+  must be 0: the final state does not depend on the queries) against the exact ones of
   reference/state.py's exact_state_gradients, within accuracy/bound.py's
   state_gradient_bound (fla #1140 / PR #1141: dht and dh0 wrong for short chunks while the
   forward is exact).
-
-Unnormalised specs only (the state is S; their gradients are linear in the cotangents):
-the exact gradients of a normalised spec's (S, z) are not built yet.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ import torch
 from ..accuracy.bound import state_gradient_bound
 from ..cases import Case
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
-from ..reference.state import exact_state_gradients
+from ..reference.common import ReferenceAccuracyError
+from ..reference.state import exact_state, exact_state_gradients
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, inputs_of
 from .gradients import loss_weights
+from .state import state_parts
 
 
 def _draw(like: torch.Tensor, shape: tuple[int, ...], case: Case, salt: int) -> torch.Tensor:
@@ -33,13 +35,17 @@ def _draw(like: torch.Tensor, shape: tuple[int, ...], case: Case, salt: int) -> 
     return t.to(dtype=like.dtype, device=like.device)
 
 
-def _backward(impl: Implementation, q, k, v, w, decay, s0, g_out, g_state):
-    """(dq, dv, dS_0) of sum(out * g_out) + sum(S_N * g_state) through the kernel's
-    autograd (g_out None: the final state's term alone), as float64 arrays."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, v, s0)]
+def _backward(impl: Implementation, q, k, v, w, decay, initial, cotangents, g_out):
+    """(dq, dv, d initial...) of sum(out * g_out) + sum(final * cotangents) through the
+    kernel's autograd (g_out None: the final state's terms alone), as float64 arrays;
+    initial and cotangents: the state's parts, (S,) or (S, z)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, v, *initial)]
+    state = leaves[2] if len(initial) == 1 else tuple(leaves[2:])
     with torch.enable_grad():
-        out, final = impl.call_state(leaves[0], k, leaves[1], w, leaves[2], decay=decay)
-        loss = (final * g_state).sum() + (0 if g_out is None else (out * g_out).sum())
+        out, final = impl.call_state(leaves[0], k, leaves[1], w, state, decay=decay)
+        parts = state_parts(final, impl.spec)
+        loss = sum((f * c).sum() for f, c in zip(parts, cotangents, strict=True))
+        loss = loss + (0 if g_out is None else (out * g_out).sum())
         if not loss.requires_grad:
             raise ImplementationFailure("returned a final state with no backward")
         try:
@@ -64,33 +70,54 @@ def _beyond(what: str, got, want: np.ndarray, bound: np.ndarray, dtype) -> str |
     )
 
 
+def _initial(impl: Implementation, case: Case, x, like) -> tuple[torch.Tensor, ...]:
+    """The initial state's parts in the state's dtype: N(0, 1) for S alone, the exact state
+    of the case's sequence for (S, z)."""
+    if not impl.spec.normalize:
+        return (_draw(like[0], tuple(like[0].shape), case, 31),)
+    return tuple(torch.as_tensor(t).to(like[0]) for t in exact_state(x, impl.spec))
+
+
 @check("state-gradient")
 def state_gradient(impl: Implementation, case: Case) -> Outcome:
-    """dL/dS_0 and the final state's dL_S/dv (and dL_S/dq = 0) within their bounds of the
-    exact ones."""
+    """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv (and dL_S/dq = 0) within their
+    bounds of the exact ones."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
     decay = case.decay(spec.decay)
-    _, own = impl.call_state(q, k, v, w, None, decay=decay)
-    s0 = _draw(own, tuple(own.shape), case, 31)
-    g_out, g_state = loss_weights(case, q, v, salt=32), _draw(own, tuple(own.shape), case, 33)
-    exact_s, exact_v = exact_state_gradients(x, spec, as_array(g_out), as_array(g_state))
-    u = UNIT_ROUNDOFF[case.dtype]
-    bound_s, bound_v = state_gradient_bound(
-        x, spec, as_array(g_out), as_array(g_state), u, SMALLEST_SUBNORMAL[case.dtype]
+    own = state_parts(impl.call_state(q, k, v, w, None, decay=decay)[1], spec)
+    initial = _initial(impl, case, x, own)
+    g_out = loss_weights(case, q, v, salt=32)
+    cotangents = [_draw(t, tuple(t.shape), case, 33 + n) for n, t in enumerate(own)]
+    arrays, given = [as_array(t) for t in cotangents], [as_array(t) for t in initial]
+    g_z = arrays[1] if spec.normalize else None
+    try:
+        exact = exact_state_gradients(
+            x, spec, as_array(g_out), arrays[0], g_z, given if spec.normalize else None
+        )
+    except ReferenceAccuracyError as err:
+        return Outcome(True, f"not judged: {err}")
+    normalised = (g_z, given, exact) if spec.normalize else None
+    u, tiny = UNIT_ROUNDOFF[case.dtype], SMALLEST_SUBNORMAL[case.dtype]
+    bound_s, bound_z, bound_v = state_gradient_bound(
+        x, spec, as_array(g_out), arrays[0], u, tiny, normalised
     )
-    if not (np.all(np.isfinite(bound_s)) and np.all(np.isfinite(bound_v))):
+    bounds = [b for b in (bound_s, bound_z, bound_v) if b is not None]
+    if not all(np.all(np.isfinite(b)) for b in bounds):
         return Outcome(True, f"not judged in {case.dtype}: the bound is vacuous (n u >= 1)")
-    ds0 = _backward(impl, q, k, v, w, decay, s0, g_out, g_state)[2]
-    dq, dv, _ = _backward(impl, q, k, v, w, decay, s0, None, g_state)
+    d_initial = _backward(impl, q, k, v, w, decay, initial, cotangents, g_out)[2:]
+    dq, dv = _backward(impl, q, k, v, w, decay, initial, cotangents, None)[:2]
     problems = [
-        _beyond("dL/dS_0", ds0, exact_s, bound_s, own.dtype),
-        _beyond("dL_S/dv (from the final state alone)", dv, exact_v, bound_v, v.dtype),
+        _beyond("dL/dS_0", d_initial[0], exact.s0, bound_s, own[0].dtype),
+        _beyond("dL_S/dv (from the final state alone)", dv, exact.v, bound_v, v.dtype),
     ]
+    if spec.normalize:
+        problems.append(_beyond("dL/dz_0", d_initial[1], exact.z0, bound_z, own[1].dtype))
     if np.any(dq != 0):
         at = tuple(int(t) for t in np.argwhere(dq != 0)[0])
         problems.append(f"dL_S/dq{list(at)} = {dq[at]:.3g}: the final state moves the queries")
     problems = [p for p in problems if p]
     if problems:
         return Outcome(False, "; ".join(problems))
-    return Outcome(True, "dL/dS_0 and the final state's dL_S/dv within their bounds")
+    names = "dL/dS_0, dL/dz_0" if spec.normalize else "dL/dS_0"
+    return Outcome(True, f"{names} and the final state's dL_S/dv within their bounds")

@@ -8,6 +8,8 @@ recomputed at twice the precision (arb.rounded)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from flint import arb, arb_mat
 
@@ -49,39 +51,67 @@ def exact_state(
     return sz[..., :-1], sz[..., -1]
 
 
+class StateGradients(NamedTuple):
+    """exact_state_gradients' result, each faithfully rounded to float64: dL/dS_0
+    (B, H, F, dv), dL/dz_0 (B, H, F; None unnormalised), dL_S/dv (B, H, N, dv), and the
+    continued sequence's exact denominators eps + D_i (B, H, N; None unnormalised) and
+    outputs (B, H, N, dv; None unnormalised), which its bound needs."""
+
+    s0: np.ndarray
+    z0: np.ndarray | None
+    v: np.ndarray
+    den: np.ndarray | None
+    out: np.ndarray | None
+
+
 def exact_state_gradients(
     x: AttentionInputs,
     spec: Spec,
     g_out: np.ndarray,
     g_state: np.ndarray,
+    g_z: np.ndarray | None = None,
+    initial: tuple[np.ndarray, np.ndarray] | None = None,
     prec: int = DEFAULT_PREC,
     max_prec: int = MAX_PREC,
-) -> tuple[np.ndarray, np.ndarray]:
-    """For an unnormalised causal spec continuing an initial state S_0, and the loss
-    L = sum(out * g_out) + sum(S_N * g_state) (S_N the final state): (dL/dS_0 (B, H, F, dv),
-    dL_S/dv (B, H, N, dv)), L_S = sum(S_N * g_state) alone, faithfully rounded to float64.
+) -> StateGradients:
+    """For a causal spec continuing an initial state, and the loss L = sum(out * g_out) +
+    sum(S_N * g_state) (+ sum(z_N * g_z) when normalised; S_N, z_N the final state):
+    dL/dS_0, dL/dz_0 and dL_S/dv, L_S = sum(S_N * g_state) alone (StateGradients).
 
-    out_i = c phi(q_i)^T (W_i S_0 + sum_(j<=i) w_ij phi(k_j) v_j^T) and S_N = W_(N-1) S_0 +
-    sum_j w_(N-1, j) phi(k_j) v_j^T, W_i = w_(i, -1) the decay from before the first token
-    to i (exp(G_i), gamma^(i + 1); 1 without a decay), so dL/dS_0 = sum_i c W_i phi(q_i)
-    g_out_i^T + W_(N-1) g_state (the final state's cotangent, fla's dht, flows into dh0)
-    and dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j)."""
-    if spec.normalize or spec.no_state:
-        raise SpecError(f"exact state gradients are for unnormalised causal specs, not {spec}")
-    b_, h_, n = x.q.shape[:3]
-    out_s, out_v = [], []
+    n_i = c phi(q_i)^T (W_i S_0 + sum_(j<=i) w_ij phi(k_j) v_j^T), D_i = eps + c phi(q_i)^T
+    (W_i z_0 + sum_(j<=i) w_ij phi(k_j)), out_i = n_i / D_i (n_i unnormalised, D_i = 1);
+    S_N = W_(N-1) S_0 + sum_j w_(N-1, j) phi(k_j) v_j^T, z_N likewise; W_i = w_(i, -1) the
+    decay from before the first token to i (exp(G_i), gamma^(i + 1); 1 without a decay).
+    By the chain rule (the quotient rule on n_i / D_i):
+    dL/dS_0 = sum_i c W_i phi(q_i) (g_out_i / D_i)^T + W_(N-1) g_state (the final state's
+    cotangent, fla's dht, flows into dh0), dL/dz_0 = -sum_i c W_i phi(q_i) (g_out_i .
+    out_i) / D_i + W_(N-1) g_z, and dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j). Unnormalised
+    the gradients do not depend on the initial state; normalised, `initial` = (S_0, z_0) is
+    required (float64, taken exactly)."""
+    if spec.no_state:
+        raise SpecError(f"exact state gradients are for causal kernelised specs, not {spec}")
+    if spec.normalize and (initial is None or g_z is None):
+        raise SpecError("a normalised spec's state gradients need initial = (S_0, z_0) and g_z")
+    b_, h_ = x.q.shape[:2]
+    heads = []
     for b in range(b_):
         for h in range(h_):
-            ds, dv = _resolved(
-                lambda p, b=b, h=h: _head_state_gradients(
-                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], p
+            given = None if not spec.normalize else (initial[0][b, h], initial[1][b, h], g_z[b, h])
+            heads.append(_resolved(
+                lambda p, b=b, h=h, given=given: _head_state_gradients(
+                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], given, p
                 ),
                 f"the state gradients of head ({b}, {h})", prec, max_prec,
-            )  # fmt: skip
-            out_s.append(np.array(ds, dtype=np.float64))
-            out_v.append(np.array(dv, dtype=np.float64))
-    f, dv_ = out_s[0].shape
-    return np.stack(out_s).reshape(b_, h_, f, dv_), np.stack(out_v).reshape(b_, h_, n, dv_)
+            ))  # fmt: skip
+
+    def stacked(part: int, squeeze: bool = False) -> np.ndarray:
+        arrays = [np.array(head[part], dtype=np.float64) for head in heads]
+        arrays = [a[:, 0] for a in arrays] if squeeze else arrays
+        return np.stack(arrays).reshape(b_, h_, *arrays[0].shape)
+
+    if not spec.normalize:
+        return StateGradients(stacked(0), None, stacked(1), None, None)
+    return StateGradients(stacked(0), stacked(2, True), stacked(1), stacked(3, True), stacked(4))
 
 
 def _resolved(compute, what: str, prec: int, max_prec: int) -> tuple:
@@ -95,8 +125,10 @@ def _resolved(compute, what: str, prec: int, max_prec: int) -> tuple:
     raise ReferenceAccuracyError(f"{what} is not resolved at {max_prec} bits")
 
 
-def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, prec: int):
-    """(dL/dS_0, dL_S/dv) of one head at `prec` bits, None where not yet resolved."""
+def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: int):
+    """One head at `prec` bits, None where not yet resolved: (dL/dS_0, dL_S/dv), then
+    normalised (dL/dz_0, eps + D_i, out_i) as columns; given: (S_0, z_0, g_z) of a
+    normalised spec."""
     n, d = head.q.shape
     with working_precision(prec):
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
@@ -106,10 +138,42 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, prec: int):
         if spec.decay is not None:
             last = decay_weights(head, [n - 1], spec.decay)[0]
         left = arb_mat([[c * into[i] * t for t in fq[i]] for i in range(n)])
-        ds = left.transpose() * arb_mat(balls(g_out)) + arb_mat(balls(g_state)) * into[-1]
         keys = arb_mat([[last[j] * t for t in fk[j]] for j in range(n)])
         dv = keys * arb_mat(balls(g_state))
-        return tuple([[rounded(t) for t in row] for row in m.tolist()] for m in (ds, dv))
+        if given is None:
+            ds = left.transpose() * arb_mat(balls(g_out)) + arb_mat(balls(g_state)) * into[-1]
+            return tuple(_rounded(m) for m in (ds, dv))
+        s0, z0, g_z = given
+        weights = _causal_weights(head, spec)
+        sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
+        sim = arb_mat([[c * s * w for s, w in zip(r, wr)] for r, wr in zip(sims, weights)])
+        vz = arb_mat([[*row, arb(1)] for row in balls(head.v)])
+        s0z = arb_mat([[*row, arb(z)] for row, z in zip(balls(s0), z0.tolist())])
+        sums = (sim * vz + left * s0z).tolist()
+        dens = [row[-1] + spec.eps for row in sums]
+        if zero := [i for i, den in enumerate(dens) if den.is_exact() and den == 0]:
+            raise ReferenceAccuracyError(f"the exact denominator of row {zero[0]} is 0 (0/0)")
+        outs = [[t / den for t in row[:-1]] for row, den in zip(sums, dens)]
+        gs = balls(g_out)
+        scaled = arb_mat([[t / den for t in row] for row, den in zip(gs, dens)])
+        dots = arb_mat([[-sum((t * o for t, o in zip(row, out)), arb(0))]
+                        for row, out in zip(scaled.tolist(), outs)])  # fmt: skip
+        ds = left.transpose() * scaled + arb_mat(balls(g_state)) * into[-1]
+        dz = left.transpose() * dots + arb_mat([[arb(t)] for t in g_z.tolist()]) * into[-1]
+        columns = arb_mat([[den] for den in dens])
+        return tuple(_rounded(m) for m in (ds, dv, dz, columns, arb_mat(outs)))
+
+
+def _rounded(m: arb_mat) -> list[list[float | None]]:
+    return [[rounded(t) for t in row] for row in m.tolist()]
+
+
+def _causal_weights(head: Head, spec: Spec) -> list[list[arb]]:
+    """w_ij for every row i and key j <= i (0 beyond): the decay, or 1 without one."""
+    n = head.q.shape[0]
+    if spec.decay is not None:
+        return decay_weights(head, list(range(n)), spec.decay)
+    return [[arb(1) if j <= i else arb(0) for j in range(n)] for i in range(n)]
 
 
 def _from_start(head: Head, spec: Spec) -> list:

@@ -112,8 +112,16 @@ def state_stored_bf16(q, k, v, initial_state=None):
     return out, (s.bfloat16().to(s.dtype), z.bfloat16().to(z.dtype))
 
 
-def _entry(name, fn, broken: bool, bug: str, caught_by=()) -> Entry:
-    return Entry(name, fn, "elu", True, broken, bug, caught_by=caught_by, state="Sz")
+def state_z0_detached(q, k, v, initial_state=None):
+    """BUG (backward only): z_0 enters the normaliser detached, so the loss's gradient never
+    reaches it (dL/dz_0 is the final state's cotangent alone); the forward is exact."""
+    if initial_state is not None:
+        initial_state = (initial_state[0], initial_state[1].detach())
+    return state_cumsum(q, k, v, initial_state)
+
+
+def _entry(name, fn, broken: bool, bug: str, caught_by=(), grad: bool = False) -> Entry:
+    return Entry(name, fn, "elu", True, broken, bug, caught_by=caught_by, state="Sz", grad=grad)
 
 
 ENTRIES = (
@@ -131,4 +139,6 @@ ENTRIES = (
            "the normaliser ignores the initial state", ("state-split", "initial-state")),
     _entry("state-stored-bf16", state_stored_bf16, True, "the state stored in bfloat16",
            ("final-state",)),
+    _entry("state-z0-detached", state_z0_detached, True,
+           "the backward never reaches z_0 (backward only)", ("state-gradient",), grad=True),
 )  # fmt: skip
