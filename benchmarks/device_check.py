@@ -45,9 +45,10 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str]]]:
                  "properties"]  # fmt: skip
         report_args = ["--dtypes", "float16", "bfloat16", "float32"]
     else:
-        tests = ["-m", "pytest", "-q", "properties/test_agreement.py", "-k",
-                 "elu-causal-chunked-cpu"]  # fmt: skip
-        report_args = ["--specs", "elu", "--dtypes", "float32", "--no-grad"]
+        tests = ["-m", "pytest", "-q", "properties/test_agreement.py::test_reference_agreement",
+                 "-k", "elu-causal-chunked-cpu"]  # fmt: skip
+        report_args = ["--form", "chunked", "--feature-map", "elu", "--causal", "--dtypes",
+                       "float32", "--no-grad"]  # fmt: skip
     plan = [("tests", [python, *tests, "-p", "no:cacheprovider"])]
     for on in (False, True):
         name = f"report-tf32-{'on' if on else 'off'}"
@@ -59,8 +60,9 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str]]]:
             ["--form", "chunked", "--feature-map", "relu", "--causal"] if name == "-" else [name]
         )
         json_path = out / f"vet-{name if name != '-' else 'builtin'}.json"
-        long = [] if device == "cuda" else ["--long", "0"]  # the dry run tests the plumbing
-        argv = ["-m", "linattn_verify", "vet", *target, "--device", device, "--kat", *long,
+        # the dry run tests the plumbing: no long context, one dtype
+        dry = [] if device == "cuda" else ["--long", "0", "--dtypes", "float32"]
+        argv = ["-m", "linattn_verify", "vet", *target, "--device", device, "--kat", *dry,
                 "--quiet", "--json", str(json_path)]  # fmt: skip
         plan.append((f"vet {name if name != '-' else 'built-in chunked relu'}", [python, *argv]))
     return plan
