@@ -5,15 +5,25 @@ out_i = c sum_j w_ij phi(q_i).phi(k_j) v_j, divided by eps + c sum_j w_ij phi(q_
 when normalised; c the spec's scale, w_ij the decay (1 without one):
 
 - quadratic: the weights materialised (golden.py's quadratic form);
-- linear (non-causal, no decay): phi(Q) (phi(K)^T [V, 1]);
+- linear (non-causal, no decay): phi(Q) (phi(K)^T [V, 1]), the keys at one common scale;
 - recurrent (causal): S_i = w_i S_(i-1) + phi(k_i) v_i^T, z_i = w_i z_(i-1) + phi(k_i),
   w_i = gamma or exp(g_i), one token at a time (Sun et al. 2023, eq. 6: the recurrent
   retention);
 - chunked (causal): chunks of C tokens, the decay inside a chunk from the prefix sums of its
   log-gates, the state entering it decayed by the chunk's prefix and carried to the next
   (Yang et al. 2024, "Gated linear attention", sec. 3.2, eq. 4-5, with scalar gates).
-float16/bfloat16/float32 inputs are computed in float32, float64 in float64; features are
-plain (features.plain_features: the maps without a shift); autograd goes through all.
+
+Every map, the Performer maps included: features in shifted form where features.needs_shift
+says so, phi(x_j) = exp(l_j) body_j (l_j = 0 for the maps without a log-scale). The state
+[S | z] is kept in units exp(U), U a running log-magnitude that the decay folds into: a key
+j seen by row i weighs exp(G_i - G_j + l_j), G the prefix sums of ln w, and the row works in
+units exp(R_i), R_i the largest such log-weight (the entering state's U + G_i among them),
+so every factor is at most 1 and the largest is 1. The units are constants of autograd
+(the output does not depend on them); the query's log-scale, R_i and c cancel in num / den
+(eps rescaled, features.scaled_eps, and divided by c) or are multiplied back
+(unnormalised). States in and out are in true units (S = sum_j w_(N-1,j) phi(k_j) v_j^T).
+float16/bfloat16/float32 inputs are computed in float32, float64 in float64; autograd goes
+through all.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import torch
 
 from ..inputs import check_decay
 from ..specs import Spec, SpecError
-from .features import plain_features
+from .features import add_shifts, common_scale, exp, needs_shift, scaled_eps, scaled_features
 from .golden import golden_attention
 
 DECAYED_FORMS = ("quadratic", "linear", "recurrent", "chunked")
@@ -53,10 +63,12 @@ def decayed_attention(
 ) -> tuple[torch.Tensor, State | None]:
     """(out (B, H, N, dv) in q's dtype, the state after the last token for the causal
     forms, else None) of `spec` in `form` (DECAYED_FORMS), continuing initial_state."""
-    if spec.info.needs_projection or spec.feature_map == "softmax":
-        raise SpecError(f"the built-in forms of {spec} take plain features only")
     if form not in DECAYED_FORMS:
         raise SpecError(f"unknown form {form!r}; forms: {', '.join(DECAYED_FORMS)}")
+    if form != "quadratic" and not spec.info.kernelised:
+        raise SpecError(f"{spec.feature_map} has no finite feature map: only form='quadratic'")
+    if spec.info.needs_projection and projection is None:
+        raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
     if spec.decay is not None:
         check_decay(decay, spec, tuple(q.shape))
     if form == "quadratic":
@@ -69,62 +81,91 @@ def decayed_attention(
         raise SpecError(f"form {form!r} is causal; {spec} is not: use 'linear'")
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
-    n_pos = q.shape[-2]
-    phi_q = plain_features(qc, spec.feature_map, n_pos) * spec.scale_for(q.shape[-1])
-    phi_k = plain_features(kc, spec.feature_map, n_pos)
+    w = None if projection is None else torch.as_tensor(projection).to(q.device, dtype)
+    n_pos, shifted = max(q.shape[-2], k.shape[-2]), needs_shift(spec, qc, kc)
+    body_q, scale_q = scaled_features(qc, spec, w, n_pos, 0, shifted)
+    body_k, scale_k = scaled_features(kc, spec, w, n_pos, 0, shifted)
     vz = torch.cat([vc, torch.ones_like(vc[..., :1])], dim=-1) if spec.normalize else vc
     if form == "linear":
-        num_den = phi_q @ (phi_k.transpose(-2, -1) @ vz)
-        return _finish(num_den, spec, q.dtype), None
-    log_w = None
+        phi_k, shift_k = common_scale(body_k, scale_k)
+        num_den = body_q @ (phi_k.transpose(-2, -1) @ vz)
+        return _finish(num_den, spec, q.shape[-1], add_shifts(scale_q, shift_k), q.dtype), None
+    if scale_k is None:
+        scale_k = torch.zeros_like(body_k[..., :1])
+    log_w = torch.zeros_like(vc[..., 0])
     if spec.decay is not None:
         log_w = log_decays(decay, spec, q.shape, dtype)
-    state = _initial(initial_state, phi_k, vz, spec)
+    state, units = _initial(initial_state, body_k, vz, spec)
     step = 1 if form == "recurrent" else chunk_size
-    out = []
-    for start in range(0, n_pos, step):
-        rows = slice(start, start + step)
-        lw = None if log_w is None else log_w[..., rows]
-        piece, state = _chunk(phi_q[..., rows, :], phi_k[..., rows, :], vz[..., rows, :], lw, state)
+    out, rows = [], []
+    for start in range(0, q.shape[-2], step):
+        tokens = slice(start, start + step)
+        pieces = (t[..., tokens, :] for t in (body_q, body_k, scale_k, vz))
+        piece, row_units, state, units = _chunk(*pieces, log_w[..., tokens], state, units)
         out.append(piece)
+        rows.append(row_units)
+    logs = add_shifts(scale_q, torch.cat(rows, dim=-2))
+    state = _times_exp(state, units)  # true units
     dv = v.shape[-1]
     final = (state[..., :dv], state[..., dv]) if spec.normalize else (state, None)
-    return _finish(torch.cat(out, dim=-2), spec, q.dtype), final
+    return _finish(torch.cat(out, dim=-2), spec, q.shape[-1], logs, q.dtype), final
 
 
-def _initial(initial: State | None, phi_k, vz, spec: Spec) -> torch.Tensor:
-    """The state [S | z] (B, H, F, dv (+ 1)) to start from, zero without one."""
-    b, h, _, f = phi_k.shape
+def _initial(initial: State | None, body_k, vz, spec: Spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the state [S | z] (B, H, F, dv (+ 1)) to start from, its log-units U (B, H, 1, 1)):
+    initial_state as given (U = 0), U = -inf where it is zero (none: zero), so that a first
+    key sets the units."""
+    b, h, _, f = body_k.shape
     if initial is None:
-        return phi_k.new_zeros(b, h, f, vz.shape[-1])
+        return body_k.new_zeros(b, h, f, vz.shape[-1]), body_k.new_full((b, h, 1, 1), -math.inf)
     s, z = initial
     want = (b, h, f, vz.shape[-1] - spec.normalize)
     if tuple(s.shape) != want or (spec.normalize and tuple(z.shape) != want[:3]):
         raise SpecError(f"initial_state must be S {want}" + " and z (B, H, F)" * spec.normalize)
-    s = s.to(phi_k.dtype)
-    return torch.cat([s, z.to(phi_k.dtype)[..., None]], dim=-1) if spec.normalize else s
+    s = s.to(body_k.dtype)
+    if spec.normalize:
+        s = torch.cat([s, z.to(body_k.dtype)[..., None]], dim=-1)
+    nonzero = (s != 0).flatten(-2).any(dim=-1)[..., None, None]
+    return s, torch.where(nonzero, 0.0, -math.inf).to(s.dtype)
 
 
-def _chunk(phi_q, phi_k, vz, log_w, state):
-    """(num [| den] of one chunk, the state after it): the state entering it decayed by
-    exp(G_i) for row i, G the chunk's inclusive prefix sums of ln w; inside it the masked
-    weights exp(G_i - G_j) (Yang et al. 2024, eq. 4-5)."""
-    inner = (phi_q @ phi_k.transpose(-2, -1)).tril()
-    if log_w is None:
-        out = phi_q @ state + inner @ vz
-        return out, state + phi_k.transpose(-2, -1) @ vz
+def _chunk(body_q, body_k, scale_k, vz, log_w, state, units):
+    """(num [| den] of one chunk in units exp(R_i) per row, R (B, H, C, 1), the state after
+    it and its units). G_i the chunk's inclusive prefix sums of ln w (Yang et al. 2024, eq.
+    4-5): key j weighs exp(l_j + G_i - G_j) at row i (j <= i), the entering state exp(U +
+    G_i); R_i the largest of them, the state after the chunk in units R_last. Each exponent
+    is a difference of nearby log-scales plus the decay's, (l_j - R_i) + (G_i - G_j) and
+    (U - R_i) + G_i: exact differences where the scales are large, and a rounded R costs
+    nothing (the factors make up for it)."""
     prefix = torch.cumsum(log_w, dim=-1)  # G_i, i in the chunk
     n = prefix.shape[-1]
     keep = torch.ones(n, n, dtype=torch.bool, device=prefix.device).tril()
-    gaps = (prefix[..., :, None] - prefix[..., None, :]).masked_fill(~keep, -math.inf)
-    out = torch.exp(prefix)[..., None] * (phi_q @ state) + (inner * torch.exp(gaps)) @ vz
-    to_end = torch.exp(prefix[..., -1:] - prefix)[..., None]  # exp(G_last - G_j)
-    state = torch.exp(prefix[..., -1])[..., None, None] * state
-    return out, state + (phi_k * to_end).transpose(-2, -1) @ vz
+    decays = (prefix[..., :, None] - prefix[..., None, :]).masked_fill(~keep, -math.inf)
+    logs_k = scale_k.transpose(-2, -1)  # l_j, (B, H, 1, C)
+    rows = torch.maximum(units[..., 0] + prefix, (decays + logs_k).amax(dim=-1))
+    rows = rows.detach()[..., None]  # R_i, (B, H, C, 1)
+    inner = (body_q @ body_k.transpose(-2, -1)) * exp((logs_k - rows) + decays)
+    entering = exp((units - rows) + prefix[..., None])
+    out = entering * (body_q @ state) + inner @ vz
+    end = rows[..., -1:, :]  # R_last, (B, H, 1, 1)
+    to_end = exp((scale_k - end) + decays[..., -1, :, None])  # key j at the chunk's end
+    state = exp((units - end) + prefix[..., -1:, None]) * state
+    return out, rows, state + (body_k * to_end).transpose(-2, -1) @ vz, end
 
 
-def _finish(num_den: torch.Tensor, spec: Spec, dtype: torch.dtype) -> torch.Tensor:
-    """The output in `dtype`: num / (eps + den) when normalised, num otherwise."""
+def _times_exp(x: torch.Tensor, log: torch.Tensor) -> torch.Tensor:
+    """x exp(log) by two factors exp(log / 2), so that a factor overflows only where the
+    product of a normal x does; exactly 0 where x is (never 0 * inf)."""
+    half = log / 2
+    return torch.where(x == 0, x, x * exp(half) * exp(log - half))
+
+
+def _finish(num_den, spec: Spec, d: int, logs, dtype: torch.dtype) -> torch.Tensor:
+    """The output in `dtype` of the unscaled num [| den] in units exp(logs) per row (None:
+    1): c num / (eps + c den) = num / (eps / c + den) when normalised (the units cancel, eps
+    rescaled: no rounding by c), c num exp(logs) otherwise."""
+    c = spec.scale_for(d)
     if not spec.normalize:
-        return num_den.to(dtype)
-    return (num_den[..., :-1] / (num_den[..., -1:] + spec.eps)).to(dtype)
+        return (c * (num_den if logs is None else _times_exp(num_den, logs))).to(dtype)
+    num, den = num_den[..., :-1], num_den[..., -1:]
+    return (num / (den + scaled_eps(spec.eps / c, logs))).to(dtype)

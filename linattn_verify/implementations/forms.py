@@ -42,8 +42,8 @@ DEFAULT_CHUNK = 64
 
 def forms_of(spec: Spec) -> tuple[str, ...]:
     """The forms that evaluate `spec`."""
-    if not spec.info.kernelised or (not spec.plain and spec.info.needs_projection):
-        return ("quadratic",)  # decayed.py's forms take plain features only
+    if not spec.info.kernelised:
+        return ("quadratic",)
     return ("quadratic", "recurrent", "chunked") if spec.causal else ("quadratic", "linear")
 
 

@@ -10,6 +10,7 @@ from .attention import (
     bound_check,
     fit_rate,
     rate_check,
+    rate_not_applicable,
     regime_inputs,
     rmse_by_m,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "orthogonal_mse",
     "pair_moment",
     "rate_check",
+    "rate_not_applicable",
     "regime_inputs",
     "rmse_by_m",
     "softmax_kernel",

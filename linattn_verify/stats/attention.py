@@ -33,6 +33,7 @@ import torch
 
 from ..reference import reference
 from ..results import CheckResult
+from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .decide import ALPHA, binomial_critical
 from .estimators import SamplerFailure, SamplerFn, draw_projections, one_thread
@@ -192,6 +193,14 @@ def fit_rate(ms: Sequence[int], rmse: np.ndarray, se: np.ndarray) -> tuple[float
     sxx = (weight * (x - xm) ** 2).sum()
     slope = float((weight * (x - xm) * (y - ym)).sum() / sxx)
     return slope, float(sxx**-0.5)
+
+
+def rate_not_applicable(spec: Spec) -> str | None:
+    """Why the rate check does not apply to `spec` (None when it does): it measures the
+    error against softmax attention, which a decayed or unnormalised output estimates not."""
+    if spec.decay is not None or not spec.normalize:
+        return "a decayed or unnormalised output is no estimate of softmax attention"
+    return None
 
 
 def rate_check(

@@ -129,6 +129,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     """(row name, task, options) in order: contract first, so a broken contract shows first."""
     from ..checks import CHECKS, GRAD_CHECKS
     from ..kat import not_applicable as kat_not_applicable
+    from ..stats import rate_not_applicable
 
     spec = description["spec"]
     examples = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
@@ -151,7 +152,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if options.sampler:
         sampler = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
         steps.append(("sampler", "sampler", sampler))
-    if spec.info.needs_projection:
+    if spec.info.needs_projection and not rate_not_applicable(spec):
         rate = {"sampler_target": options.sampler, "seed": options.seed}
         steps.append(("rate", "rate", {**rate, "device": options.device, "dtypes": options.dtypes}))
     if options.envelope:
@@ -168,12 +169,16 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     )
     from ..checks import GRAD_CHECKS
     from ..kat import not_applicable as kat_not_applicable
+    from ..stats import rate_not_applicable
 
     for name, reason in description["not_applicable"].items():
         if options.grad or name not in GRAD_CHECKS:
             report.rows.append({"name": name, "status": "not applicable", "detail": reason})
     if options.kat and (reason := kat_not_applicable(description["spec"])):
         report.rows.append({"name": "known-answers", "status": "not applicable", "detail": reason})
+    spec = description["spec"]
+    if spec.info.needs_projection and (reason := rate_not_applicable(spec)):
+        report.rows.append({"name": "rate", "status": "not applicable", "detail": reason})
     return report
 
 
