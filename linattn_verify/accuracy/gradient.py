@@ -15,16 +15,17 @@ element, as s_ic is for an output element.
   infinite where n u >= 1 (then only the budget judges). M is floored at the dtype's
   smallest subnormal over u (`effective_scale`): a result that small is rounded on the
   subnormal grid, whatever its own magnitude (M may even underflow float64).
-- budget, per tensor (dq, dk, dv): K_BUDGET times the largest error of the golden forms'
-  backward (autograd through implementations/golden.py, wide accumulation) on the same
-  inputs and loss, and at least K_BUDGET times the error of rounding that exact tensor once
-  (max |g| / M, the `rounding_floor`) the typical number of times a correct evaluation of
-  its n roundings does (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019): the rule
-  for outputs, whose floor BUDGET_FLOOR is that rounding with |out| <= s. Here M can exceed
-  |g| by orders of magnitude, and by different orders for dq, dk and dv (the Performer
-  maps: exponents with large arguments, trig's cancelling features): one budget for all
-  three, or a floor of 1 unit of u M, would admit errors in dq and dk thousands of times
-  the golden ones.
+- budget, per tensor (dq, dk, dv, and dg of a gates spec's log-gates: gradient_names):
+  K_BUDGET times the largest error of the golden forms' backward (autograd through
+  implementations/golden.py, wide accumulation) on the same inputs and loss, and at least
+  K_BUDGET times the error of rounding that exact tensor once (max |g| / M, the
+  `rounding_floor`) the typical number of times a correct evaluation of its n roundings
+  does (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019): the rule for outputs,
+  whose floor BUDGET_FLOOR is that rounding with |out| <= s. Here M can exceed |g| by
+  orders of magnitude, and by different orders for dq, dk and dv (the Performer maps:
+  exponents with large arguments, trig's cancelling features): one budget for all three,
+  or a floor of 1 unit of u M, would admit errors in dq and dk thousands of times the
+  golden ones.
 """
 
 from __future__ import annotations
@@ -36,16 +37,17 @@ import numpy as np
 import torch
 
 from ..inputs import SMALLEST_SUBNORMAL
+from ..reference.grad import NAMES as NAMES  # re-exported: q, k, v; per spec, gradient_names
+from ..reference.grad import gradient_names as gradient_names
 from .bound import gamma
 from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, typical_roundings
-
-NAMES = ("q", "k", "v")
 
 
 @dataclass(frozen=True)
 class GradientVerdict:
-    """The figures of one gradient judgement, per tensor (q, k, v): the largest error in
-    units of u M, the golden forms' largest error, the rounding floor and the budget."""
+    """The figures of one gradient judgement, per tensor (q, k, v, and g for a gates spec:
+    reference.grad.gradient_names): the largest error in units of u M, the golden forms'
+    largest error, the rounding floor and the budget."""
 
     dtype: str
     bound: float  # units of u M (inf: vacuous)
@@ -61,7 +63,7 @@ class GradientVerdict:
         """The tensors whose largest error exceeds their budget."""
         if self.budget is None:
             return []
-        return [n for n in NAMES if not self.max_error[n] <= self.budget[n]]
+        return [n for n in self.max_error if not self.max_error[n] <= self.budget[n]]
 
     @property
     def passed(self) -> bool:
@@ -122,30 +124,39 @@ def judge_gradients(
     roundings: int,
     golden: Sequence[Mapping[str, np.ndarray]] = (),
 ) -> GradientVerdict:
-    """Judge float64 copies of an implementation's dq, dk, dv (dtype `dtype`, unit roundoff
-    u) against the exact ones and their magnitudes M."""
+    """Judge float64 copies of an implementation's gradients (dtype `dtype`, unit roundoff
+    u) against the exact ones and their magnitudes M: every tensor `exact` has (dq, dk,
+    dv, and dg for a gates spec: gradient_names)."""
+    names = tuple(exact)
     bound = gradient_bound(roundings, u)
+    top = float(torch.finfo(getattr(torch, dtype)).max)
 
     def errors_of(g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row)."""
+        """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row) and
+        where it is beyond the dtype's range and g has the infinity of its sign (its
+        rounding: unnormalised gradients grow with the inputs' squares)."""
         units = {
-            n: error_units(g[n], exact[n], effective_scale(scale[n], dtype, u), u) for n in NAMES
+            n: error_units(g[n], exact[n], effective_scale(scale[n], dtype, u), u) for n in names
         }
-        return {n: np.where(np.isnan(exact[n]), 0.0, units[n]) for n in NAMES}
+        with np.errstate(invalid="ignore"):
+            exempt = {
+                n: np.isnan(exact[n]) | ((np.abs(exact[n]) > top) & (g[n] == exact[n] * np.inf))
+                for n in names
+            }
+        return {n: np.where(exempt[n], 0.0, units[n]) for n in names}
 
     errors = errors_of(grads)
-    top = float(torch.finfo(getattr(torch, dtype)).max)
     violations = 0
-    for n in NAMES:
+    for n in names:
         finite_exact = np.isfinite(exact[n]) & (np.abs(exact[n]) <= top)  # fits the dtype
         with np.errstate(invalid="ignore"):
             diff = np.abs(grads[n] - exact[n])
             above = finite_exact & ~(diff <= allowance(scale[n], dtype, u, roundings))
         violations += int(above.sum())
-    worst_name = max(NAMES, key=lambda n: errors[n].max(initial=0.0))
+    worst_name = max(names, key=lambda n: errors[n].max(initial=0.0))
     worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
     typical = typical_roundings(roundings, u)
-    floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in NAMES}
+    floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in names}
     golden_max = budget = None
     if golden:
         golden_errors = [errors_of(g) for g in golden]
@@ -154,13 +165,13 @@ def judge_gradients(
                 float(np.max(np.where(np.isfinite(e[n]), e[n], 0.0), initial=0.0))
                 for e in golden_errors
             )
-            for n in NAMES
+            for n in names
         }
-        budget = {n: K_BUDGET * max(golden_max[n], floor[n]) for n in NAMES}
+        budget = {n: K_BUDGET * max(golden_max[n], floor[n]) for n in names}
     return GradientVerdict(
         dtype=dtype,
         bound=bound,
-        max_error={n: float(errors[n].max(initial=0.0)) for n in NAMES},
+        max_error={n: float(errors[n].max(initial=0.0)) for n in names},
         golden_max_error=golden_max,
         rounding_floor=floor,
         budget=budget,

@@ -58,19 +58,11 @@ ALL_CHECKS = CHECKS | GRAD_CHECKS
 
 
 # the checks that do not take every spec, and why: split-resume's stream takes no decay
-# (the state checks do), the exact gradients of reference/grad.py are for plain specs
+# (the state checks do)
 NOT_FOR = {
     "split-resume": (
         lambda spec: spec.decay is not None,
         "the stream API carries no decay (the state checks take it)",
-    ),
-    **dict.fromkeys(
-        ("gradient", "gradient-causality", "gradient-associativity", "gradient-finite"),
-        (
-            lambda spec: not spec.plain,
-            "the exact gradients (reference/grad.py) are for plain specs: normalised, "
-            "unscaled, without a decay",
-        ),
     ),
 }
 # the checks of a normalised output's properties

@@ -1,12 +1,14 @@
 """Gradient checks: the backward pass of an implementation (its autograd graph, or its own
-torch.autograd.Function) for the loss L = sum(out * G), G seeded per case.
+torch.autograd.Function) for the loss L = sum(out * G), G seeded per case, with the case's
+decay (Case.decay) given to the kernel; a gates spec's log-gates are a leaf too.
 
-- gradient: dL/dq, dL/dk, dL/dv against the exact reference gradients (reference/grad.py),
-  judged by accuracy/gradient.py: the a-priori bound, and the budget set by the golden
-  forms' backward in the same dtype;
-- gradient-causality (causal specs): dL/dk_j and dL/dv_j do not depend on G_i for i < j;
-  rows 0 .. t-1 of G are redrawn and rows t .. N-1 of dk and dv must not move beyond a few
-  roundings (this holds where the bound is vacuous too);
+- gradient: dL/dq, dL/dk, dL/dv (and dL/dg of the log-gates) against the exact reference
+  gradients (reference/grad.py), judged by accuracy/gradient.py: the a-priori bound, and
+  the budget set by the golden forms' backward in the same dtype;
+- gradient-causality (causal specs): dL/dk_j and dL/dv_j do not depend on G_i for i < j,
+  nor dL/dg_t (through rows i >= t alone); rows 0 .. t-1 of G are redrawn and rows t ..
+  N-1 of dk, dv (and dg) must not move beyond a few roundings (this holds where the bound
+  is vacuous too);
 - gradient-associativity: the gradients agree with both golden forms' ((phi(Q) phi(K)^T) V
   and phi(Q) (phi(K)^T V), or softmax's one) within the budget plus the golden's error;
 - gradient-finite: no NaN or inf in a gradient where the exact one is finite and fits the
@@ -25,6 +27,7 @@ from ..accuracy.gradient import (
     NAMES,
     allowance,
     effective_scale,
+    gradient_names,
     judge_gradients,
     rounding_floor,
 )
@@ -49,14 +52,18 @@ def loss_weights(case: Case, q: torch.Tensor, v: torch.Tensor, salt: int = 11) -
     return g.to(dtype=q.dtype, device=q.device)
 
 
-def autograd_gradients(fn, q, k, v, w, g: torch.Tensor) -> Grads:
-    """dL/dq, dL/dk, dL/dv of L = sum(fn(q, k, v, w) * g) through torch.autograd, as float64
-    arrays; a gradient that does not exist (the output does not depend on it) is 0.
-    ImplementationFailure when fn's output has no backward, the backward raises, or a
-    gradient has the wrong shape or dtype."""
+def autograd_gradients(fn, q, k, v, w, g: torch.Tensor, decay=None, gates: bool = False) -> Grads:
+    """dL/dq, dL/dk, dL/dv of L = sum(fn(q, k, v, w, decay=decay) * g) through
+    torch.autograd, as float64 arrays, and with gates (a gates spec's log-gates as the
+    decay) dL/dg too (key "g"); a gradient that does not exist (the output does not
+    depend on it) is 0. ImplementationFailure when fn's output has no backward, the
+    backward raises, or a gradient has the wrong shape or dtype."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    if gates:
+        decay = decay.detach().clone().requires_grad_(True)
+        leaves.append(decay)
     with torch.enable_grad():
-        out = fn(*leaves, w)
+        out = fn(*leaves[:3], w, decay=decay)
         if not out.requires_grad:
             raise ImplementationFailure("returned an output with no backward (requires_grad off)")
         try:
@@ -66,7 +73,7 @@ def autograd_gradients(fn, q, k, v, w, g: torch.Tensor) -> Grads:
                 f"backward raised {type(err).__name__}: {err}"
             ) from None  # fmt: skip
     result = {}
-    for name, leaf, grad in zip(NAMES, leaves, grads, strict=True):
+    for name, leaf, grad in zip(NAMES + ("g",) * gates, leaves, grads, strict=True):
         if grad is None:
             grad = torch.zeros_like(leaf)
         if grad.shape != leaf.shape or grad.dtype != leaf.dtype:
@@ -78,13 +85,15 @@ def autograd_gradients(fn, q, k, v, w, g: torch.Tensor) -> Grads:
     return result
 
 
-def golden_gradients(q, k, v, w, g, spec) -> list[Grads]:
-    """The golden forms' gradients on the same inputs and loss."""
+def golden_gradients(q, k, v, w, g, spec, decay=None) -> list[Grads]:
+    """The golden forms' gradients on the same inputs, decay and loss."""
+    gates = "g" in gradient_names(spec)
+
+    def golden(form: str):
+        return lambda q, k, v, w, decay: golden_attention(q, k, v, spec, w, form, decay)
+
     return [
-        autograd_gradients(
-            lambda q, k, v, w, form=form: golden_attention(q, k, v, spec, w, form), q, k, v, w, g
-        )
-        for form in golden_forms(spec)
+        autograd_gradients(golden(form), q, k, v, w, g, decay, gates) for form in golden_forms(spec)
     ]
 
 
@@ -111,15 +120,20 @@ def exact_judgement_inputs(
     x: AttentionInputs, spec: Spec, g: np.ndarray
 ) -> tuple[Grads, Grads, int] | str:
     """The exact gradients, their magnitudes M and the rounding count n for the loss
-    sum(out * g), or why the loss is undefined (an exact denominator is 0)."""
-    zero = arb_denominator_signs(x, spec) == 0
-    if zero.any():
+    sum(out * g) (x's decay included), or why the loss is undefined (an exact denominator
+    of a normalised spec is 0)."""
+    if spec.normalize and (zero := arb_denominator_signs(x, spec) == 0).any():
         at = tuple(int(t) for t in np.argwhere(zero)[0])
         return f"the exact denominator of row (b, h, i) = {at} is 0"
     return exact_gradients(x, spec, g), gradient_magnitudes(x, spec, g), roundings(x, spec)
 
 
-@functools.lru_cache(maxsize=64)
+# exact gradients kept for the next gradient check of a case: a vet plan's corners and
+# search cases of one check (about 90), which the next check draws again
+EXACT_KEPT = 256
+
+
+@functools.lru_cache(maxsize=EXACT_KEPT)
 def _exact(case: Case, spec: Spec) -> tuple[Grads, Grads, int] | str:
     """exact_judgement_inputs for the case's loss; cached, since every gradient check of a
     case needs them (callers must not modify the arrays)."""
@@ -128,23 +142,30 @@ def _exact(case: Case, spec: Spec) -> tuple[Grads, Grads, int] | str:
 
 
 def _setup(impl: Implementation, case: Case):
-    """Inputs, G, the exact gradients and magnitudes, n and the implementation's grads;
-    UndefinedLoss where some exact denominator is 0."""
+    """Inputs (the decay last), G, the exact gradients and magnitudes, n and the
+    implementation's grads; UndefinedLoss where some exact denominator is 0."""
     exact = _exact(case, impl.spec)
     if isinstance(exact, str):
         raise UndefinedLoss(exact)
     (q, k, v, w), _ = inputs_of(case, impl.spec)
+    decay, gates = case.decay(impl.spec.decay), "g" in gradient_names(impl.spec)
     g = loss_weights(case, q, v)
-    return (q, k, v, w, g), *exact, autograd_gradients(impl, q, k, v, w, g)
+    return (q, k, v, w, decay), g, *exact, autograd_gradients(impl, q, k, v, w, g, decay, gates)
+
+
+NO_GATE_GRADIENT = (
+    "; dg is 0 everywhere: the output has no gradient in the log-gates g (taken as a "
+    "constant, or detached)"
+)
 
 
 @check("gradient")
 @judged
 def gradient(impl: Implementation, case: Case) -> Outcome:
-    """dq, dk, dv within the a-priori bound of the exact ones and within K_BUDGET times the
-    golden forms' error."""
-    (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
-    golden = golden_gradients(q, k, v, w, g, impl.spec)
+    """dq, dk, dv (and dg) within the a-priori bound of the exact ones and within K_BUDGET
+    times the golden forms' error."""
+    (q, k, v, w, decay), g, exact, magnitude, n, grads = _setup(impl, case)
+    golden = golden_gradients(q, k, v, w, g, impl.spec, decay)
     u = UNIT_ROUNDOFF[case.dtype]
     verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, golden)
     figures = {f"max_error_d{name}": e for name, e in verdict.max_error.items()}
@@ -153,7 +174,10 @@ def gradient(impl: Implementation, case: Case) -> Outcome:
     for name, budget in (verdict.budget or {}).items():
         figures[f"budget_d{name}"] = budget
     severity = "wrong" if verdict.violations else "inaccurate"
-    return Outcome(verdict.passed, verdict.message, figures, severity=severity)
+    message = verdict.message
+    if not verdict.passed and "g" in grads and not grads["g"].any() and np.any(exact["g"]):
+        message += NO_GATE_GRADIENT
+    return Outcome(verdict.passed, message, figures, severity=severity)
 
 
 def _allowance(
@@ -171,20 +195,20 @@ def _allowance(
 
 
 def _disagreement(
-    a: Grads, b: Grads, allowance: Grads, exact: Grads, start: int = 0, names=NAMES
+    a: Grads, b: Grads, allowance: Grads, exact: Grads, start: int = 0, names=None
 ) -> str | None:
-    """Where a and b differ beyond the allowance in rows start.. of `names` (where the
-    exact gradient is defined), or None."""
-    for name in names:
+    """Where a and b differ beyond the allowance in rows (tokens) start.. of `names` (all
+    of exact's by default; where the exact gradient is defined), or None."""
+    for name in names or exact:
         x, y, limit, ref = (
-            t[..., start:, :] for t in (a[name], b[name], allowance[name], exact[name])
+            t[:, :, start:] for t in (a[name], b[name], allowance[name], exact[name])
         )
         with np.errstate(invalid="ignore"):
             same = (x == y) | (np.isnan(x) & np.isnan(y))
             bad = ~np.isnan(ref) & ~same & ~(np.abs(x - y) <= limit)
         if bad.any():
             at = tuple(int(t) for t in np.argwhere(bad)[0])
-            where = [*at[:2], at[2] + start, at[3]]
+            where = [*at[:2], at[2] + start, *at[3:]]
             return (
                 f"d{name}: {int(bad.sum())} element(s) differ beyond the allowance, e.g. at "
                 f"{where}: {x[at]:.6g} against {y[at]:.6g}"
@@ -195,26 +219,29 @@ def _disagreement(
 @check("gradient-causality")
 @judged
 def gradient_causality(impl: Implementation, case: Case) -> Outcome:
-    """Redrawing G_i for i < t leaves dk_j and dv_j, j >= t, unchanged: within 2 K_BUDGET
-    roundings of the exact gradient (a correct backward never combines G_i with them, so
-    it reproduces them to the bit but for reassociation; a leak moves them by a whole term),
-    and within twice the bound."""
+    """Redrawing G_i for i < t leaves dk_j and dv_j, j >= t, unchanged, and dg_s, s >= t
+    (rows i >= s alone reach it): within 2 K_BUDGET roundings of the exact gradient (a
+    correct backward never combines G_i with them, so it reproduces them to the bit but
+    for reassociation; a leak moves them by a whole term), and within twice the bound."""
     if case.n < 2:
         return Outcome(True, "N = 1: there is no earlier row of G to change")
-    (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
+    (q, k, v, w, decay), g, exact, magnitude, n, grads = _setup(impl, case)
     t = 1 + int(torch.randint(case.n - 1, (1,), generator=case_generator(case, 12)))
     other = loss_weights(case, q, v, salt=13)
     g2 = torch.cat([other[..., :t, :], g[..., t:, :]], dim=-2)
-    grads2 = autograd_gradients(impl, q, k, v, w, g2)
+    gates = "g" in exact
+    grads2 = autograd_gradients(impl, q, k, v, w, g2, decay, gates)
     u = UNIT_ROUNDOFF[case.dtype]
     floors = {
         name: 2 * K_BUDGET * rounding_floor(exact[name], magnitude[name], case.dtype, u)
-        for name in NAMES
+        for name in exact
     }
     allowance = _allowance(magnitude, n, case.dtype, floors)
-    found = _disagreement(grads, grads2, allowance, exact, start=t, names=("k", "v"))
+    names = ("k", "v", "g")[: 2 + gates]
+    found = _disagreement(grads, grads2, allowance, exact, start=t, names=names)
     if found is None:
-        return Outcome(True, f"dk and dv of rows {t}.. unchanged when G of rows 0..{t - 1} changed")
+        what = ", ".join(f"d{name}" for name in names)
+        return Outcome(True, f"{what} of rows {t}.. unchanged when G of rows 0..{t - 1} changed")
     return Outcome(False, f"after G of rows 0..{t - 1} changed, " + found)
 
 
@@ -224,12 +251,12 @@ def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
     """The gradients agree with each golden form's within the implementation's budget plus
     the golden form's own error (each against the exact gradient), and within twice the
     bound."""
-    (q, k, v, w, g), exact, magnitude, n, grads = _setup(impl, case)
+    (q, k, v, w, decay), g, exact, magnitude, n, grads = _setup(impl, case)
     forms = golden_forms(impl.spec)
-    goldens = golden_gradients(q, k, v, w, g, impl.spec)
+    goldens = golden_gradients(q, k, v, w, g, impl.spec, decay)
     u = UNIT_ROUNDOFF[case.dtype]
     verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, goldens)
-    units = {name: verdict.budget[name] + verdict.golden_max_error[name] for name in NAMES}
+    units = {name: verdict.budget[name] + verdict.golden_max_error[name] for name in exact}
     allowance = _allowance(magnitude, n, case.dtype, units)
     for form, golden in zip(forms, goldens, strict=True):
         found = _disagreement(grads, golden, allowance, exact)
@@ -242,9 +269,9 @@ def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
 @judged
 def gradient_finite(impl: Implementation, case: Case) -> Outcome:
     """No NaN or inf where the exact gradient is finite and fits the dtype."""
-    (q, _, _, _, _), exact, _, _, grads = _setup(impl, case)
+    (q, _, _, _, _), _, exact, _, _, grads = _setup(impl, case)
     top = float(torch.finfo(q.dtype).max)
-    for name in NAMES:
+    for name in exact:
         with np.errstate(invalid="ignore"):
             bad = (
                 np.isfinite(exact[name]) & (np.abs(exact[name]) <= top) & ~np.isfinite(grads[name])

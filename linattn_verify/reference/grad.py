@@ -1,26 +1,42 @@
 """Exact reference gradients of attention, faithfully rounded to float64 (mpmath).
 
-For the loss L = sum_{i,c} out_ic g_ic (g taken exactly, the shape of out) this module gives
-dL/dq, dL/dk, dL/dv from the definition, with the projection W of the Performer maps held
-fixed. Derivation (reverse-mode chain rule; Baydin et al. 2018, "Automatic differentiation
-in machine learning: a survey", sec. 3.1, or any calculus text):
+For the loss L = sum_{i,c} out_ic g_out_ic (the cotangent g_out taken exactly, the shape of
+out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates spec,
+from the definition, with the projection W of the Performer maps and a constant decay's
+gamma held fixed. Derivation (reverse-mode chain rule; Baydin et al. 2018,
+"Automatic differentiation in machine learning: a survey", sec. 3.1, or any calculus text):
 
     a_ij = sim(q_i, k_j) for the keys j that query i uses (common.allowed_keys)
-    D_i = eps + sum_j a_ij,   out_i = (sum_j a_ij v_j) / D_i
-    dL/dv_j  = sum_i a_ij g_i / D_i                       (over the queries i that use key j)
-    dL/da_ij = g_i . (v_j - out_i) / D_i  =: b_ij         (quotient rule on N_i / D_i)
-    dL/dq_i  = sum_j b_ij da_ij/dq_i,   dL/dk_j = sum_i b_ij da_ij/dk_j
+    A_ij = c w_ij a_ij   (c the spec's scale; w_ij the decay, 1 without one)
+    D_i = eps + sum_j A_ij,   out_i = (sum_j A_ij v_j) / D_i   (normalised)
+    D_i = 1,                  out_i = sum_j A_ij v_j           (unnormalised)
+    dL/dv_j  = sum_i A_ij g_out_i / D_i               (over the queries i that use key j)
+    dL/dA_ij = g_out_i . (v_j - out_i) / D_i  =: b_ij (quotient rule on N_i / D_i)
+             = g_out_i . v_j                          (unnormalised)
+    dL/dq_i  = sum_j b_ij dA_ij/dq_i,   dL/dk_j = sum_i b_ij dA_ij/dk_j,
+    dA_ij/dq_i = c w_ij da_ij/dq_i (and so for k_j): the decay and the scale are constants.
 
-b_ij is computed as (t_ij - tbar_i) / D_i with t_ij = g_i . v_j and tbar_i = g_i . out_i =
-(sum_j a_ij t_ij) / D_i: it cancels when v_j is near out_i, which the error estimate
-below accounts for. The kernel derivatives (formulas and sources as in specs.FEATURE_MAPS,
-x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
+The decays (causal specs; specs.DECAY_SOURCES): constant, w_ij = gamma^(i-j) (Sun et al.
+2023, RetNet, eq. 5); gates, w_ij = exp(G_i - G_j) with G_i = g_0 + ... + g_i (Yang et al.
+2024, GLA, eq. 3 with scalar gates), so w_ij depends on g_t for j < t <= i with dw_ij/dg_t
+= w_ij, and
+
+    dL/dg_t = sum_{i >= t > j} b_ij A_ij = sum_{i >= t} R_i(t),   R_i(t) = sum_{j < t} b_ij A_ij,
+
+O(N^2) from the row prefix sums R_i (dL/dg_0 = 0: no key precedes token 0). Normalised with
+eps = 0, sum_j b_ij A_ij = 0 for every row (a row's common factor cancels in out_i), so the
+sums over j < t and over t <= j <= i are opposites.
+
+b_ij is computed as (t_ij - tbar_i) / D_i with t_ij = g_out_i . v_j and tbar_i = g_out_i .
+out_i = (sum_j A_ij t_ij) / D_i: it cancels when v_j is near out_i, which the error
+estimate below accounts for. The kernel derivatives (formulas and sources as in
+specs.FEATURE_MAPS, x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
 
 - softmax, a = exp(s), s = q.k / sqrt(d) (Vaswani et al. 2017, eq. 1): da/dq_i = a k_j / sqrt(d),
   da/dk_j = a q_i / sqrt(d).
 - taylor, a = 1 + s + s^2/2 (Arora et al. 2024, sec. 3): da/ds = 1 + s.
-- kernelised maps, a = phi(q_i) . phi(k_j): dL/dq_i = J_phi(q_i)^T U_i with U_i = sum_j b_ij
-  phi(k_j); dL/dk_j = J_phi(k_j)^T sum_i b_ij phi(q_i). With
+- kernelised maps, a = phi(q_i) . phi(k_j): dL/dq_i = J_phi(q_i)^T U_i with U_i = sum_j
+  e_ij phi(k_j), e_ij = c w_ij b_ij; dL/dk_j = J_phi(k_j)^T sum_i e_ij phi(q_i). With
   - elu + 1 (Katharopoulos et al. 2020, eq. 7): phi'(x) = 1 for x > 0, exp(x) for x <= 0
     (both sides give 1 at 0: phi is C^1);
   - identity: phi(x) = x, phi'(x) = 1.
@@ -40,12 +56,14 @@ x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
     U_r^+ phi_r^+ - U_r^- phi_r^- (hyperbolic), U_r^s phi_r^c - U_r^c phi_r^s (trig), and
     sigma = -1, -1, +1.
 
-The similarities and features themselves come from mp.py (`similarities`, `features`), so the
-forward function differentiated here is exactly the one the mpmath reference evaluates.
+The similarities, features and decay weights themselves come from mp.py (`similarities`,
+`features`, `decay_weights`), and the scale is its 1/sqrt(d) or number, so the forward
+function differentiated here is exactly the one the mpmath reference evaluates.
 
 Zero denominators: where D_i is exactly 0 (relu or cosFormer with eps = 0 and no positive
-similarity in row i), out_i is 0/0 and L is undefined. Then dL/dq_i is NaN, and so are
-dL/dk_j and dL/dv_j (all components) for every key j that row i uses; the rest is exact.
+similarity in row i, normalised), out_i is 0/0 and L is undefined. Then dL/dq_i is NaN, and
+so are dL/dk_j and dL/dv_j (all components) for every key j that row i uses, and dL/dg_t
+for t <= i; the rest is exact.
 
 Precision control, as in mp.py: each head is evaluated at p and 2p bits (p = 113 first);
 an element is accepted when the two float64 roundings are within one ulp of each other
@@ -54,18 +72,29 @@ the smallest subnormal). M bounds the sum of the absolute values of everything t
 is computed from, propagated by first-order rules (sums add magnitudes, a product y z
 contributes M(y) M(z), a quotient y / z gives (M(y) + |y/z| M(z)) / |z|, exp(y) gives
 exp(y) (1 + M(y)), sin(y) gives |sin y| + M(y)), so it grows with every cancellation: in
-b_ij, in sign-changing (trig) features, inside exponents. n is a generous bound on the
+b_ij, in sign-changing (trig) features, inside exponents. A decay weight is such an
+exponential: M(w_ij) = w_ij (1 + M(ln w_ij)), M(ln w_ij) <= 2 sum_{t <= i} |g_t| when it
+is formed as G_i - G_j from prefix sums over the sequence (or (i - j) |ln gamma|), the
+bound mp.decay_weights gives; M(A_ij) = c M(w_ij) M(a_ij). n is a generous bound on the
 number of roundings on any path (`roundings`). Elements not accepted are recomputed at
 4p, 8p, ... until max_prec, then ReferenceAccuracyError. Each element is accepted on its
 own, so whether dL/dk_j or dL/dv_j is accepted, and its value, depends only on the rows
-that use key j (with causal, g_i for i < j cannot change it).
+that use key j (with causal, g_out_i for i < j cannot change it), and dL/dg_t only on
+rows i >= t.
+
+The magnitude of dL/dg_t that the judgement uses (gradient_magnitudes) is that of the
+evaluation autograd makes through the prefix sums, dL/dg_t = sum_{s >= t} (dL/dG_s),
+dL/dG_s = sum_j b_sj A_sj - sum_i b_is A_is: M(dg_t) = sum_{s >= t} (sum_j M(b_sj A_sj) +
+sum_i M(b_is A_is)), not 0 at t = 0, where that evaluation leaves rounding errors (a
+total-minus-prefix evaluation, which reaches rows before t, is outside it).
 
 Exact zeros settle only once n 2^-p M is below 2^-1076 (1808 bits for O(1) inputs), so the
-two that are common are set exactly instead: with eps = 0, a row whose keys all have zero
-weight but one, j (always so for causal row 0), has out_i = v_j exactly, so b_ij = 0 and
-tbar_i = t_ij; and for relu and cosFormer with eps = 0, a_ij is homogeneous of degree 1 in
-relu(q_i), so out_i depends only on its direction and dL/dq_i = 0 when q_i has exactly one
-positive component. Others (e.g. dL/dq with identical keys) take the long way.
+ones that are common are set exactly instead: with eps = 0 and normalised, a row whose keys
+all have zero weight but one, j (always so for causal row 0), has out_i = v_j exactly, so
+b_ij = 0 and tbar_i = t_ij; for relu and cosFormer normalised with eps = 0, A_ij is
+homogeneous of degree 1 in relu(q_i), so out_i depends only on its direction and dL/dq_i =
+0 when q_i has exactly one positive component; and dL/dg_0 = 0, an empty sum. Others (e.g.
+dL/dq with identical keys) take the long way.
 """
 
 from __future__ import annotations
@@ -76,12 +105,18 @@ import mpmath
 import numpy as np
 
 from ..inputs import AttentionInputs, as_float64, validate
-from ..specs import Spec, SpecError
+from ..specs import RSQRT_D, Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
-from .mp import DEFAULT_PREC, features, nearest, similarities
+from .mp import DEFAULT_PREC, decay_weights, features, nearest, similarities
 
 NAMES = ("q", "k", "v")
 PERFORMER_SIGN = {"performer-positive": -1, "performer-hyperbolic": -1, "performer-trig": 1}
+
+
+def gradient_names(spec: Spec) -> tuple[str, ...]:
+    """The inputs the loss is differentiated in: q, k, v, and the log-gates g of a gates
+    spec (gamma, W and the cotangent are held fixed)."""
+    return NAMES + ("g",) * (spec.decay == "gates")
 
 
 def roundings(x: AttentionInputs, spec: Spec) -> int:
@@ -91,12 +126,18 @@ def roundings(x: AttentionInputs, spec: Spec) -> int:
     product: under n_features + 2d + 12), D_i, tbar_i and b_ij (sums over Nk keys and a dot
     over dv), the weight of b_ij, then the sum over Nq or Nk and J^T (under 2d + 8 more).
     Products add the counts of their factors, hence the factor 4. The features are those
-    this module differentiates: d of them but for the Performer maps (m or 2m)."""
+    this module differentiates: d of them but for the Performer maps (m or 2m). A decay
+    weight adds 3 Nk + 8 (in a recurrence, up to Nk rounded exponentials, each within 2
+    units, and products; from prefix sums, Nk sums and one or two exponentials), a scale 2
+    (its rounding and the product), dL/dg another Nq + Nk (the sums of the prefix sums'
+    backward: a row and a column, then the reverse cumulative sum)."""
     _, _, nq, nk, d, dv = x.shape
     n_features = d
     if spec.info.needs_projection:
         n_features = spec.info.feature_dim(d, x.projection.shape[0])
-    return 4 * (n_features + 2 * d + 12) + 4 * (nq + nk) + 2 * (d + dv) + 32
+    per_weight = (3 * nk + 8) * (spec.decay is not None) + 2 * (spec.scale != 1.0)
+    n = 4 * (n_features + 2 * d + 12 + per_weight) + 4 * (nq + nk) + 2 * (d + dv) + 32
+    return n + (nq + nk) * (spec.decay == "gates")
 
 
 def _abs(rows: list) -> list:
@@ -217,14 +258,65 @@ class _Kernel:
         return out, mags
 
 
+def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int):
+    """(c w_ij, c M(w_ij)) for the n_keys keys j of row i at the working precision: the
+    scale times the decay (mp.decay_weights; 1 without one)."""
+    mp = mpmath.mp
+    c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
+    if spec.decay is None:
+        return [c] * n_keys, [c] * n_keys
+    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+    weights, spreads = decay_weights(decay, i, spec.decay)  # spread: 1 + M(ln w_ij)
+    return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
+
+
+def _gate_gradients(p: list, pm: list, general: bool) -> tuple[list, list]:
+    """dL/dg_t = sum_{i >= t} R_i(t), R_i(t) = sum_{j < t} p_ij (p_ij = b_ij A_ij), in
+    O(N^2), and its magnitude: that of this sum, or (general) that of the prefix sums'
+    backward, sum_{s >= t} (sum_j |p_sj| + sum_i |p_is|) in magnitudes."""
+    zero = mpmath.mp.zero
+    n = len(p)
+    dg, direct = [zero] * n, [zero] * n
+    for i in range(n):
+        row = row_m = zero
+        for t in range(1, i + 1):
+            row, row_m = row + p[i][t - 1], row_m + pm[i][t - 1]
+            dg[t], direct[t] = dg[t] + row, direct[t] + row_m
+    if not general:
+        return dg, direct
+    through, after = [zero] * n, zero
+    for s in reversed(range(n)):
+        after += mpmath.mp.fsum(pm[s]) + mpmath.mp.fsum(r[s] for r in pm)
+        through[s] = after
+    return dg, through
+
+
+def _rounded(rows: list, mag_rows: list, rounding) -> list[np.ndarray]:
+    """[float64 values, accepted-by-estimate mask, float64 magnitudes] of rows of mpf
+    values and their magnitudes M (accepted: n 2^-p M at most 2^-64 of the value, or half
+    the smallest subnormal)."""
+    mp = mpmath.mp
+    tiny = mp.mpf(2) ** -1076
+    vals = np.array([[nearest(t) for t in row] for row in rows])
+    ok = np.array(
+        [
+            [rounding * m <= max(abs(t) * mp.mpf(2) ** -64, tiny) for t, m in zip(row, row_m)]
+            for row, row_m in zip(rows, mag_rows)
+        ],
+        dtype=bool,
+    ).reshape(vals.shape)
+    return [vals, ok, np.array([[nearest(m) for m in row] for row in mag_rows])]
+
+
 def _head(
-    x: AttentionInputs, spec: Spec, g: np.ndarray, b: int, h: int, prec: int, exact_zeros=True
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, b: int, h: int, prec: int, exact_zeros=True
 ):
     """Gradients of head (b, h) at `prec` bits: {name: [float64 values, accepted-by-estimate
     mask, float64 magnitudes M]}. The mask is False where the error estimate is too large
     (or D_i rounded to 0 for a map that is not positive: then the row is unresolved, not
-    0/0). exact_zeros=False skips the two exact-zero shortcuts, so that M is the magnitude
-    of what a general evaluation computes there (gradient_magnitudes)."""
+    0/0). exact_zeros=False skips the exact-zero shortcuts, so that M is the magnitude of
+    what a general evaluation computes there, dL/dg's through the prefix sums
+    (gradient_magnitudes)."""
     _, _, nq, nk, d, _ = x.shape
     with mpmath.workprec(prec):
         mp = mpmath.mp
@@ -232,52 +324,56 @@ def _head(
         def conv(arr: np.ndarray) -> list:
             return [[mp.mpf(t) for t in row] for row in arr.tolist()]
 
-        qs, ks, vs, gs = conv(x.q[b, h]), conv(x.k[b, h]), conv(x.v[b, h]), conv(g[b, h])
+        qs, ks, vs, gs = conv(x.q[b, h]), conv(x.k[b, h]), conv(x.v[b, h]), conv(g_out[b, h])
         w = None if x.projection is None else conv(x.projection)
         kern = _Kernel(spec, qs, ks, w)
         rounding = mp.mpf(2) ** -prec * roundings(x, spec)
         zero = mp.zero
         ags, avs = _abs(gs), _abs(vs)
-        # e_ij = b_ij * weight_ij and r_ij = a_ij / D_i, 0 where key j is not used
-        e = [[zero] * nk for _ in range(nq)]
-        em = [[zero] * nk for _ in range(nq)]
-        r = [[zero] * nk for _ in range(nq)]
-        rm = [[zero] * nk for _ in range(nq)]
+        # e_ij = b_ij c w_ij weight_ij, r_ij = A_ij / D_i and p_ij = b_ij A_ij (dL/dg's
+        # terms), 0 where key j is not used
+        e, em, r, rm, p, pm = ([[zero] * nk for _ in range(nq)] for _ in range(6))
         nan_rows, bad_rows = [], []
         for i in range(nq):
             js = list(allowed_keys(i, nk, spec.causal))
-            a = [kern.a[i][j] for j in js]
-            am = [kern.am[i][j] for j in js]
-            den = mp.fsum(a) + spec.eps
-            den_m = mp.fsum(am) + spec.eps
-            if den == 0:
-                (nan_rows if spec.info.positive else bad_rows).append(i)
-                continue
-            aden = abs(den)
+            f, fm = _factors(x, spec, b, h, i, len(js))
+            a = [kern.a[i][j] * fj for j, fj in zip(js, f)]
+            am = [kern.am[i][j] * fj for j, fj in zip(js, fm)]
             t = [mp.fdot(gs[i], vs[j]) for j in js]
             tm = [mp.fdot(ags[i], avs[j]) for j in js]
-            # One key of non-zero weight and eps = 0: out_i = v_j exactly, so b_ij = 0 and
-            # tbar_i = t_ij (with positive maps a computed 0 is an exact 0).
-            nonzero = [n for n, an in enumerate(a) if an != 0]
-            single = nonzero[0] if len(nonzero) == 1 and spec.eps == 0 else None
-            if exact_zeros and single is not None and (len(js) == 1 or spec.info.positive):
-                tbar, tbar_m = t[single], tm[single]
-            else:
-                single = None
-                tbar = mp.fdot(a, t) / den
-                tbar_m = (mp.fdot(am, tm) + abs(tbar) * den_m) / aden
+            den, den_m, single = mp.one, zero, None  # unnormalised: D_i = 1
+            if spec.normalize:
+                den = mp.fsum(a) + spec.eps
+                den_m = mp.fsum(am) + spec.eps
+                if den == 0:
+                    (nan_rows if spec.info.positive else bad_rows).append(i)
+                    continue
+                # One key of non-zero weight and eps = 0: out_i = v_j exactly, so b_ij = 0
+                # and tbar_i = t_ij (with positive maps a computed 0 is an exact 0).
+                nonzero = [n for n, an in enumerate(a) if an != 0]
+                single = nonzero[0] if len(nonzero) == 1 and spec.eps == 0 else None
+                if exact_zeros and single is not None and (len(js) == 1 or spec.info.positive):
+                    tbar, tbar_m = t[single], tm[single]
+                else:
+                    single = None
+                    tbar = mp.fdot(a, t) / den
+                    tbar_m = (mp.fdot(am, tm) + abs(tbar) * den_m) / abs(den)
+            aden = abs(den)
             for n, j in enumerate(js):
                 if n == single:
                     bij = bij_m = zero
-                else:
+                elif spec.normalize:
                     bij = (t[n] - tbar) / den
                     bij_m = (tm[n] + tbar_m + abs(bij) * den_m) / aden
+                else:
+                    bij, bij_m = t[n], tm[n]
                 r[i][j] = a[n] / den
                 rm[i][j] = (am[n] + abs(r[i][j]) * den_m) / aden
-                if kern.wt[i] is None:
-                    e[i][j], em[i][j] = bij, bij_m
-                else:
-                    e[i][j], em[i][j] = bij * kern.wt[i][j], bij_m * kern.wtm[i][j]
+                wt, wtm = f[n], fm[n]
+                if kern.wt[i] is not None:
+                    wt, wtm = wt * kern.wt[i][j], wtm * kern.wtm[i][j]
+                e[i][j], em[i][j] = bij * wt, bij_m * wtm
+                p[i][j], pm[i][j] = bij * a[n], bij_m * am[n]
 
         eT, emT, rT, rmT = _transpose(e), _transpose(em), _transpose(r), _transpose(rm)
         grads, mags = {}, {}
@@ -301,31 +397,24 @@ def _head(
                     gi, mi = kern.jt(xi, fi, fim, u, um)
                     grads[name].append(gi)
                     mags[name].append(mi)
-            if exact_zeros and kern.name in ("relu", "cosformer") and spec.eps == 0:
-                # a_ij is homogeneous of degree 1 in relu(q_i), so out_i depends only on its
+            homogeneous = spec.normalize and spec.eps == 0
+            if exact_zeros and kern.name in ("relu", "cosformer") and homogeneous:
+                # A_ij is homogeneous of degree 1 in relu(q_i), so out_i depends only on its
                 # direction: with one positive component, dL/dq_i = 0 exactly.
                 for i, qi in enumerate(qs):
                     if sum(t > 0 for t in qi) == 1:
                         grads["q"][i] = mags["q"][i] = [zero] * d
-
-        tiny = mp.mpf(2) ** -1076
-        result = {}
-        for name in NAMES:
-            vals = np.array([[nearest(t) for t in row] for row in grads[name]])
-            ok = np.array(
-                [
-                    [rounding * m <= max(abs(t) * mp.mpf(2) ** -64, tiny) for t, m in zip(rg, rmg)]
-                    for rg, rmg in zip(grads[name], mags[name])
-                ],
-                dtype=bool,
-            ).reshape(vals.shape)
-            result[name] = [vals, ok, np.array([[nearest(m) for m in row] for row in mags[name]])]
+        result = {name: _rounded(grads[name], mags[name], rounding) for name in NAMES}
+        if spec.decay == "gates":
+            dg, dg_m = _gate_gradients(p, pm, general=not exact_zeros)
+            result["g"] = [t[0] for t in _rounded([dg], [dg_m], rounding)]
         # unresolved rows first: a key also used by a 0/0 row is NaN for certain
         for i in bad_rows + nan_rows:
             keys = list(allowed_keys(i, nk, spec.causal))
-            for name, idx in (("q", [i]), ("k", keys), ("v", keys)):
-                result[name][0][idx] = result[name][2][idx] = np.nan
-                result[name][1][idx] = i in nan_rows
+            at = {"q": [i], "k": keys, "v": keys, "g": list(range(i + 1))}
+            for name in result:
+                result[name][0][at[name]] = result[name][2][at[name]] = np.nan
+                result[name][1][at[name]] = i in nan_rows
         return result
 
 
@@ -337,40 +426,42 @@ def _agree(low: np.ndarray, high: np.ndarray) -> np.ndarray:
 
 
 def _refined_gradients(
-    x: AttentionInputs, spec: Spec, g: np.ndarray, prec: int, max_prec: int
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, prec: int, max_prec: int
 ) -> dict[str, np.ndarray]:
     """exact_gradients starting at `prec` bits (compared with 2 prec first)."""
     b_, h_, nq, nk, d, dv = x.shape
-    shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv)}
+    shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv), "g": (nk,)}
+    shapes = {name: shapes[name] for name in gradient_names(spec)}
     out = {name: np.empty((b_, h_, *shape)) for name, shape in shapes.items()}
     for b in range(b_):
         for h in range(h_):
             done = {name: np.zeros(shape, dtype=bool) for name, shape in shapes.items()}
-            low = {name: vals for name, (vals, _, _) in _head(x, spec, g, b, h, prec).items()}
+            low = {name: vals for name, (vals, _, _) in _head(x, spec, g_out, b, h, prec).items()}
             p = prec
             while True:
                 if 2 * p > max_prec:
-                    left = {name: int((~done[name]).sum()) for name in NAMES}
+                    left = {name: int((~done[name]).sum()) for name in shapes}
                     raise ReferenceAccuracyError(
                         f"mpmath gradients: elements of head ({b}, {h}) not resolved to "
                         f"float64 at {max_prec} bits (unresolved per gradient: {left})"
                     )
-                high = _head(x, spec, g, b, h, 2 * p)
-                for name in NAMES:
+                high = _head(x, spec, g_out, b, h, 2 * p)
+                for name in shapes:
                     vals, ok, _ = high[name]
                     new = ~done[name] & ok & _agree(low[name], vals)
                     out[name][b, h][new] = vals[new]
                     done[name] |= new
-                if all(done[name].all() for name in NAMES):
+                if all(done[name].all() for name in shapes):
                     break
                 low = {name: vals for name, (vals, _, _) in high.items()}
                 p *= 2
     return out
 
 
-def _check_g(x: AttentionInputs, g: Any) -> np.ndarray:
-    """g as an exact float64 array of out's shape (B, H, Nq, dv), or a SpecError."""
-    ga, _ = as_float64(g, "g")
+def _check_g_out(x: AttentionInputs, g_out: Any) -> np.ndarray:
+    """The cotangent g as an exact float64 array of out's shape (B, H, Nq, dv), or a
+    SpecError."""
+    ga, _ = as_float64(g_out, "g")
     b_, h_, nq, _, _, dv = x.shape
     if ga.shape != (b_, h_, nq, dv):
         raise SpecError(
@@ -381,36 +472,51 @@ def _check_g(x: AttentionInputs, g: Any) -> np.ndarray:
 
 
 def exact_gradients(
-    x: AttentionInputs, spec: Spec, g: np.ndarray, max_prec: int = MAX_PREC
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, max_prec: int = MAX_PREC
 ) -> dict[str, np.ndarray]:
-    """For the loss L = sum(out * g) (g of out's shape (B, H, Nq, dv), float64 taken exactly),
-    the exact dL/dq, dL/dk, dL/dv, each faithfully rounded to float64 (keys "q", "k", "v").
-    Random-feature specs: the projection W is held fixed. NaN where a row's denominator is
-    exactly 0 (see the module docstring)."""
-    return _refined_gradients(x, spec, _check_g(x, g), DEFAULT_PREC, max_prec)
+    """For the loss L = sum(out * g_out) (g_out of out's shape (B, H, Nq, dv), float64 taken
+    exactly), the exact dL/dq, dL/dk, dL/dv, each faithfully rounded to float64 (keys "q",
+    "k", "v"), and for a gates spec dL/dg of the log-gates (key "g", (B, H, N)). The decay
+    is x's (validate(..., decay)); W and gamma are held fixed. NaN where a row's
+    denominator is exactly 0 (see the module docstring)."""
+    return _refined_gradients(x, spec, _check_g_out(x, g_out), DEFAULT_PREC, max_prec)
 
 
-def gradient_magnitudes(x: AttentionInputs, spec: Spec, g: np.ndarray) -> dict[str, np.ndarray]:
-    """The magnitude M of each gradient element (keys "q", "k", "v"; NaN where the gradient
-    is): the first-order sum of the absolute values of everything a general evaluation
-    computes it from, at DEFAULT_PREC bits (a magnitude, not a value: no refinement). The
-    scale gradient errors are measured in (accuracy/gradient.py); unlike the precision
-    control's, it is not 0 where the exact gradient is known to be 0 (N = 1 rows, relu rows
-    with one positive component), since an evaluation rounds there too."""
-    ga = _check_g(x, g)
+def gradient_magnitudes(x: AttentionInputs, spec: Spec, g_out: np.ndarray) -> dict[str, np.ndarray]:
+    """The magnitude M of each gradient element (the keys of exact_gradients; NaN where the
+    gradient is): the first-order sum of the absolute values of everything a general
+    evaluation computes it from, at DEFAULT_PREC bits (a magnitude, not a value: no
+    refinement). The scale gradient errors are measured in (accuracy/gradient.py); unlike
+    the precision control's, it is not 0 where the exact gradient is known to be 0 (N = 1
+    rows, relu rows with one positive component, dL/dg_0), since an evaluation rounds
+    there too."""
+    ga = _check_g_out(x, g_out)
     b_, h_ = x.shape[:2]
     heads = [
         [_head(x, spec, ga, b, h, DEFAULT_PREC, exact_zeros=False) for h in range(h_)]
         for b in range(b_)
     ]
-    return {name: np.array([[head[name][2] for head in row] for row in heads]) for name in NAMES}
+    return {
+        name: np.array([[head[name][2] for head in row] for row in heads])
+        for name in gradient_names(spec)
+    }
 
 
-def reference_gradients(q: Any, k: Any, v: Any, g: Any, spec: Spec, projection: Any = None):
-    """Like reference.reference() for the gradients: validates q, k, v (and W, g) for
-    `spec`, then exact_gradients. Torch tensors or numpy arrays of any judged dtype, taken
+def reference_gradients(
+    q: Any, k: Any, v: Any, g_out: Any, spec: Spec, projection: Any = None, decay: Any = None
+) -> dict[str, np.ndarray]:
+    """Like reference.reference() for the gradients: validates q, k, v (and W, g_out, and
+    the decay: gamma (H,) or the log-gates g (B, H, N), as validate takes it) for `spec`,
+    then exact_gradients. Torch tensors or numpy arrays of any judged dtype, taken
     exactly."""
-    return exact_gradients(validate(q, k, v, spec, projection), spec, g)
+    return exact_gradients(validate(q, k, v, spec, projection, decay), spec, g_out)
 
 
-__all__ = ["exact_gradients", "gradient_magnitudes", "reference_gradients", "roundings"]
+__all__ = [
+    "NAMES",
+    "exact_gradients",
+    "gradient_magnitudes",
+    "gradient_names",
+    "reference_gradients",
+    "roundings",
+]

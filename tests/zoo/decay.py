@@ -198,6 +198,40 @@ def gates_exp_apart(q, k, v, g):
     return torch.cat(outs, dim=-2).to(q.dtype)
 
 
+class _WrongGateGradient(torch.autograd.Function):
+    """The segsum quadratic form (exact), its backward through autograd, dL/dg then
+    passed through `bug` (backward only)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, bug):
+        ctx.save_for_backward(q, k, v, g)
+        ctx.bug = bug
+        return gates_segsum(q, k, v, g)
+
+    @staticmethod
+    def backward(ctx, grad):
+        leaves = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            dq, dk, dv, dg = torch.autograd.grad(gates_segsum(*leaves), leaves, grad)
+        return dq, dk, dv, ctx.bug(dg), None
+
+
+def wrong_gate_gradient(q, k, v, g, bug):
+    """gates_segsum whose backward returns bug(dL/dg) for the log-gates' gradient."""
+    return _WrongGateGradient.apply(q, k, v, g, bug)
+
+
+def gates_dg_exclusive(q, k, v, g):
+    """BUG (backward only): dL/dg_t from an exclusive reverse cumulative sum, sum_(s > t)
+    dL/dG_s (G the prefix sums; the inclusive sum starts at s = t), so dg_t gets dg_(t+1)
+    and dg_(N-1) = 0."""
+
+    def exclusive(dg):
+        return torch.cat([dg[..., 1:], torch.zeros_like(dg[..., :1])], dim=-1)
+
+    return wrong_gate_gradient(q, k, v, g, exclusive)
+
+
 def _entry(name, fn, decay: str, broken: bool, bug: str, caught_by=(), **kw) -> Entry:
     return Entry(name, fn, "identity", True, broken, bug, caught_by=caught_by, decay=decay,
                  normalize=False, **kw)  # fmt: skip
@@ -228,4 +262,7 @@ ENTRIES = (
            "dht never reaches dh0 (backward only)", ("state-gradient",), state="S", grad=True),
     _entry("decay-gates-initial-state-undecayed", gates_initial_state_undecayed, "gates",
            True, "the initial state seen undecayed", ("initial-state",), state="S"),
+    _entry("decay-gates-dg-exclusive", gates_dg_exclusive, "gates", True,
+           "dg_t from an exclusive reverse cumsum: dg_(t+1) (backward only)", ("gradient",),
+           cost="quadratic", grad=True),
 )  # fmt: skip
