@@ -29,6 +29,9 @@ from . import ALL_CHECKS
 # times); the corners carry the adversarial extremes, which random draws reach rarely.
 # vet and check search each regime in turn, the mildest first (search_regimes)
 VET_EXAMPLES = {"typical": 20, "stress": 10, "extreme": 5}  # vet's default plan (the zoo, CI)
+# vet --grad's gradient checks: each case costs an exact gradient in mpmath (as
+# GRADIENT_SHARE below for the property suite), a second to tens of seconds a check
+VET_GRADIENT_EXAMPLES = {"typical": 10, "stress": 5, "extreme": 3}
 THOROUGH_EXAMPLES = {"typical": 120, "stress": 60, "extreme": 20}  # vet --thorough
 CHECK_EXAMPLES = {"typical": 30, "stress": 15, "extreme": 5}  # the check command
 # pytest properties/, per test: a share of the loaded Hypothesis profile's examples (the

@@ -10,7 +10,7 @@ from . import options
 def add(sub) -> None:
     from ..checks import GRAD_CHECKS
     from ..checks.long_context import LONGEST
-    from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
+    from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
     from ..vet.runner import DEFAULT_TIMEOUT
 
     parser = options.command_parser(
@@ -58,6 +58,8 @@ def add(sub) -> None:
         + ", ".join(f"{n} {r}" for r, n in THOROUGH_EXAMPLES.items())
         + " (default "
         + ", ".join(f"{n} {r}" for r, n in VET_EXAMPLES.items())
+        + "; the gradient checks "
+        + ", ".join(f"{n} {r}" for r, n in VET_GRADIENT_EXAMPLES.items())
         + ")",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")

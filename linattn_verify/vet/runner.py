@@ -14,7 +14,7 @@ from typing import Any
 
 from ..cases import Case
 from ..checks.long_context import LONGEST
-from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES
+from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..regimes import REGIMES
 from ..specs import SpecError
 from ..strategies import DTYPES
@@ -132,11 +132,15 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     from ..stats import rate_not_applicable
 
     spec = description["spec"]
-    examples = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
-    search = {"device": options.device, "examples": examples, "dtypes": options.dtypes}
+    forward = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
+    backward = THOROUGH_EXAMPLES if options.thorough else VET_GRADIENT_EXAMPLES
     where = {"device": options.device, "dtypes": options.dtypes}
+
+    def search(name: str) -> dict[str, Any]:
+        return {"name": name, "examples": backward if name in GRAD_CHECKS else forward, **where}
+
     steps = [
-        (name, "check", {"name": name, **search})
+        (name, "check", search(name))
         for name in [*CHECKS, *(GRAD_CHECKS if options.grad else ())]
         if name not in description["not_applicable"]
     ]
