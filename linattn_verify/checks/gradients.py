@@ -36,7 +36,7 @@ from ..cases import Case
 from ..implementations.golden import golden_attention, golden_forms
 from ..inputs import UNIT_ROUNDOFF, AttentionInputs
 from ..reference.arb import arb_denominator_signs
-from ..reference.grad import exact_gradients, gradient_magnitudes, roundings
+from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, first_marked, inputs_of
@@ -125,7 +125,7 @@ def exact_judgement_inputs(
     if spec.normalize and (zero := arb_denominator_signs(x, spec) == 0).any():
         at = tuple(int(t) for t in np.argwhere(zero)[0])
         return f"the exact denominator of row (b, h, i) = {at} is 0"
-    return exact_gradients(x, spec, g), gradient_magnitudes(x, spec, g), roundings(x, spec)
+    return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
 
 
 # exact gradients kept for the next gradient check of a case: a vet plan's corners and

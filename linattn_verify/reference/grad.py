@@ -94,7 +94,12 @@ all have zero weight but one, j (always so for causal row 0), has out_i = v_j ex
 b_ij = 0 and tbar_i = t_ij; for relu and cosFormer normalised with eps = 0, A_ij is
 homogeneous of degree 1 in relu(q_i), so out_i depends only on its direction and dL/dq_i =
 0 when q_i has exactly one positive component; and dL/dg_0 = 0, an empty sum. Others (e.g.
-dL/dq with identical keys) take the long way.
+dL/dq with identical keys) take the long way. gradient_magnitudes' M is that of the general
+evaluation, without these shortcuts. exact_gradients_and_magnitudes (what the gradient
+checks use) gives exactly exact_gradients and gradient_magnitudes from one evaluation per
+head at p, the refinement's first: the general M is the same but in the rows with one key
+of non-zero weight, the keys those rows use and dL/dg, recomputed without that shortcut,
+and in the relu rows set to 0, where it is the M computed before.
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
 from .mp import DEFAULT_PREC, decay_weights, features, nearest, similarities
 
 NAMES = ("q", "k", "v")
+NON_NEGATIVE = ("elu", "relu", "cosformer")  # maps whose features are >= 0
 PERFORMER_SIGN = {"performer-positive": -1, "performer-hyperbolic": -1, "performer-trig": 1}
 
 
@@ -148,9 +154,15 @@ def _transpose(rows: list) -> list:
     return [list(col) for col in zip(*rows)]
 
 
+def _nearest(rows: list) -> np.ndarray:
+    """Rows of mpf as a float64 array (each rounded to nearest)."""
+    return np.array([[nearest(t) for t in row] for row in rows])
+
+
 class _Kernel:
     """The per-map part at the working precision: a_ij and its magnitude, the weight that
-    turns b_ij into the coefficient e_ij of the q/k derivative, and J^T."""
+    turns b_ij into the coefficient e_ij of the q/k derivative, and the sums over keys
+    (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T."""
 
     def __init__(self, spec: Spec, qs: list, ks: list, w: list | None) -> None:
         mp = mpmath.mp
@@ -160,20 +172,46 @@ class _Kernel:
         big_m = max(nq, nk)
         self.dot = self.name in ("softmax", "taylor")
         self.w = w
-        self.fq = self.fk = None
+        self.x = {"q": qs, "k": ks}
+        # the Performer maps' x' = x d^(-1/4) as `features` computes it, per row; c, and
+        # the columns of W and |W|
+        self.scaled = {"q": None, "k": None}
+        if w is not None:
+            root = mp.root(self.d, 4)
+            self.c = 1 / root
+            self.scaled = {
+                side: [[t / root for t in x] for x in rows] for side, rows in self.x.items()
+            }
+            self.aw = _abs(w)
+            self.w_cols = _transpose(w)
+            self.aw_cols = _transpose(self.aw)
+        self.f = self.fm = {"q": None, "k": None}
         if not self.dot:
-            self.fq = [features(x, w, self._phi_kind()) for x in qs]
-            self.fk = [features(x, w, self._phi_kind()) for x in ks]
-            self.fqm = [self._feature_mags(x, f) for x, f in zip(qs, self.fq)]
-            self.fkm = [self._feature_mags(x, f) for x, f in zip(ks, self.fk)]
+            self.f = {
+                side: [features(x, w, self._phi_kind()) for x in rows]
+                for side, rows in self.x.items()
+            }
+            self.fm = {
+                side: [self._feature_mags(side, n, f) for n, f in enumerate(self.f[side])]
+                for side in self.x
+            }
+        # what dL/dq_i (dL/dk_j) sums e_ij (e_ij over i) against: the other side's rows
+        # (dot maps) or features, transposed, and their magnitudes
+        other = {"q": "k", "k": "q"}
+        if self.dot:
+            self.cols = {side: _transpose(self.x[other[side]]) for side in self.x}
+            self.mcols = {side: _transpose(_abs(self.x[other[side]])) for side in self.x}
+        else:
+            self.cols = {side: _transpose(self.f[other[side]]) for side in self.x}
+            self.mcols = {side: _transpose(self.fm[other[side]]) for side in self.x}
+        fq, fk = self.f["q"], self.f["k"]
         # a_ij (all keys; masking is done by the caller), its magnitude, the weight and its
         # magnitude: e_ij = b_ij * weight_ij.
         self.a, self.am, self.wt, self.wtm = [], [], [], []
         sqrt_d = mp.sqrt(self.d)
         aks = _abs(ks)
         for i, qi in enumerate(qs):
-            fq = None if self.fq is None else self.fq[i]
-            sims = similarities(qi, fq, i, ks, self.fk, spec, big_m)
+            sims = similarities(qi, None if fq is None else fq[i], i, ks, fk, spec, big_m)
             self.a.append(sims)
             if self.dot:
                 aq = [abs(t) for t in qi]
@@ -188,10 +226,15 @@ class _Kernel:
                     self.wt.append([(1 + t) / sqrt_d for t in s])
                     self.wtm.append([(1 + t) / sqrt_d for t in sm])
             else:
-                mags = [mp.fdot(self.fqm[i], fkm) for fkm in self.fkm]
+                if self.name in NON_NEGATIVE:
+                    # |phi| = phi: |phi(q_i)|.|phi(k_j)| (times cosFormer's cosine, > 0 for
+                    # |i - j| < M) is computed as a_ij is, to the bit
+                    mags = list(sims)
+                else:
+                    fqm = self.fm["q"][i]
+                    mags = [mp.fdot(fqm, fkm) for fkm in self.fm["k"]]
                 if self.name == "cosformer":
                     cosines = [mp.cospi(mp.mpf(i - j) / (2 * big_m)) for j in range(nk)]
-                    mags = [m * c for m, c in zip(mags, cosines)]
                     self.wt.append(cosines)
                     self.wtm.append(cosines)
                 else:
@@ -202,19 +245,16 @@ class _Kernel:
     def _phi_kind(self) -> str:
         return "relu" if self.name == "cosformer" else self.name
 
-    def _projections(self, x: list) -> tuple[list, Any, list]:
-        """x' = x d^(-1/4) as `features` computes it, |x'|^2 / 2, and |W| |x'| per row."""
-        mp = mpmath.mp
-        xs = [t / mp.root(self.d, 4) for t in x]
-        axs = [abs(t) for t in xs]
-        return xs, mp.fdot(xs, xs) / 2, [mp.fdot([abs(t) for t in row], axs) for row in self.w]
-
-    def _feature_mags(self, x: list, f: list) -> list:
-        """M(phi_f): |phi_f| plus what rounding inside its argument can change."""
+    def _feature_mags(self, side: str, n: int, f: list) -> list:
+        """M(phi_f) of row n of side "q" or "k": |phi_f| plus what rounding inside its
+        argument can change."""
         mp = mpmath.mp
         if self.name in ("elu", "relu", "identity", "cosformer"):
             return [abs(t) for t in f]  # exact input, one rounding (or none)
-        _, half_sq, absproj = self._projections(x)
+        xs = self.scaled[side][n]
+        axs = [abs(t) for t in xs]
+        half_sq = mp.fdot(xs, xs) / 2  # |x'|^2 / 2, and |W| |x'| per row
+        absproj = [mp.fdot(row, axs) for row in self.aw]
         if self.name == "performer-positive":
             return [t * (1 + p + half_sq) for t, p in zip(f, absproj)]
         if self.name == "performer-hyperbolic":
@@ -223,9 +263,22 @@ class _Kernel:
         scale = mp.exp(half_sq) / mp.sqrt(len(self.w))
         return [(1 + half_sq) * (abs(t) + scale * p) for t, p in zip(f, absproj + absproj)]
 
-    def jt(self, x: list, f: list, fm: list, u: list, um: list) -> tuple[list, list]:
-        """J_phi(x)^T u and its magnitude, for u (and magnitudes um) over the features."""
+    def gradient(self, side: str, n: int, coef: list, coef_m: list) -> tuple[list, list]:
+        """dL/dq_n (side "q", coef the row e_n.) or dL/dk_n (side "k", coef the column
+        e_.n) and its magnitude (coef_m those of the coefficients)."""
         mp = mpmath.mp
+        cols, mcols = self.cols[side], self.mcols[side]
+        if self.dot:
+            return [mp.fdot(coef, col) for col in cols], [mp.fdot(coef_m, col) for col in mcols]
+        u = [mp.fdot(coef, col) for col in cols]
+        um = [mp.fdot(coef_m, col) for col in mcols]
+        return self._jt(side, n, u, um)
+
+    def _jt(self, side: str, n: int, u: list, um: list) -> tuple[list, list]:
+        """J_phi(x)^T u and its magnitude for row n of side "q" or "k", for u (and
+        magnitudes um) over the features."""
+        mp = mpmath.mp
+        x, f, fm = self.x[side][n], self.f[side][n], self.fm[side][n]
         if self.name == "elu":
             deriv = [mp.one if t > 0 else ft for t, ft in zip(x, f)]  # exp(x) = phi(x)
             return [a * b for a, b in zip(u, deriv)], [a * b for a, b in zip(um, deriv)]
@@ -236,8 +289,7 @@ class _Kernel:
             return [a if t > 0 else zero for a, t in zip(u, x)], [
                 a if t > 0 else zero for a, t in zip(um, x)
             ]
-        xs, _, _ = self._projections(x)
-        c = 1 / mp.root(self.d, 4)
+        xs = self.scaled[side][n]
         m = len(self.w)
         if self.name == "performer-positive":
             z = [a * b for a, b in zip(u, f)]
@@ -249,12 +301,9 @@ class _Kernel:
             z = [u[r] * f[m + r] - u[m + r] * f[r] for r in range(m)]
             zm = [um[r] * fm[m + r] + um[m + r] * fm[r] for r in range(m)]
         y, ym = mp.fdot(u, f), mp.fdot(um, fm)
-        sigma = PERFORMER_SIGN[self.name]
-        cols = _transpose(self.w)
-        out = [c * (mp.fdot(z, col) + sigma * xc * y) for col, xc in zip(cols, xs)]
-        mags = [
-            c * (mp.fdot(zm, [abs(t) for t in col]) + abs(xc) * ym) for col, xc in zip(cols, xs)
-        ]
+        sigma, c = PERFORMER_SIGN[self.name], self.c
+        out = [c * (mp.fdot(z, col) + sigma * xc * y) for col, xc in zip(self.w_cols, xs)]
+        mags = [c * (mp.fdot(zm, col) + abs(xc) * ym) for col, xc in zip(self.aw_cols, xs)]
         return out, mags
 
 
@@ -270,10 +319,38 @@ def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int
     return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
 
 
-def _gate_gradients(p: list, pm: list, general: bool) -> tuple[list, list]:
+def _b_row(t: list, tm: list, den, den_m, tbar, tbar_m, single: int | None) -> tuple[list, list]:
+    """b_ij = (t_ij - tbar_i) / D_i and its magnitude over a normalised row's keys (0 at
+    the index `single`)."""
+    zero = mpmath.mp.zero
+    aden = abs(den)
+    bs, bms = [], []
+    for n, (tn, tmn) in enumerate(zip(t, tm)):
+        if n == single:
+            bs.append(zero)
+            bms.append(zero)
+        else:
+            bij = (tn - tbar) / den
+            bs.append(bij)
+            bms.append((tmn + tbar_m + abs(bij) * den_m) / aden)
+    return bs, bms
+
+
+def _row_terms(nk: int, js: list, coefs: tuple, wt: list, wtm: list, a: list, am: list):
+    """Row i of e, em, p, pm (over all nk keys, 0 where not used) from coefs = (b_ij,
+    M(b_ij)) over its keys js: e_ij = b_ij wt_ij, p_ij = b_ij A_ij (wt: c w_ij weight_ij)."""
+    zero = mpmath.mp.zero
+    bs, bms = coefs
+    e, em, p, pm = ([zero] * nk for _ in range(4))
+    for n, j in enumerate(js):
+        e[j], em[j] = bs[n] * wt[n], bms[n] * wtm[n]
+        p[j], pm[j] = bs[n] * a[n], bms[n] * am[n]
+    return e, em, p, pm
+
+
+def _gate_gradients(p: list, pm: list) -> tuple[list, list]:
     """dL/dg_t = sum_{i >= t} R_i(t), R_i(t) = sum_{j < t} p_ij (p_ij = b_ij A_ij), in
-    O(N^2), and its magnitude: that of this sum, or (general) that of the prefix sums'
-    backward, sum_{s >= t} (sum_j |p_sj| + sum_i |p_is|) in magnitudes."""
+    O(N^2), and the magnitude of this sum."""
     zero = mpmath.mp.zero
     n = len(p)
     dg, direct = [zero] * n, [zero] * n
@@ -282,13 +359,18 @@ def _gate_gradients(p: list, pm: list, general: bool) -> tuple[list, list]:
         for t in range(1, i + 1):
             row, row_m = row + p[i][t - 1], row_m + pm[i][t - 1]
             dg[t], direct[t] = dg[t] + row, direct[t] + row_m
-    if not general:
-        return dg, direct
-    through, after = [zero] * n, zero
-    for s in reversed(range(n)):
-        after += mpmath.mp.fsum(pm[s]) + mpmath.mp.fsum(r[s] for r in pm)
+    return dg, direct
+
+
+def _gate_magnitudes(pm: list) -> list:
+    """The magnitude of dL/dg_t through the prefix sums' backward (the general
+    evaluation's), sum_{s >= t} (sum_j |p_sj| + sum_i |p_is|) in magnitudes pm."""
+    mp = mpmath.mp
+    through, after = [mp.zero] * len(pm), mp.zero
+    for s in reversed(range(len(pm))):
+        after += mp.fsum(pm[s]) + mp.fsum(r[s] for r in pm)
         through[s] = after
-    return dg, through
+    return through
 
 
 def _rounded(rows: list, mag_rows: list, rounding) -> list[np.ndarray]:
@@ -296,27 +378,29 @@ def _rounded(rows: list, mag_rows: list, rounding) -> list[np.ndarray]:
     values and their magnitudes M (accepted: n 2^-p M at most 2^-64 of the value, or half
     the smallest subnormal)."""
     mp = mpmath.mp
-    tiny = mp.mpf(2) ** -1076
-    vals = np.array([[nearest(t) for t in row] for row in rows])
+    tiny, relative = mp.mpf(2) ** -1076, mp.mpf(2) ** -64
+    vals = _nearest(rows)
     ok = np.array(
         [
-            [rounding * m <= max(abs(t) * mp.mpf(2) ** -64, tiny) for t, m in zip(row, row_m)]
+            [rounding * m <= max(abs(t) * relative, tiny) for t, m in zip(row, row_m)]
             for row, row_m in zip(rows, mag_rows)
         ],
         dtype=bool,
     ).reshape(vals.shape)
-    return [vals, ok, np.array([[nearest(m) for m in row] for row in mag_rows])]
+    return [vals, ok, _nearest(mag_rows)]
 
 
 def _head(
-    x: AttentionInputs, spec: Spec, g_out: np.ndarray, b: int, h: int, prec: int, exact_zeros=True
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, b: int, h: int, prec: int, general=False
 ):
-    """Gradients of head (b, h) at `prec` bits: {name: [float64 values, accepted-by-estimate
-    mask, float64 magnitudes M]}. The mask is False where the error estimate is too large
-    (or D_i rounded to 0 for a map that is not positive: then the row is unresolved, not
-    0/0). exact_zeros=False skips the exact-zero shortcuts, so that M is the magnitude of
-    what a general evaluation computes there, dL/dg's through the prefix sums
-    (gradient_magnitudes)."""
+    """Gradients of head (b, h) at `prec` bits, with the exact-zero shortcuts: ({name:
+    [float64 values, accepted-by-estimate mask, float64 magnitudes M]}, general). The mask
+    is False where the error estimate is too large (or D_i rounded to 0 for a map that is
+    not positive: then the row is unresolved, not 0/0). general: None, or (general=True)
+    {name: float64 M} of the general evaluation, without the shortcuts, where M is the
+    magnitude of what an evaluation computes, dL/dg's through the prefix sums
+    (gradient_magnitudes): the rows the shortcuts change and the keys they use are
+    recomputed without them, the rest is shared."""
     _, _, nq, nk, d, _ = x.shape
     with mpmath.workprec(prec):
         mp = mpmath.mp
@@ -333,6 +417,7 @@ def _head(
         # e_ij = b_ij c w_ij weight_ij, r_ij = A_ij / D_i and p_ij = b_ij A_ij (dL/dg's
         # terms), 0 where key j is not used
         e, em, r, rm, p, pm = ([[zero] * nk for _ in range(nq)] for _ in range(6))
+        changed = {}  # row i: its (e, em, p, pm) without the shortcut, where one applies
         nan_rows, bad_rows = [], []
         for i in range(nq):
             js = list(allowed_keys(i, nk, spec.causal))
@@ -341,7 +426,8 @@ def _head(
             am = [kern.am[i][j] * fj for j, fj in zip(js, fm)]
             t = [mp.fdot(gs[i], vs[j]) for j in js]
             tm = [mp.fdot(ags[i], avs[j]) for j in js]
-            den, den_m, single = mp.one, zero, None  # unnormalised: D_i = 1
+            den, den_m = mp.one, zero  # unnormalised: D_i = 1, b_ij = t_ij
+            coefs = general_coefs = (t, tm)
             if spec.normalize:
                 den = mp.fsum(a) + spec.eps
                 den_m = mp.fsum(am) + spec.eps
@@ -352,62 +438,60 @@ def _head(
                 # and tbar_i = t_ij (with positive maps a computed 0 is an exact 0).
                 nonzero = [n for n, an in enumerate(a) if an != 0]
                 single = nonzero[0] if len(nonzero) == 1 and spec.eps == 0 else None
-                if exact_zeros and single is not None and (len(js) == 1 or spec.info.positive):
-                    tbar, tbar_m = t[single], tm[single]
-                else:
+                if single is not None and not (len(js) == 1 or spec.info.positive):
                     single = None
+                if single is None or general:
                     tbar = mp.fdot(a, t) / den
                     tbar_m = (mp.fdot(am, tm) + abs(tbar) * den_m) / abs(den)
+                    coefs = general_coefs = _b_row(t, tm, den, den_m, tbar, tbar_m, None)
+                if single is not None:
+                    coefs = _b_row(t, tm, den, den_m, t[single], tm[single], single)
             aden = abs(den)
+            wt, wtm = f, fm
+            if kern.wt[i] is not None:
+                wt = [fn * kern.wt[i][j] for j, fn in zip(js, f)]
+                wtm = [fn * kern.wtm[i][j] for j, fn in zip(js, fm)]
             for n, j in enumerate(js):
-                if n == single:
-                    bij = bij_m = zero
-                elif spec.normalize:
-                    bij = (t[n] - tbar) / den
-                    bij_m = (tm[n] + tbar_m + abs(bij) * den_m) / aden
-                else:
-                    bij, bij_m = t[n], tm[n]
                 r[i][j] = a[n] / den
                 rm[i][j] = (am[n] + abs(r[i][j]) * den_m) / aden
-                wt, wtm = f[n], fm[n]
-                if kern.wt[i] is not None:
-                    wt, wtm = wt * kern.wt[i][j], wtm * kern.wtm[i][j]
-                e[i][j], em[i][j] = bij * wt, bij_m * wtm
-                p[i][j], pm[i][j] = bij * a[n], bij_m * am[n]
+            e[i], em[i], p[i], pm[i] = _row_terms(nk, js, coefs, wt, wtm, a, am)
+            if general and coefs is not general_coefs:
+                changed[i] = _row_terms(nk, js, general_coefs, wt, wtm, a, am)
 
-        eT, emT, rT, rmT = _transpose(e), _transpose(em), _transpose(r), _transpose(rm)
+        rT, rmT = _transpose(r), _transpose(rm)
+        gs_cols, ags_cols = _transpose(gs), _transpose(ags)
         grads, mags = {}, {}
-        grads["v"] = [[mp.fdot(rT[j], col) for col in _transpose(gs)] for j in range(nk)]
-        mags["v"] = [[mp.fdot(rmT[j], col) for col in _transpose(ags)] for j in range(nk)]
-        if kern.dot:
-            for name, coef, coef_m, other in (("q", e, em, ks), ("k", eT, emT, qs)):
-                cols, acols = _transpose(other), _transpose(_abs(other))
-                grads[name] = [[mp.fdot(row, col) for col in cols] for row in coef]
-                mags[name] = [[mp.fdot(row, col) for col in acols] for row in coef_m]
-        else:
-            for name, coef, coef_m, xs, fx, fxm, other_f, other_fm in (
-                ("q", e, em, qs, kern.fq, kern.fqm, kern.fk, kern.fkm),
-                ("k", eT, emT, ks, kern.fk, kern.fkm, kern.fq, kern.fqm),
-            ):
-                cols, mcols = _transpose(other_f), _transpose(other_fm)
-                grads[name], mags[name] = [], []
-                for row, row_m, xi, fi, fim in zip(coef, coef_m, xs, fx, fxm):
-                    u = [mp.fdot(row, col) for col in cols]
-                    um = [mp.fdot(row_m, col) for col in mcols]
-                    gi, mi = kern.jt(xi, fi, fim, u, um)
-                    grads[name].append(gi)
-                    mags[name].append(mi)
-            homogeneous = spec.normalize and spec.eps == 0
-            if exact_zeros and kern.name in ("relu", "cosformer") and homogeneous:
-                # A_ij is homogeneous of degree 1 in relu(q_i), so out_i depends only on its
-                # direction: with one positive component, dL/dq_i = 0 exactly.
-                for i, qi in enumerate(qs):
-                    if sum(t > 0 for t in qi) == 1:
-                        grads["q"][i] = mags["q"][i] = [zero] * d
+        grads["v"] = [[mp.fdot(rT[j], col) for col in gs_cols] for j in range(nk)]
+        mags["v"] = [[mp.fdot(rmT[j], col) for col in ags_cols] for j in range(nk)]
+        for side, coef, coef_m in (("q", e, em), ("k", _transpose(e), _transpose(em))):
+            rows = [kern.gradient(side, n, c, cm) for n, (c, cm) in enumerate(zip(coef, coef_m))]
+            grads[side], mags[side] = [g for g, _ in rows], [m for _, m in rows]
+        general_mags = None
+        if general:
+            general_mags = {name: list(mags[name]) for name in NAMES}
+            for i, (ei, emi, _, _) in changed.items():
+                general_mags["q"][i] = kern.gradient("q", i, ei, emi)[1]
+            if changed:
+                e_general = [changed[i][0] if i in changed else row for i, row in enumerate(e)]
+                em_general = [changed[i][1] if i in changed else row for i, row in enumerate(em)]
+                eT, emT = _transpose(e_general), _transpose(em_general)
+                for j in sorted({j for i in changed for j in allowed_keys(i, nk, spec.causal)}):
+                    general_mags["k"][j] = kern.gradient("k", j, eT[j], emT[j])[1]
+        if kern.name in ("relu", "cosformer") and spec.normalize and spec.eps == 0:
+            # A_ij is homogeneous of degree 1 in relu(q_i), so out_i depends only on its
+            # direction: with one positive component, dL/dq_i = 0 exactly.
+            for i, qi in enumerate(qs):
+                if sum(t > 0 for t in qi) == 1:
+                    grads["q"][i] = mags["q"][i] = [zero] * d
         result = {name: _rounded(grads[name], mags[name], rounding) for name in NAMES}
+        if general:
+            general_mags = {name: _nearest(general_mags[name]) for name in NAMES}
         if spec.decay == "gates":
-            dg, dg_m = _gate_gradients(p, pm, general=not exact_zeros)
+            dg, dg_m = _gate_gradients(p, pm)
             result["g"] = [t[0] for t in _rounded([dg], [dg_m], rounding)]
+            if general:
+                pm_general = [changed[i][3] if i in changed else row for i, row in enumerate(pm)]
+                general_mags["g"] = _nearest([_gate_magnitudes(pm_general)])[0]
         # unresolved rows first: a key also used by a 0/0 row is NaN for certain
         for i in bad_rows + nan_rows:
             keys = list(allowed_keys(i, nk, spec.causal))
@@ -415,7 +499,9 @@ def _head(
             for name in result:
                 result[name][0][at[name]] = result[name][2][at[name]] = np.nan
                 result[name][1][at[name]] = i in nan_rows
-        return result
+                if general:
+                    general_mags[name][at[name]] = np.nan
+        return result, general_mags
 
 
 def _agree(low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -425,37 +511,63 @@ def _agree(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return (low == high) | close | (np.isnan(low) & np.isnan(high))
 
 
+def _refined_head(
+    x: AttentionInputs,
+    spec: Spec,
+    g_out: np.ndarray,
+    b: int,
+    h: int,
+    prec: int,
+    max_prec: int,
+    first: dict | None = None,
+) -> dict[str, np.ndarray]:
+    """Head (b, h) of exact_gradients, {name: float64 values}, starting at `prec` bits
+    (compared with 2 prec first); `first`: _head's result at `prec` where already made."""
+    _, _, nq, nk, d, dv = x.shape
+    shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv), "g": (nk,)}
+    shapes = {name: shapes[name] for name in gradient_names(spec)}
+    out = {name: np.empty(shape) for name, shape in shapes.items()}
+    done = {name: np.zeros(shape, dtype=bool) for name, shape in shapes.items()}
+    if first is None:
+        first, _ = _head(x, spec, g_out, b, h, prec)
+    low = {name: vals for name, (vals, _, _) in first.items()}
+    p = prec
+    while True:
+        if 2 * p > max_prec:
+            left = {name: int((~done[name]).sum()) for name in shapes}
+            raise ReferenceAccuracyError(
+                f"mpmath gradients: elements of head ({b}, {h}) not resolved to "
+                f"float64 at {max_prec} bits (unresolved per gradient: {left})"
+            )
+        high, _ = _head(x, spec, g_out, b, h, 2 * p)
+        for name in shapes:
+            vals, ok, _ = high[name]
+            new = ~done[name] & ok & _agree(low[name], vals)
+            out[name][new] = vals[new]
+            done[name] |= new
+        if all(done[name].all() for name in shapes):
+            return out
+        low = {name: vals for name, (vals, _, _) in high.items()}
+        p *= 2
+
+
+def _stacked(heads: list, spec: Spec) -> dict[str, np.ndarray]:
+    """{name: (B, H, ...)} from heads[b][h] = {name: array}."""
+    return {
+        name: np.array([[head[name] for head in row] for row in heads])
+        for name in gradient_names(spec)
+    }
+
+
 def _refined_gradients(
     x: AttentionInputs, spec: Spec, g_out: np.ndarray, prec: int, max_prec: int
 ) -> dict[str, np.ndarray]:
     """exact_gradients starting at `prec` bits (compared with 2 prec first)."""
-    b_, h_, nq, nk, d, dv = x.shape
-    shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv), "g": (nk,)}
-    shapes = {name: shapes[name] for name in gradient_names(spec)}
-    out = {name: np.empty((b_, h_, *shape)) for name, shape in shapes.items()}
-    for b in range(b_):
-        for h in range(h_):
-            done = {name: np.zeros(shape, dtype=bool) for name, shape in shapes.items()}
-            low = {name: vals for name, (vals, _, _) in _head(x, spec, g_out, b, h, prec).items()}
-            p = prec
-            while True:
-                if 2 * p > max_prec:
-                    left = {name: int((~done[name]).sum()) for name in shapes}
-                    raise ReferenceAccuracyError(
-                        f"mpmath gradients: elements of head ({b}, {h}) not resolved to "
-                        f"float64 at {max_prec} bits (unresolved per gradient: {left})"
-                    )
-                high = _head(x, spec, g_out, b, h, 2 * p)
-                for name in shapes:
-                    vals, ok, _ = high[name]
-                    new = ~done[name] & ok & _agree(low[name], vals)
-                    out[name][b, h][new] = vals[new]
-                    done[name] |= new
-                if all(done[name].all() for name in shapes):
-                    break
-                low = {name: vals for name, (vals, _, _) in high.items()}
-                p *= 2
-    return out
+    b_, h_ = x.shape[:2]
+    heads = [
+        [_refined_head(x, spec, g_out, b, h, prec, max_prec) for h in range(h_)] for b in range(b_)
+    ]
+    return _stacked(heads, spec)
 
 
 def _check_g_out(x: AttentionInputs, g_out: Any) -> np.ndarray:
@@ -493,13 +605,29 @@ def gradient_magnitudes(x: AttentionInputs, spec: Spec, g_out: np.ndarray) -> di
     ga = _check_g_out(x, g_out)
     b_, h_ = x.shape[:2]
     heads = [
-        [_head(x, spec, ga, b, h, DEFAULT_PREC, exact_zeros=False) for h in range(h_)]
+        [_head(x, spec, ga, b, h, DEFAULT_PREC, general=True)[1] for h in range(h_)]
         for b in range(b_)
     ]
-    return {
-        name: np.array([[head[name][2] for head in row] for row in heads])
-        for name in gradient_names(spec)
-    }
+    return _stacked(heads, spec)
+
+
+def exact_gradients_and_magnitudes(
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, max_prec: int = MAX_PREC
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(exact_gradients(x, spec, g_out, max_prec), gradient_magnitudes(x, spec, g_out)),
+    the same arrays, from one evaluation per head at DEFAULT_PREC: the first of the
+    refinement, which gives the general magnitudes too."""
+    ga = _check_g_out(x, g_out)
+    b_, h_ = x.shape[:2]
+    exact, mags = [], []
+    for b in range(b_):
+        exact.append([])
+        mags.append([])
+        for h in range(h_):
+            first, general = _head(x, spec, ga, b, h, DEFAULT_PREC, general=True)
+            exact[b].append(_refined_head(x, spec, ga, b, h, DEFAULT_PREC, max_prec, first))
+            mags[b].append(general)
+    return _stacked(exact, spec), _stacked(mags, spec)
 
 
 def reference_gradients(
@@ -515,6 +643,7 @@ def reference_gradients(
 __all__ = [
     "NAMES",
     "exact_gradients",
+    "exact_gradients_and_magnitudes",
     "gradient_magnitudes",
     "gradient_names",
     "reference_gradients",
