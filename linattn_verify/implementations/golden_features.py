@@ -49,13 +49,13 @@ def golden_features(
             return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0))), None
         top = torch.clamp(x.amax(dim=-1, keepdim=True), max=0.0)  # 0 where some x > 0
         return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0) - top)), top
-    if name == "relu":
-        return torch.clamp(x, min=0.0), None
+    if name == "relu":  # torch.relu's backward takes the subgradient 0 at 0, as reference/grad.py
+        return torch.relu(x), None
     if name == "identity":
         return x, None
     if name == "cosformer":  # Qin et al. 2022, eq. 10: [relu(x_i) cos a_i, relu(x_i) sin a_i]
         a = torch.arange(x.shape[-2], device=x.device, dtype=x.dtype) * (math.pi / (2 * big_m))
-        r = torch.clamp(x, min=0.0)
+        r = torch.relu(x)
         return torch.cat((r * a.cos().unsqueeze(-1), r * a.sin().unsqueeze(-1)), dim=-1), None
     scaled = x / d**0.25 if divide else x * d**-0.25  # x' = x d^(-1/4)
     if name == "taylor":  # Arora et al. 2024: [1, x', vec(x' x'^T) / sqrt(2)]
