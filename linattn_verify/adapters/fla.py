@@ -172,15 +172,15 @@ def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], F
 _FLA_LINEAR = (
     "fla's kernels take features already mapped (its layers apply the feature map first); "
     "the adapter maps q and k with relu, so the spec is relu. With normalize=True "
-    "they divide by (scale q_i) . cumsum_j k_j + 1e-10, scale = d^-1/2 by default, so in "
-    "our normalisation the eps is 1e-10 sqrt(d)."
+    "they divide by (scale q_i) . cumsum_j k_j + 1e-10, scale = d^-1/2 by default: the "
+    "spec relu, eps = 1e-10, scale = d^-1/2 (eps is not scaled)."
 )
 _BASED = (
     "Based: sim = 1 + s + s^2/2 with s = (d^-1/2 q) . k, causal, divided by the row sum "
     "+ 1e-6 (use_norm=True): exactly the taylor spec with eps=1e-6."
 )
 
-LINEAR_SPEC = Spec("relu", causal=True, eps=1e-10)
+LINEAR_SPEC = Spec("relu", causal=True, eps=1e-10, scale=RSQRT_D)
 SIMPLE_GLA_SPEC = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="gates")
 _SIMPLE_GLA = (
     "Simple GLA: o_i = K^-1/2 sum_{j<=i} exp(G_i - G_j) (q_i . k_j) v_j, G the prefix sums "
