@@ -210,7 +210,8 @@ def test_check_runs_a_gradient_check_and_vet_grad_runs_them_all(tmp_path, capsys
     assert code == 0 and "gradient: pass" in capsys.readouterr().out
     out = tmp_path / "vet.json"
     code = main(["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--grad",
-                 "--dtypes", "float32", "--quiet", "--json", str(out)])  # fmt: skip
+                 "--dtypes", "float32", "--long", "0", "--no-envelope", "--quiet", "--json",
+                 str(out)])  # fmt: skip
     rows = {r["name"]: r for r in json.loads(out.read_text())["checks"]}
     assert code == 0
     for name in ("gradient", "gradient-associativity", "gradient-finite"):
