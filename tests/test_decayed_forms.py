@@ -152,6 +152,26 @@ def test_a_decayed_performer_chunked_form_passes_gradcheck():
     assert torch.autograd.gradcheck(unnormalised, (q, k, v, g, s0))
 
 
+def test_gradients_where_the_values_and_the_initial_state_are_zero():
+    """Zero values (so zero numerators) and a zero initial state in shifted units: the
+    gradients of the recurrent and chunked forms are the golden quadratic form's."""
+    q, k, _, w, g = _case("performer-positive", "gates", n=5, seed=2, magnitude=3.0)
+    spec = lv.Spec("performer-positive", True, normalize=False, decay="gates")
+    grads = {}
+    for form in ("quadratic", "recurrent", "chunked"):
+        v = torch.zeros(2, 3, 5, 2, dtype=torch.float64, requires_grad=True)
+        s0 = torch.zeros(2, 3, 6, 2, dtype=torch.float64, requires_grad=True)
+        out, s = decayed_attention(q, k, v, spec, form, w, 2, g, None if form == "quadratic"
+                                   else (s0, None))  # fmt: skip
+        (dv,) = torch.autograd.grad(out.sum(), v, retain_graph=s is not None)
+        ds0 = None if s is None else torch.autograd.grad((out.sum() + s[0].sum()), s0)[0]
+        grads[form] = dv, ds0
+    for form in ("recurrent", "chunked"):
+        torch.testing.assert_close(grads[form][0], grads["quadratic"][0], rtol=1e-12, atol=0)
+    assert torch.isfinite(grads["chunked"][1]).all() and grads["chunked"][1].abs().sum() > 0
+    torch.testing.assert_close(grads["chunked"][1], grads["recurrent"][1], rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("name", PERFORMER)
 def test_the_performer_maps_have_every_decayed_form_and_no_rate_check(name):
     decayed, unnormalised = lv.Spec(name, True, decay="gates"), lv.Spec(name, normalize=False)

@@ -34,7 +34,15 @@ import torch
 
 from ..inputs import check_decay
 from ..specs import Spec, SpecError
-from .features import add_shifts, common_scale, exp, needs_shift, scaled_eps, scaled_features
+from .features import (
+    add_shifts,
+    common_scale,
+    exp,
+    needs_shift,
+    records_grad,
+    scaled_eps,
+    scaled_features,
+)
 from .golden import golden_attention
 
 DECAYED_FORMS = ("quadratic", "linear", "recurrent", "chunked")
@@ -114,7 +122,9 @@ def decayed_attention(
 def _initial(initial: State | None, body_k, vz, spec: Spec) -> tuple[torch.Tensor, torch.Tensor]:
     """(the state [S | z] (B, H, F, dv (+ 1)) to start from, its log-units U (B, H, 1, 1)):
     initial_state as given (U = 0), U = -inf where it is zero (none: zero), so that a first
-    key sets the units."""
+    key sets the units; but a zero state that takes a gradient stays in true units (U = 0),
+    or its gradient would be multiplied by exp(-inf) = 0 (keys far below 1 then underflow
+    against it, as against any state given)."""
     b, h, _, f = body_k.shape
     if initial is None:
         return body_k.new_zeros(b, h, f, vz.shape[-1]), body_k.new_full((b, h, 1, 1), -math.inf)
@@ -125,8 +135,8 @@ def _initial(initial: State | None, body_k, vz, spec: Spec) -> tuple[torch.Tenso
     s = s.to(body_k.dtype)
     if spec.normalize:
         s = torch.cat([s, z.to(body_k.dtype)[..., None]], dim=-1)
-    nonzero = (s != 0).flatten(-2).any(dim=-1)[..., None, None]
-    return s, torch.where(nonzero, 0.0, -math.inf).to(s.dtype)
+    given = (s != 0).flatten(-2).any(dim=-1)[..., None, None] | records_grad(s)
+    return s, torch.where(given, 0.0, -math.inf).to(s.dtype)
 
 
 def _chunk(body_q, body_k, scale_k, vz, log_w, state, units):
@@ -155,9 +165,16 @@ def _chunk(body_q, body_k, scale_k, vz, log_w, state, units):
 
 def _times_exp(x: torch.Tensor, log: torch.Tensor) -> torch.Tensor:
     """x exp(log) by two factors exp(log / 2), so that a factor overflows only where the
-    product of a normal x does; exactly 0 where x is (never 0 * inf)."""
-    half = log / 2
-    return torch.where(x == 0, x, x * exp(half) * exp(log - half))
+    product of a normal x does; where x is 0, 0 (never 0 * inf) with the derivative
+    exp(log) (at most the dtype's largest). The general branch sees x = 1, log = 0 there,
+    so that no NaN of it reaches the gradient."""
+    zero = x == 0
+    safe_x = torch.where(zero, torch.ones_like(x), x)
+    safe_log = torch.where(zero, torch.zeros_like(log), log)
+    half = safe_log / 2
+    general = safe_x * exp(half) * exp(safe_log - half)
+    at_zero = x * exp(log).clamp(max=torch.finfo(x.dtype).max)
+    return torch.where(zero, at_zero, general)
 
 
 def _finish(num_den, spec: Spec, d: int, logs, dtype: torch.dtype) -> torch.Tensor:
