@@ -16,6 +16,7 @@ from linattn_verify.reference.common import ReferenceAccuracyError
 from linattn_verify.reference.grad import (
     _refined_gradients,
     exact_gradients,
+    exact_gradients_and_magnitudes,
     reference_gradients,
 )
 from linattn_verify.specs import Spec, SpecError
@@ -349,3 +350,26 @@ def test_torch_inputs_are_taken_exactly():
     again = reference_gradients(*(t.double().numpy() for t in as_torch), Spec("softmax", True))
     for n in NAMES:
         np.testing.assert_array_equal(ours[n], again[n])
+
+
+@pytest.mark.parametrize(
+    ("name", "normalize", "decay"),
+    [("relu", True, "gates"), ("elu", False, "gates"), ("elu", True, None), ("relu", True, None)],
+)
+def test_the_shared_evaluation_gives_the_exact_gradients_of_the_separate_one(
+    name, normalize, decay
+):
+    """exact_gradients_and_magnitudes' refinement starts from the evaluation that also gives
+    the general magnitudes (exact-zero shortcuts and all): its values are exact_gradients'."""
+    gen = np.random.default_rng(7)
+    q, k = gen.standard_normal((2, 1, 2, 5, 3))
+    v, g_out = gen.standard_normal((2, 1, 2, 5, 2))
+    q[0, 0, 1], k[0, 1, 2] = 0, 0  # a zero query row and key row: the shortcuts' rows
+    spec = Spec(name, True, eps=1e-3 * normalize, normalize=normalize, decay=decay)
+    gates = np.log(gen.uniform(0.3, 1, (1, 2, 5))) if decay else None
+    x = validate(q, k, v, spec, None, gates)
+    shared, _ = exact_gradients_and_magnitudes(x, spec, g_out)
+    separate = exact_gradients(x, spec, g_out)
+    assert sorted(shared) == sorted(separate)
+    for key, values in separate.items():
+        assert np.array_equal(shared[key], values, equal_nan=True), key

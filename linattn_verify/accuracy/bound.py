@@ -534,15 +534,17 @@ def state_gradient_bound(
     product of a feature (within psi, feature_errors), the decay W_i (within eta_i,
     _decay_errors), the scale, a cotangent and 1 / D_i; a backward pass through a
     recurrence or through chunks forms W_i from up to N rounded decays (an exponential and a
-    product each) and sums the terms in any order, so gamma_((C_LIB + 2) N + F + 2 C_LIB +
-    8) times the terms' magnitudes covers it (Higham 2002, Theorem 3.1), plus the features',
+    product each) and sums the terms in any order, so gamma_((C_LIB + 2) N + 2 C_LIB + 6)
+    times the terms' magnitudes covers it (Higham 2002, Theorem 3.1), F + dv + 2 more when
+    normalised (the quotient and the dot g_out_i . out_i), plus the features',
     decays' and denominators' own errors; dL/dz_0 = -sum_i c W_i phi(q_i) (g_out_i . out_i)
     / D_i + W_(N-1) g_z likewise, with out_i's error; dL_S/dv_j = w_(N-1, j) g_state^T
     phi(k_j) over F terms. The computed D_i (its N F + F terms: the continued sums, the
     initial state's) is within e_D of D_i, the numerator within e_n, so 1 / D_i is within
     r_D / |D_i|, r_D = e_D / (|D_i| - e_D), and out_i within (e_n + |out_i| e_D) / (|D_i| -
-    e_D) (infinite where e_D >= |D_i|: the row's sign is not determined). Unnormalised D_i
-    = 1 exactly. Stored in precision u: u times the magnitude, which also covers the
+    e_D) (infinite where e_D >= |D_i|: the row's sign is not determined), e_D and e_n with
+    tiny per product for underflow (eps's rounding among them). Unnormalised D_i = 1
+    exactly. Stored in precision u: u times the magnitude, which also covers the
     float64 rounding of the exact values; tiny / 2 per term for underflow. In float64,
     inflated by SAFETY; infinite where gamma is."""
     b_, h_, n, d = x.q.shape
@@ -556,7 +558,8 @@ def state_gradient_bound(
             positions = np.arange(n)
             _, aq, psi_q = _features(head.q, positions, head.big_m, head.w, name, u, stab)
             _, ak, psi_k = _features(head.k, positions, head.big_m, head.w, name, u, stab)
-            g = gamma((C_LIB + 2) * n + aq.shape[1] + 2 * C_LIB + 8, u)
+            extra = aq.shape[1] + g_out.shape[-1] + 2 if normalised is not None else 0
+            g = gamma((C_LIB + 2) * n + 2 * C_LIB + 6 + extra, u)
             into = last = np.ones(n)
             eta = np.zeros(n)
             if spec.decay is not None:
@@ -570,7 +573,7 @@ def state_gradient_bound(
             if normalised is not None:
                 g_z, initial, exact = normalised
                 den, r_den, out_abs, out_err = _quotient_errors(
-                    head, spec, (aq, psi_q, ak, psi_k), (left, left_err, eta), g,
+                    head, spec, (aq, psi_q, ak, psi_k), (left, left_err, eta), (g, tiny),
                     [t[b, h] for t in initial], (exact.den[b, h], exact.out[b, h]),
                 )  # fmt: skip
             with np.errstate(divide="ignore"):
@@ -598,13 +601,14 @@ def state_gradient_bound(
     return (np.stack(out_s).reshape(b_, h_, f, dv), bound_z, np.stack(out_v).reshape(b_, h_, n, dv))
 
 
-def _quotient_errors(head: Head, spec: Spec, feats, lefts, g: float, initial, exact):
+def _quotient_errors(head: Head, spec: Spec, feats, lefts, rounding, initial, exact):
     """For a normalised spec continuing (S_0, z_0): (a lower bound on |D_i|, r_D_i, an upper
     bound on |out_i|, the bound on out_i's error) per row, from the exact D_i and out_i
     (within one float64 rounding, SAFETY) and the errors of the computed sums (see
     state_gradient_bound)."""
     aq, psi_q, ak, psi_k = feats
     left, left_err, eta = lefts
+    g, tiny = rounding  # gamma_n, and the smallest subnormal: each term may underflow
     s0, z0 = (np.abs(t) for t in initial)
     den_exact, out_exact = exact
     c = spec.scale_for(head.q.shape[1]) * SAFETY
@@ -617,7 +621,8 @@ def _quotient_errors(head: Head, spec: Spec, feats, lefts, g: float, initial, ex
     size = sizes @ mags + left @ state + np.concatenate([np.zeros(s0.shape[1]), [spec.eps]])
     err = errors @ mags + left_err @ state
     with np.errstate(invalid="ignore", over="ignore"):
-        e = g * (size + err) + err  # numerator columns, then the denominator
+        terms = (head.k.shape[0] + 1) * aq.shape[1] + 1  # N F + F products and eps
+        e = g * (size + err) + err + tiny * terms  # numerator columns, then the denominator
         e_n, e_d = e[:, :-1], e[:, -1]
         den = np.abs(den_exact) / SAFETY
         margin = den - e_d

@@ -99,7 +99,7 @@ def exact_state_gradients(
             given = None if not spec.normalize else (initial[0][b, h], initial[1][b, h], g_z[b, h])
             heads.append(_resolved(
                 lambda p, b=b, h=h, given=given: _head_state_gradients(
-                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], given, p
+                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], given, p, (b, h)
                 ),
                 f"the state gradients of head ({b}, {h})", prec, max_prec,
             ))  # fmt: skip
@@ -125,10 +125,10 @@ def _resolved(compute, what: str, prec: int, max_prec: int) -> tuple:
     raise ReferenceAccuracyError(f"{what} is not resolved at {max_prec} bits")
 
 
-def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: int):
+def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: int, at):
     """One head at `prec` bits, None where not yet resolved: (dL/dS_0, dL_S/dv), then
     normalised (dL/dz_0, eps + D_i, out_i) as columns; given: (S_0, z_0, g_z) of a
-    normalised spec."""
+    normalised spec; at: the head's (b, h), for messages."""
     n, d = head.q.shape
     with working_precision(prec):
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
@@ -152,7 +152,9 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: i
         sums = (sim * vz + left * s0z).tolist()
         dens = [row[-1] + spec.eps for row in sums]
         if zero := [i for i, den in enumerate(dens) if den.is_exact() and den == 0]:
-            raise ReferenceAccuracyError(f"the exact denominator of row {zero[0]} is 0 (0/0)")
+            raise ReferenceAccuracyError(
+                f"the exact denominator of row (b, h, i) = {(*at, zero[0])} is 0 (0/0)"
+            )
         outs = [[t / den for t in row[:-1]] for row, den in zip(sums, dens)]
         gs = balls(g_out)
         scaled = arb_mat([[t / den for t in row] for row, den in zip(gs, dens)])

@@ -113,8 +113,8 @@ def state_stored_bf16(q, k, v, initial_state=None):
 
 
 def state_z0_detached(q, k, v, initial_state=None):
-    """BUG (backward only): z_0 enters the normaliser detached, so the loss's gradient never
-    reaches it (dL/dz_0 is the final state's cotangent alone); the forward is exact."""
+    """BUG (backward only): z_0 enters detached, so the loss's gradient never reaches it
+    (dL/dz_0 = 0); the forward is exact."""
     if initial_state is not None:
         initial_state = (initial_state[0], initial_state[1].detach())
     return state_cumsum(q, k, v, initial_state)
