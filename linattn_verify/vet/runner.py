@@ -62,6 +62,7 @@ class VetReport:
     spec: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     failing_regimes: tuple[str, ...] = ("typical",)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per plan step
 
     @property
     def findings(self) -> list[Finding]:
@@ -122,6 +123,7 @@ class VetReport:
             "findings": [f.to_dict() for f in self.findings],
             "counts": {s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
             "checks": self.rows,
+            "seconds": self.seconds,
         }
 
 
@@ -271,8 +273,11 @@ def vet(
             say(f"{step} ...")
             on_case = _Progress(say, step, planned_cases(task, spec, task_options))
             task_options = _options_after(report.rows, task, task_options)
+            start = time.monotonic()
             try:
-                report.rows += worker.run(task, task_options, _timeout(task, options), on_case)
+                rows = worker.run(task, task_options, _timeout(task, options), on_case)
+                report.seconds[name] = time.monotonic() - start
+                report.rows += rows
                 continue
             except WorkerHung as err:
                 report.rows.append(_stopped(name, f"hung: {err}", worker.running))
@@ -307,6 +312,8 @@ def vet_in_process(
     steps = plan(description, options)
     for i, (name, task, task_options) in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {name} ...")
+        start = time.monotonic()
         report.rows += run_task(impl, task, _options_after(report.rows, task, task_options))
+        report.seconds[name] = time.monotonic() - start
     report.rows = _without_case_after_contract(report.rows)
     return report
