@@ -1,7 +1,8 @@
 """Known-answer vectors: inputs stored exactly, outputs exact to 34 significant digits.
 
-Layout, under the package's known_answers/ folder (shipped as package data; its README.md
-says how to read them without this package):
+Layout, under the package linattn_verify.known_answers (the repository's references/ folder,
+installed there by pyproject.toml with its package data; its README.md says how to read them
+without this package):
 - vectors/NAME.json, one vector each: the spec, the case it was built from,
   the inputs q, k, v (and the projection W) as IEEE bit patterns in their dtype, and the
   output as decimal strings of KAT_DIGITS significant digits ("nan" where it is 0/0);
@@ -42,7 +43,20 @@ KAT_DIGITS = 34  # 34 decimal digits: 112 bits, beyond the 100 the vectors promi
 AGREE_BITS = 100  # a recomputed value agrees with a stored one to this many bits
 FORMAT = "linattn-verify known-answer vector"
 BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
-DEFAULT_DIR = Path(__file__).parent / "known_answers"  # package data: found from any folder
+
+
+def _installed_dir() -> Path:
+    """The vectors' folder: the package linattn_verify.known_answers of an install (a wheel's
+    package data, or the checkout's references/ that an editable install maps), found from any
+    folder; without an install (the checkout on PYTHONPATH), the checkout's references/."""
+    try:
+        from . import known_answers
+    except ImportError:
+        return Path(__file__).resolve().parents[1] / "references"
+    return Path(known_answers.__file__).parent
+
+
+DEFAULT_DIR = _installed_dir()
 
 
 def _magnitude(exponent: float, dtype: str) -> float:

@@ -1,7 +1,8 @@
 """The built wheel, installed into a fresh venv, works from any folder: the known-answer
-vectors are package data (kat.DEFAULT_DIR), so `references check` and `vet --kat` find them
-outside the repository. The venv borrows the heavy dependencies (torch, mpmath, flint) from
-this environment by a path file; linattn_verify itself comes only from the wheel."""
+vectors (the repository's references/) are the package data of linattn_verify.known_answers
+(kat.DEFAULT_DIR), so `references check` and `vet --kat` find them outside the repository.
+The venv borrows the heavy dependencies (torch, mpmath, flint) from this environment by a
+path file; linattn_verify itself comes only from the wheel."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,9 +33,23 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
+def test_pyproject_lists_every_package_folder() -> None:
+    """pyproject.toml names its packages one by one (the vectors' folder is mapped from
+    references/): a new folder of linattn_verify/ with an __init__.py must be listed too."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "linattn_verify").rglob("__init__.py")
+    }
+    assert folders <= listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"
+    assert "linattn_verify.known_answers" in listed
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The python of a fresh venv holding the wheel built from a copy of the sources."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from a copy of the sources."""
     pytest.importorskip("setuptools", reason="builds the wheel without isolation")
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"
@@ -40,7 +57,26 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pip = [sys.executable, "-m", "pip", "-q"]
     built = _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), "."], source)
     assert built.returncode == 0, built.stderr
-    (wheel,) = tmp.glob("linattn_verify-*.whl")
+    (built_wheel,) = tmp.glob("linattn_verify-*.whl")
+    return built_wheel
+
+
+def test_the_wheel_holds_every_vector(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    manifest = json.loads((ROOT / "references" / "manifest.json").read_text())
+    files = {f"linattn_verify/known_answers/{e['file']}" for e in manifest["vectors"]}
+    assert len(files) == 166
+    assert files <= names, sorted(files - names)[:5]
+    for name in ("manifest.json", "README.md", "__init__.py"):
+        assert f"linattn_verify/known_answers/{name}" in names
+    assert not any(n.startswith("references/") for n in names), "a top-level references/"
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path) -> Path:
+    """The python of a fresh venv holding the wheel."""
+    tmp = wheel.parent
+    pip = [sys.executable, "-m", "pip", "-q"]
     venv = tmp / "venv"
     assert _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp).returncode == 0
     python = venv / "bin" / "python"
@@ -56,6 +92,16 @@ def test_the_package_comes_from_the_wheel(installed: Path, tmp_path: Path) -> No
         [str(installed), "-c", "import linattn_verify; print(linattn_verify.__file__)"], tmp_path
     )
     assert str(installed.parents[1]) in where.stdout, where.stdout + where.stderr
+
+
+def test_the_vectors_are_found_in_the_installed_package(installed: Path, tmp_path: Path) -> None:
+    where = _run(
+        [str(installed), "-c", "from linattn_verify import kat; print(kat.DEFAULT_DIR)"], tmp_path
+    )
+    found = Path(where.stdout.strip())
+    assert found.parts[-2:] == ("linattn_verify", "known_answers"), where.stdout + where.stderr
+    assert installed.parents[1] in found.parents, found  # in the venv, not the repository
+    assert len(list((found / "vectors").glob("*.json"))) == 166
 
 
 def test_references_check_from_another_folder(installed: Path, tmp_path: Path) -> None:

@@ -14,11 +14,12 @@ def add(sub) -> None:
         sub,
         "references",
         "known-answer vectors: build, check, or run an implementation on them",
-        "The known-answer vectors shipped with the package (linattn_verify/known_answers/, "
-        "its README.md says how to read them without this package), or those under --dir: build "
-        "regenerates them (the same bytes every time), check verifies every sha256 and "
-        "recomputes the outputs with the arb engine (exit 1 naming a bad file), run reports "
-        "an implementation's error per vector in units of u s of its dtype. " + options.CONTRACT,
+        "The known-answer vectors shipped with the package (the repository's references/, "
+        "installed as linattn_verify.known_answers; its README.md says how to read them "
+        "without this package), or those under --dir: build regenerates them (the same "
+        "bytes every time), check verifies every sha256 and recomputes the outputs with the "
+        "arb engine (exit 1 naming a bad file), run reports an implementation's error per "
+        "vector in units of u s of its dtype. " + options.CONTRACT,
         [
             "python -m linattn_verify references check",
             "python -m linattn_verify references build",
