@@ -1,22 +1,28 @@
-"""pytest plugin (entry point pytest11): the options that name an implementation under test,
-for this project's property suite and for anyone's tests.
+"""pytest plugin (entry point pytest11): the options that name an implementation under test
+and what it claims, vet's (linattn_verify.options), for this project's property suite and
+for anyone's tests.
 
     pytest --impl mykernels.py:attn --feature-map elu --causal [--eps E] [--layout bnhd]
     pytest --impl fla.based-naive          # an adapter: its spec is its claim
     pytest --form chunked --chunk-size 16 --feature-map elu --causal   # one built-in form
 
-`implementation_under_test(config)` is the Implementation they name (None without --impl),
-resolved once at configure time, so that a bad option is a one-line usage error before any
-test runs; the `attention_under_test` fixture skips when no --impl is given.
+`implementation_under_test(config)` is the Implementation they name (None without --impl)
+and `run_values(config)` the values of --grad and --long, both resolved once at configure
+time, so that a bad option is a one-line usage error before any test runs; the
+`attention_under_test` fixture skips when no --impl is given.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from .options import OPTIONS, RUN
 from .regimes import REGIMES
 from .specs import SpecError
-from .under_test import OPTIONS, Implementation, from_options
+from .under_test import Implementation, from_options
+from .under_test.claim import SOURCE, checked
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,8 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the implementation under test: MODULE:FN, path.py:FN or an adapter's name "
         "(python -m linattn_verify vet --list); or a built-in --form",
     )
-    for flag, options in OPTIONS:
-        group.addoption(flag, **options)
+    for option in (*SOURCE, *OPTIONS):
+        group.addoption(option.flag, **option.arguments())
     group.addoption(
         "--fail-on",
         choices=REGIMES,
@@ -55,26 +61,30 @@ def _named(config: pytest.Config) -> bool:
 
 
 _UNDER_TEST = pytest.StashKey[Implementation | None]()
+_VALUES = pytest.StashKey[dict[str, Any]]()
 
 
 @pytest.hookimpl(tryfirst=True)  # before the conftest hooks that ask for it
 def pytest_configure(config: pytest.Config) -> None:
-    """Resolve the implementation now: pytest.UsageError (one line, exit 4) names a bad
-    option before any test runs."""
-    if not _named(config):
-        config.stash[_UNDER_TEST] = None
-        return
-    target = config.getoption("--impl")
-    values = {flag[2:].replace("-", "_"): config.getoption(flag) for flag, _ in OPTIONS}
+    """Resolve the options and the implementation now: pytest.UsageError (one line, exit 4)
+    names a bad option before any test runs."""
+    given = {o.name: config.getoption(o.name) for o in (*SOURCE, *OPTIONS)}
     try:
-        config.stash[_UNDER_TEST] = from_options(target, values)
+        config.stash[_VALUES] = checked(RUN, given, from_text=True)
+        named = from_options(config.getoption("--impl"), given) if _named(config) else None
     except SpecError as err:
         raise pytest.UsageError(str(err)) from None
+    config.stash[_UNDER_TEST] = named
 
 
 def implementation_under_test(config: pytest.Config) -> Implementation | None:
     """The implementation named by --impl or --form (with its claimed spec), or None."""
     return config.stash.get(_UNDER_TEST, None)
+
+
+def run_values(config: pytest.Config) -> dict[str, Any]:
+    """The values of vet's run options (options.RUN: grad, longest), parsed."""
+    return config.stash[_VALUES]
 
 
 @pytest.fixture

@@ -12,44 +12,62 @@ AssertionError with vet's summary when a check fails. The pytest plugin
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 
 from .checks.long_context import LONGEST
+from .options import OPTIONS, RUN
 from .strategies import DTYPES
 from .under_test import resolve
+from .under_test.claim import CLAIM, checked
 from .vet import VetOptions, VetReport, vet_in_process
 
 
 def assert_linear_attention(
     fn: Callable,
     feature_map: str,
+    *,
     causal: bool = False,
     eps: float = 0.0,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
     layout: str = "bhnd",
+    cost: str | None = None,
+    state: str | None = None,
+    varlen: bool = False,
+    grad: bool = False,
+    longest: int = LONGEST,
     dtypes: tuple[str, ...] = DTYPES,
     device: str = "cpu",
-    cost: str | None = None,
     thorough: bool = False,
     fail_on: str = "typical",
     strict: bool = False,
-    longest: int = LONGEST,
-    state: str | None = None,
-    varlen: bool = False,
 ) -> VetReport:
     """Every applicable check of vet on fn (docs/contract.md) claiming the spec; the report
-    when the verdict passes, AssertionError with the summary when it fails. cost: "linear"
-    or "quadratic" (default: quadratic for softmax, else linear). fail_on: the regime up
-    to which findings fail (default typical: the others are warnings in the report);
-    strict: every regime, elu features held to relative accuracy (vet --strict). longest:
-    the long-context check to N = longest and longest + 1 (0 skips it; vet --long). state:
-    the layout of the state fn carries, "Sz" (vet --state Sz; docs/contract.md). varlen: fn
-    also takes packed batches (vet --varlen)."""
-    impl = resolve(fn, feature_map=feature_map, causal=causal, eps=eps, layout=layout,
-                   cost=cost, state=state, varlen=varlen)  # fmt: skip
+    when the verdict passes, AssertionError with the summary when it fails, SpecError (a
+    ValueError) naming an option whose value does not fit. Besides the options below, as
+    vet's: dtypes, device, thorough (more cases a check), fail_on (the regime up to which
+    findings fail; default typical, the others are warnings in the report) and strict
+    (every regime, elu features held to relative accuracy)."""
+    given = locals()  # the parameters by name
+    impl = resolve(fn, **{o.name: given[o.name] for o in CLAIM})
+    run = checked(RUN, given)
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
-                         fail_on=fail_on, strict=strict, envelope=False,
-                         longest=longest)  # fmt: skip
+                         fail_on=fail_on, strict=strict, envelope=False, **run)  # fmt: skip
     report = vet_in_process(impl, options)
     if report.failed:
         raise AssertionError(report.summary())
     return report
+
+
+_OPTION_LINES = (
+    textwrap.fill(
+        f"{o.name}{f'={not o.default}' if o.type is bool else ''} ({o.flag}): {o.help}",
+        width=92, initial_indent="    ", subsequent_indent="        ", break_on_hyphens=False,
+    )
+    for o in OPTIONS
+)  # fmt: skip
+assert_linear_attention.__doc__ += (
+    "\n\n    The options vet takes too (linattn_verify.options):\n\n" + "\n".join(_OPTION_LINES)
+)

@@ -7,9 +7,11 @@ that one implementation instead (importable from the working directory or PYTHON
 `path/to/file.py:fn`); `--impl ADAPTER` over a third-party library's, `--form FORM
 --feature-map NAME ...` over one built-in form. An implementation named so is judged on
 typical inputs (`--fail-on stress` or `extreme` for more, `--strict-accuracy` for every
-regime with relatively accurate elu features); the built-in forms on every regime. Those
-options come from linattn_verify's pytest plugin (linattn_verify/pytest_plugin.py), which
-the root conftest.py loads.
+regime with relatively accurate elu features); the built-in forms on every regime. Its
+backward is judged with `--grad` (as vet's; the built-in forms' always), the long-context
+property up to `--long N` (default 2^16; 0 skips it). Those options come from
+linattn_verify's pytest plugin (linattn_verify/pytest_plugin.py), which the root
+conftest.py loads.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import property_helpers
 import pytest
 import torch
 
-from linattn_verify.checks import STATE_CHECKS, not_applicable
+from linattn_verify.checks import GRAD_CHECKS, STATE_CHECKS, not_applicable
 from linattn_verify.implementations.forms import forms_of
-from linattn_verify.pytest_plugin import drawn_regimes, implementation_under_test
+from linattn_verify.pytest_plugin import drawn_regimes, implementation_under_test, run_values
 from linattn_verify.specs import FEATURE_MAPS, Spec
 from linattn_verify.under_test import DECLARED, Implementation, resolve
 
@@ -34,13 +36,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="scaling: time every built-in form over N = 2^8 ... 2^16 (use with "
         "--benchmark-enable --benchmark-json=PATH); default: a small grid",
-    )
-    group.addoption(
-        "--long-property",
-        type=int,
-        default=2**16,
-        metavar="N",
-        help="long context: the longest N (and N + 1) the property judges (default 65536)",
     )
 
 
@@ -120,6 +115,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.stash[_IMPL] is None:
         return
     skip = pytest.mark.skip(reason="measures the built-in forms only (vet measures --impl)")
+    backward = pytest.mark.skip(reason="the backward of --impl is judged with --grad")
     for item in items:
         if item.get_closest_marker("builtin_only"):
             item.add_marker(skip)
+        check = item.get_closest_marker("check")
+        if check and check.args[0] in GRAD_CHECKS and not run_values(config)["grad"]:
+            item.add_marker(backward)

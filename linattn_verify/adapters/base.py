@@ -30,7 +30,7 @@ class Adapter:
     from `spec`; load: imports the library lazily and returns fn (raises
     AdapterUnavailable); install: the `pip install --no-deps` arguments that bring it;
     device: "any", or "cuda" for GPU-only kernels; cost: the growth it claims; state: the
-    layout of the state its function carries ("Sz", under_test.STATE_LAYOUTS) and
+    layout of the state its function carries ("Sz", under_test.claim.STATE_LAYOUTS) and
     load_state the fn(q, k, v, initial_state=...) -> (out, final_state) that carries it,
     for `--state`; None for a function without one. varlen: its function takes packed
     batches (cu_seqlens, --varlen).

@@ -14,7 +14,7 @@
 
 Outputs are compared within the sum of their a-priori bounds (compare.py), states within
 the sum of their state bounds: any evaluation order satisfies them. The state is (S, z), or
-S alone for an unnormalised spec (under_test.state_layout); a decayed spec's pieces take
+S alone for an unnormalised spec (under_test.claim.state_layout); a decayed spec's pieces take
 their own gates (the tokens' slice of g), gamma whole.
 """
 

@@ -52,16 +52,21 @@ def command_parser(sub: Any, name: str, summary: str, description: str, examples
 
 
 def add_implementation(parser: argparse.ArgumentParser, positional: bool) -> None:
-    """TARGET (a positional argument, or --impl) and the options of under_test.OPTIONS."""
-    from ..under_test import OPTIONS
+    """TARGET (a positional argument, or --impl), the options that choose a built-in form
+    instead and those of what it claims (under_test.claim)."""
+    from ..under_test.claim import CLAIM, SOURCE
 
     if positional:
         parser.add_argument("target", nargs="?", metavar="TARGET", help=TARGET_HELP)
     else:
         parser.add_argument("--impl", dest="target", metavar="TARGET", help=TARGET_HELP)
-    group = parser.add_argument_group("the implementation and what it claims")
-    for flag, options in OPTIONS:
-        group.add_argument(flag, **options)
+    add(parser.add_argument_group("the implementation and what it claims"), (*SOURCE, *CLAIM))
+
+
+def add(group: Any, options: Sequence[Any]) -> None:
+    """The arguments of these under_test.claim.Option records."""
+    for option in options:
+        group.add_argument(option.flag, **option.arguments())
 
 
 def implementation(args: argparse.Namespace, load: bool = True):
@@ -161,17 +166,3 @@ def shape(text: str) -> tuple[int, ...]:
 
 
 ERRORS = (UsageError, SpecError, OSError)
-
-
-def check_long(longest: int) -> None:
-    """UsageError for a --long N that is negative, below the check's first length, or beyond
-    this machine's memory."""
-    from ..checks.long_context import lengths, memory_problem
-
-    if longest == 0:
-        return
-    if longest < lengths()[0]:
-        raise UsageError(f"--long must be 0 (skip) or at least {lengths()[0]}, got {longest}")
-    problem = memory_problem(longest)
-    if problem:
-        raise UsageError(problem)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from . import options
 
 
 def add(sub) -> None:
-    from ..checks import GRAD_CHECKS
-    from ..checks.long_context import LONGEST
     from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
+    from ..options import RUN
     from ..vet.runner import DEFAULT_TIMEOUT
 
     parser = options.command_parser(
@@ -46,11 +46,7 @@ def add(sub) -> None:
     parser.add_argument("--sampler", help="module:function drawing W (m, d) from a Generator")
     parser.add_argument("--claim", choices=["iid", "orthogonal"], help="what --sampler's rows are")
     parser.add_argument("--kat", action="store_true", help="also the known-answer vectors")
-    parser.add_argument(
-        "--grad",
-        action="store_true",
-        help="also the checks of its backward: " + ", ".join(GRAD_CHECKS),
-    )
+    options.add(parser, RUN)  # --grad, --long
     parser.add_argument(
         "--thorough",
         action="store_true",
@@ -64,15 +60,6 @@ def add(sub) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")
-    parser.add_argument(
-        "--long",
-        type=int,
-        default=LONGEST,
-        metavar="N",
-        help=f"the long-context check at N = 2^10, 2^12, ... up to N and N + 1 (default "
-        f"{LONGEST}; 0 skips it); refused up front beyond this machine's memory; its "
-        "timeout grows with N",
-    )
     options.add_policy(parser)
     parser.add_argument(
         "--timeout",
@@ -87,7 +74,9 @@ def add(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..adapters import ADAPTERS
     from ..environment import environment
+    from ..options import RUN
     from ..target import load_target
+    from ..under_test.claim import checked, words
     from ..vet import VetOptions, vet
     from .adapters import list_adapters
 
@@ -104,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     options.cuda_check(args.device)
     if args.timeout <= 0:
         raise options.UsageError(f"--timeout must be positive, got {args.timeout}")
-    options.check_long(args.long)
+    run_values = checked(RUN, vars(args), from_text=True)
     if args.sampler:
         if not declared.spec.info.needs_projection:
             raise options.UsageError(
@@ -119,24 +108,25 @@ def run(args: argparse.Namespace) -> int:
         sampler=args.sampler,
         claim=args.claim,
         kat=args.kat,
-        grad=args.grad,
+        grad=run_values["grad"],
         thorough=args.thorough,
         seed=args.seed,
         timeout=args.timeout,
         fail_on=args.fail_on,
         strict=args.strict,
         envelope=not args.no_envelope,
-        longest=args.long,
+        longest=run_values["longest"],
     )
     report = vet(
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)
     )
     print(report.summary())
+    again = " ".join(filter(None, (declared.command, shlex.join(words(RUN, run_values)))))
     options.write_json(
         args.json,
         {
             **report.to_dict(),
-            "reproduce": f"python -m linattn_verify vet {declared.command}",
+            "reproduce": f"python -m linattn_verify vet {again}",
             "environment": environment(args.device),
         },
     )

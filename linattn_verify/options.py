@@ -1,0 +1,29 @@
+"""The options every entry point takes that name a spec or a contract, one definition:
+what an implementation claims (under_test.claim.CLAIM) and what vet runs on it (RUN: its
+backward, the long-context check's N). `vet`'s arguments, the pytest plugin's options,
+assert_linear_attention's keywords and vet's reproduce line all come from OPTIONS."""
+
+from __future__ import annotations
+
+from .checks import GRAD_CHECKS
+from .checks.long_context import LONGEST, lengths, memory_problem
+from .under_test.claim import CLAIM, Option
+
+
+def _long_problem(longest: int, label: str) -> str | None:
+    """Why the long-context check cannot run to `longest` here: below its first length, or
+    beyond this machine's memory; None when it can (0 skips it)."""
+    if longest < 0 or 0 < longest < lengths()[0]:
+        return f"{label} must be 0 (skip) or at least {lengths()[0]}, got {longest}"
+    return memory_problem(longest) if longest else None
+
+
+RUN = (
+    Option("grad", "--grad", bool, False,
+           "also the checks of its backward: " + ", ".join(GRAD_CHECKS)),
+    Option("longest", "--long", int, LONGEST,
+           f"the long-context check at N = 2^10, 2^12, ... up to N and N + 1 (default "
+           f"{LONGEST}; 0 skips it); an N beyond this machine's memory is refused up front",
+           metavar="N", check=_long_problem),
+)  # fmt: skip
+OPTIONS = (*CLAIM, *RUN)

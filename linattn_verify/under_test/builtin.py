@@ -1,0 +1,76 @@
+"""The built-in forms of lv.attention as implementations under test: which form evaluates
+a spec, and the calls (fn, and the stream of a causal form) that evaluate it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..implementations import CausalStream, attention
+from ..implementations.forms import (
+    DEFAULT_CHUNK,
+    attention_varlen,
+    attention_with_state,
+    fast_form,
+    forms_of,
+)
+from ..specs import Spec, SpecError
+from .claim import DECLARED, STATE_LAYOUTS, state_layout
+
+if TYPE_CHECKING:
+    from .implementation import Implementation
+
+
+def form_of(spec: Spec, form: str | None, chunk_size: int | None) -> tuple[str, int | None]:
+    """(form, chunk size) of the built-in form that evaluates `spec`: `form`, or the spec's
+    fast form; the chunk size for the chunked form alone, DEFAULT_CHUNK unless given."""
+    form = form or fast_form(spec)
+    if form not in forms_of(spec):
+        raise SpecError(
+            f"form {form!r} does not evaluate {spec}; its forms: {', '.join(forms_of(spec))}"
+        )
+    if chunk_size is not None and form != "chunked":
+        raise SpecError(f"--chunk-size is for the chunked form, not {form!r}")
+    if form != "chunked":
+        return form, None
+    if chunk_size is not None and chunk_size < 1:
+        raise SpecError(f"chunk_size must be a positive integer, got {chunk_size}")
+    return form, chunk_size or DEFAULT_CHUNK
+
+
+def state_of(spec: Spec, form: str, name: str, state: str) -> str:
+    """The layout of the state the built-in form `form` (called `name`) carries when asked
+    for one: (S, z) of its causal stream, S alone when unnormalised."""
+    if state not in (DECLARED, *STATE_LAYOUTS):
+        raise SpecError("the built-in forms carry their own state: --state without a layout")
+    if spec.no_state:
+        raise SpecError(f"--state: {spec.no_state}")
+    if form not in ("recurrent", "chunked"):
+        raise SpecError(f"{name} carries no state: the recurrent and chunked forms do")
+    return state_layout(spec)
+
+
+def calls(impl: Implementation) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+    """(fn, stream) of a built-in form: fn takes packed batches with varlen and carries its
+    state with state; the stream, for the causal forms of a plain spec."""
+    spec, form = impl.spec, impl.source.name
+    chunk_size = impl.source.chunk_size or DEFAULT_CHUNK
+    if impl.varlen:
+        fn = functools.partial(attention_varlen, causal=spec.causal, form=form)
+    elif impl.state is not None:
+        fn = functools.partial(attention_with_state, form=form)
+    else:
+        fn = functools.partial(attention, causal=spec.causal, form=form)
+    fn = functools.partial(fn, feature_map=spec.feature_map, eps=spec.eps, chunk_size=chunk_size)
+    if not spec.plain:
+        fn = functools.partial(fn, normalize=spec.normalize, scale=spec.scale, decay=spec.decay)
+    if form not in ("recurrent", "chunked") or not spec.plain:
+        return fn, None
+
+    def stream(max_len, projection):
+        return CausalStream(
+            spec.feature_map, projection, spec.eps, chunk_size, max_len=max_len, form=form
+        )
+
+    return fn, stream

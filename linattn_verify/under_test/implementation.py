@@ -1,0 +1,224 @@
+"""What an implementation under test is and how it is called: fn behind the contract
+(docs/contract.md), the spec and contract options it claims, and where it comes from (its
+Source). Every call goes through here: keywords by the spec, layouts converted, states and
+packed batches checked, the implementation's exceptions turned into ImplementationFailure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ..adapters import ADAPTERS
+from ..cases import Case
+from ..implementations.forms import DEFAULT_CHUNK
+from ..specs import DECAY_ARGUMENTS, RSQRT_D, Spec, SpecError
+from ..target import load_target
+from . import builtin, commands
+
+# a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
+StreamFactory = Callable[[int, torch.Tensor | None], Callable[..., torch.Tensor]]
+
+
+class ImplementationFailure(Exception):
+    """The implementation raised or returned something that is not an output."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an implementation comes from: kind "form" (a built-in form of lv.attention, its
+    chunk_size for the chunked form), "target" (module:fn or path.py:fn), "adapter" (a
+    third-party library, adapters.ADAPTERS) or "callable" (handed over in process); name:
+    the form, the target, the adapter's name or the callable's qualified name."""
+
+    kind: str
+    name: str
+    chunk_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """Anything under test, behind the contract: fn(q, k, v[, projection=W]) (docs/contract.md).
+
+    layout: the layout fn takes and returns, "bhnd" (B, H, N, d) or "bnhd" (B, N, H, d);
+    calls go through __call__ with (B, H, N, d) tensors. cost: the growth it claims.
+    stream: for causal specs with a state API, stream(max_len, W) returns a callable that
+    takes the sequence in pieces. state: the layout of the carried state (claim.STATE_LAYOUTS)
+    when fn takes one: fn(q, k, v[, projection], initial_state=...) returns (out, final
+    state), initial_state None for a sequence from its start. varlen: fn also takes a packed
+    batch, fn(q, k, v[, projection], cu_seqlens=offsets) with B = 1 (docs/contract.md,
+    "Packed batches"), cu_seqlens None for a plain one. fn is None while the
+    implementation is only declared (resolve(..., load=False): picklable, for a worker
+    process to load()).
+    """
+
+    fn: Callable[..., Any] | None = field(compare=False, repr=False)
+    spec: Spec
+    source: Source
+    layout: str = "bhnd"
+    cost: str = "linear"
+    stream: StreamFactory | None = field(default=None, compare=False, repr=False)
+    state: str | None = None
+    varlen: bool = False
+
+    @property
+    def name(self) -> str:
+        """What messages call it."""
+        if self.source.kind != "form":
+            return self.source.name
+        chunk = f" chunk_size={self.source.chunk_size}" if self.source.name == "chunked" else ""
+        return f"lv.attention {self.spec} form={self.source.name}{chunk}"
+
+    @property
+    def test_id(self) -> str:
+        """Its id in a parametrised test: elu-causal-chunked, an adapter's or target's name."""
+        if self.source.kind != "form":
+            return self.source.name
+        spec, size = self.spec, self.source.chunk_size
+        chunk = f"-c{size}" if size not in (None, DEFAULT_CHUNK) else ""
+        eps = f"-eps{spec.eps:g}" if spec.eps else ""
+        causal = "causal" if spec.causal else "full"
+        rest = "-unnormalised" * (not spec.normalize) + f"-{spec.decay}" * bool(spec.decay)
+        rest += f"-scale{spec.scale_for(1) if spec.scale != RSQRT_D else 'rsqrtd'}" * (
+            spec.scale != 1.0
+        )
+        return f"{spec.feature_map}-{causal}-{self.source.name}{chunk}{eps}{rest}"
+
+    @property
+    def command(self) -> str:
+        """The options that name it to a command (`check`, `vet`, ...): what resolve takes."""
+        return commands.command(self)
+
+    def reproduce(self, check: str, case: Case) -> str:
+        """One line that reruns check `check` on `case`."""
+        return commands.reproduce(self, check, case)
+
+    def load(self) -> Implementation:
+        """The implementation with its fn (imports a target or an adapter's library; raises
+        SpecError when it cannot be loaded); itself when already loaded."""
+        if self.fn is not None:
+            return self
+        kind, name = self.source.kind, self.source.name
+        if kind == "adapter":
+            adapter = ADAPTERS[name]
+            return replace(self, fn=(adapter.load_state if self.state else adapter.load)())
+        if kind == "target":
+            return replace(self, fn=load_target(name))
+        if kind == "form":
+            fn, stream = builtin.calls(self)
+            return replace(self, fn=fn, stream=stream)
+        raise SpecError(f"the callable {name} cannot be loaded again: pass it in process")
+
+    def to_layout(self, t: torch.Tensor) -> torch.Tensor:
+        """A (B, H, N, x) tensor in the implementation's layout (a view)."""
+        return t.transpose(1, 2) if self.layout == "bnhd" else t
+
+    def _keywords(self, projection, decay) -> dict[str, Any]:
+        """fn's keyword arguments besides q, k, v: the projection of a Performer map, the
+        decay of a decayed spec by its keyword (specs.DECAY_ARGUMENTS), log-gates (B, H, N)
+        in fn's layout ((B, N, H) for bnhd)."""
+        kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        if self.spec.decay is None:
+            if decay is not None:
+                raise SpecError(f"{self.name} takes no decay: its spec has none")
+            return kwargs
+        if decay is None:
+            raise SpecError(f"{self.name} needs its decay ({self.spec.decay})")
+        if self.spec.decay == "gates" and self.layout == "bnhd":
+            decay = decay.transpose(1, 2).contiguous()
+        return kwargs | {DECAY_ARGUMENTS[self.spec.decay]: decay}
+
+    def _run(self, q, k, v, projection, decay, **extra) -> Any:
+        """What fn returns for q, k, v in its layout and its keywords (_keywords, extra); any
+        exception it raises becomes ImplementationFailure."""
+        if self.fn is None:
+            raise SpecError(f"{self.name} is declared, not loaded: call load() first")
+        kwargs = self._keywords(projection, decay) | extra
+        try:
+            return self.fn(q, k, v, **kwargs)
+        except Exception as err:  # the implementation's failure is a finding, not a crash
+            raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
+
+    def _output(self, out: Any, want: tuple[int, ...], what: str = "") -> torch.Tensor:
+        """out (in fn's layout) as (B, H, N, dv) = want; ImplementationFailure otherwise."""
+        if not isinstance(out, torch.Tensor):
+            raise ImplementationFailure(f"returned {type(out).__name__}{what}, not a torch tensor")
+        if out.dim() != 4 or tuple(self.to_layout(out).shape) != want:
+            shape = tuple(out.shape)
+            raise ImplementationFailure(
+                f"returned shape {shape}{what}, expected {want} ({self.layout})"
+            )
+        return self.to_layout(out)
+
+    def call_raw(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
+        """fn's output tensor for tensors already in its layout (the decay in bhnd's)."""
+        if self.state is not None:
+            return self.call_state(q, k, v, projection, None, True, decay)[0]
+        out = self._run(q, k, v, projection, decay)
+        if not isinstance(out, torch.Tensor):
+            raise ImplementationFailure(f"returned {type(out).__name__}, not a torch tensor")
+        return out
+
+    def call_state(
+        self, q, k, v, projection=None, initial_state=None, layout_given: bool = False, decay=None
+    ) -> tuple[torch.Tensor, Any]:
+        """(out, final state) of fn continuing from initial_state (None: from the start), q,
+        k, v (B, H, N, d) unless layout_given (already in fn's layout, and so is out); the
+        shapes of out and of the state (its layout's) checked."""
+        if self.state is None:
+            raise SpecError(f"{self.name} takes no state: declare its layout with --state")
+        if not layout_given:
+            q, k, v = (self.to_layout(t).contiguous() for t in (q, k, v))
+        result = self._run(q, k, v, projection, decay, initial_state=initial_state)
+        if not isinstance(result, tuple | list) or len(result) != 2:
+            got = type(result).__name__
+            raise ImplementationFailure(f"returned {got}, not the pair (out, final_state)")
+        q_, v_ = self.to_layout(q), self.to_layout(v)  # (B, H, N, d) views
+        want = (*q_.shape[:3], v_.shape[-1])
+        out, final = self._output(result[0], want), result[1]
+        m = None if projection is None else projection.shape[0]
+        f = self.spec.info.feature_dim(q_.shape[-1], m)
+        if problem := _state_problem(final, (*want[:2], f, want[3]), self.state):
+            raise ImplementationFailure(f"returned a final state {problem}")
+        return self.to_layout(out) if layout_given else out, final
+
+    def call_varlen(
+        self, q, k, v, projection, cu_seqlens: torch.Tensor, decay=None
+    ) -> torch.Tensor:
+        """fn's output (1, H, T, dv) for the packed batch q, k, v (1, H, T, d) of cu_seqlens."""
+        if not self.varlen:
+            raise SpecError(f"{self.name} takes no packed batch: declare it with --varlen")
+        args = (self.to_layout(t).contiguous() for t in (q, k, v))
+        out = self._run(*args, projection, decay, cu_seqlens=cu_seqlens)
+        return self._output(out, (*q.shape[:3], v.shape[-1]), " for a packed batch")
+
+    def __call__(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
+        """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout; decay:
+        a decayed spec's gamma (H,) or log-gates (B, H, N) (Case.decay)."""
+        args = (self.to_layout(t).contiguous() for t in (q, k, v))
+        out = self.call_raw(*args, projection, decay)
+        return self._output(out, (*q.shape[:3], v.shape[-1]))
+
+
+def _state_problem(state: Any, want: tuple[int, int, int, int], layout: str) -> str | None:
+    """What is wrong with a state (S, z), or S alone for layout "S", for (B, H, F, dv) =
+    want, or None."""
+    if layout == "S":
+        if not isinstance(state, torch.Tensor):
+            return f"of type {type(state).__name__}, not the tensor S"
+        if tuple(state.shape) != want:
+            return f"S of shape {tuple(state.shape)}, not (B, H, F, dv) = {want}"
+        return None
+    if not isinstance(state, tuple | list) or len(state) != 2:
+        return f"of type {type(state).__name__}, not the pair (S, z)"
+    if not all(isinstance(t, torch.Tensor) for t in state):
+        return "that is not made of torch tensors"
+    s, z = state
+    if tuple(s.shape) != want:
+        return f"S of shape {tuple(s.shape)}, not (B, H, F, dv) = {want}"
+    if tuple(z.shape) != want[:3]:
+        return f"z of shape {tuple(z.shape)}, not (B, H, F) = {want[:3]}"
+    return None

@@ -1,0 +1,141 @@
+"""What a user names, made an Implementation: a built-in form, an adapter's name, a
+module:fn or path.py:fn target, or a callable, with the options it claims (claim.CLAIM).
+Every entry point resolves here: the commands, vet, the report, the pytest plugin,
+assert_linear_attention, the zoo."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..adapters import ADAPTERS
+from ..specs import Spec, SpecError
+from ..target import split_target
+from .builtin import form_of, state_of
+from .claim import (
+    CLAIM,
+    DECLARED,
+    SOURCE,
+    SPEC_FIELDS,
+    STATE_LAYOUTS,
+    checked,
+    default_cost,
+    state_layout,
+)
+from .commands import label
+from .implementation import Implementation, Source, StreamFactory
+
+_CLAIM = {o.name: o for o in CLAIM}
+
+
+def resolve(
+    target: str | Callable[..., Any] | None = None,
+    *,
+    form: str | None = None,
+    chunk_size: int | None = None,
+    spec: Spec | None = None,
+    stream: StreamFactory | None = None,
+    load: bool = True,
+    **claim: Any,
+) -> Implementation:
+    """The implementation a user names: target None (a built-in form: `form`, or the spec's
+    fast form), an adapter's name, a module:fn / path.py:fn target, or a callable; `claim`:
+    the options of claim.CLAIM by keyword (feature_map, causal, eps, normalize, scale,
+    decay, layout, cost, state, varlen), each its default when not given, or `spec` (a
+    Spec) for the spec's. stream: a callable's state API (the split-resume check). With
+    load=False nothing is imported (Implementation.load() does it later). SpecError names
+    what does not fit."""
+    if unknown := sorted(set(claim) - set(_CLAIM)):
+        raise SpecError(f"no option {unknown[0]!r}; the options: {', '.join(_CLAIM)}")
+    values = checked(CLAIM, claim)
+    checked(SOURCE, {"form": form, "chunk_size": chunk_size})
+    if spec is not None:
+        if any(values[f] != _CLAIM[f].default for f in SPEC_FIELDS):
+            raise SpecError("give the spec either as spec= or as feature_map, causal, eps, ...")
+        values |= {f: getattr(spec, f) for f in SPEC_FIELDS}
+    if values["varlen"] and values["state"] is not None:
+        raise SpecError("--varlen with --state (a state per packed sequence) is not supported")
+    if target is not None and (form is not None or chunk_size is not None):
+        raise SpecError("--form and --chunk-size choose a built-in form, not a target")
+    if stream is not None and not callable(target):
+        raise SpecError("a stream is given with a callable; the built-in forms have theirs")
+    if isinstance(target, str) and target in ADAPTERS:
+        impl = _adapter(target, values)
+    elif values["feature_map"] is None:
+        what = "the built-in form" if target is None else repr(label(target))
+        raise SpecError(f"{what} needs --feature-map NAME (the spec it claims)")
+    elif target is None:
+        impl = _form(Spec(**{f: values[f] for f in SPEC_FIELDS}), form, chunk_size, values)
+    else:
+        impl = _target(target, Spec(**{f: values[f] for f in SPEC_FIELDS}), values, stream)
+    return impl.load() if load else impl
+
+
+def from_options(
+    target: str | None, values: Mapping[str, Any], load: bool = True
+) -> Implementation:
+    """resolve() of `target` with the options' values by keyword as a command line gives
+    them (text parsed; SpecError names a bad one by its flag)."""
+    given = checked((*SOURCE, *CLAIM), values, from_text=True)
+    form, chunk_size = given.pop("form"), given.pop("chunk_size")
+    return resolve(target, form=form, chunk_size=chunk_size, load=load, **given)
+
+
+def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
+    """A third-party library behind an adapter: its spec and layout are its claim."""
+    adapter = ADAPTERS[name]
+    fixed = [n for n in (*SPEC_FIELDS, "layout") if values[n] != _CLAIM[n].default]
+    if fixed:
+        flag = _CLAIM[fixed[0]].flag
+        raise SpecError(f"{name} is an adapter: its spec and layout are its claim (drop {flag})")
+    state = values["state"]
+    if state is not None and adapter.state is None:
+        raise SpecError(f"{name} takes no state (its library's function has none)")
+    if state not in (None, DECLARED, adapter.state):
+        raise SpecError(f"{name} carries its own state: give --state without a layout")
+    if values["varlen"] and not adapter.varlen:
+        raise SpecError(f"{name} takes no packed batch (no cu_seqlens)")
+    return Implementation(
+        None, adapter.spec, Source("adapter", name), adapter.layout,
+        values["cost"] or adapter.cost, state=adapter.state if state is not None else None,
+        varlen=values["varlen"],
+    )  # fmt: skip
+
+
+def _form(spec: Spec, form, chunk_size, values: Mapping[str, Any]) -> Implementation:
+    """A built-in form of lv.attention claiming `spec`."""
+    if values["layout"] != _CLAIM["layout"].default:
+        raise SpecError("--layout describes a target; the built-in forms take (B, H, N, d)")
+    form, chunk_size = form_of(spec, form, chunk_size)
+    cost = values["cost"] or default_cost(spec, form)
+    impl = Implementation(None, spec, Source("form", form, chunk_size), "bhnd", cost)
+    impl = replace(impl, varlen=values["varlen"])
+    if values["state"] is not None:
+        impl = replace(impl, state=state_of(spec, form, impl.name, values["state"]))
+    return impl
+
+
+def _target(target, spec: Spec, values: Mapping[str, Any], stream) -> Implementation:
+    """A callable in process, or one a module:fn or path.py:fn target names."""
+    state = values["state"]
+    if state == DECLARED:
+        layouts = " or ".join(STATE_LAYOUTS)
+        raise SpecError(f"--state takes the layout of {label(target)}'s state: {layouts}")
+    if state is not None and spec.no_state:
+        raise SpecError(f"--state: {spec.no_state}")
+    if state not in (None, state_layout(spec)):
+        raise SpecError(f"--state {state}: the state of {spec} is {state_layout(spec)}")
+    contract = {
+        "layout": values["layout"],
+        "cost": values["cost"] or default_cost(spec),
+        "state": state,
+        "varlen": values["varlen"],
+    }
+    if callable(target):
+        return Implementation(target, spec, Source("callable", label(target)), stream=stream,
+                              **contract)  # fmt: skip
+    if not isinstance(target, str):
+        raise SpecError(f"a target is module:fn, path.py:fn or a callable, got {target!r}")
+    split_target(target)  # a malformed target is an error now, not in a worker
+    return Implementation(None, spec, Source("target", target), **contract)
