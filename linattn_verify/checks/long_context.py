@@ -1,8 +1,10 @@
 """The long-context check: the implementation at the lengths linear attention is for.
 
-Per dtype and head dimension, one input of the typical regime at the longest length (q, k
-~ N(0, 1) with the keys sharing a direction, values ~ N(1, 1): a mean, so that errors
-proportional to the output show), and its prefixes of LENGTHS tokens. At each length:
+Per dtype, two panels: B = H = 1, d = 16 at every length up to the longest, and B = H = 2,
+d = 64 up to WIDE_LONGEST (a kernel's state is d x dv: the wide panel's N is what a per-token
+cost of d^2 affords); each one input of the typical regime at its longest length (q, k ~
+N(0, 1) with the keys sharing a direction, values ~ N(1, 1): a mean, so that errors
+proportional to the output show), and its prefixes of `lengths` tokens. At each length:
 
 - finiteness: a non-finite output where the exact one is finite is wrong;
 - accuracy against the certified reference (reference/certified.py): the a-priori bound at
@@ -18,13 +20,20 @@ GROWTH_EXCESS in the log-log slope, and exceeds GROWTH_MARGIN times the golden's
 longest N, is flagged (an error growing like n u where the golden's grows like sqrt(n) u).
 A failure names the smallest N where it shows. float64 is judged against correctly rounded
 references elsewhere (the certified one is within 2^-34 s, not 2^-53): not here.
+
+What a length costs is predicted before it runs, from what the kernel's calls at the two
+lengths before it counted (scaling/cost.py: matmul FLOPs, peak live bytes, dispatched ops),
+never from wall time, so that a verdict does not depend on how busy the machine is. A
+length predicted past one of LIMITS is not run: where the counts grow faster than the
+kernel's claimed linear cost, that is a cost finding (a kernel materialising N x N weights
+stopped before it exhausts memory); where they grow linearly, the panel ends there and
+the detail says so.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,13 +54,16 @@ from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
 from ..reference.certified import certified_attention
 from ..results import CheckResult
+from ..scaling.cost import Cost, counted
+from ..scaling.growth import SLOPE_TOLERANCE
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .core import as_array
 
 NAME = "long-context"
 LONGEST = 2**16
-DIMS = (16, 64)
+DIMS = (16, 64)  # the long panel's d, the wide panel's d
+WIDE_LONGEST = 2**12  # the wide panel (B = H = 2, d = 64) up to here
 MAX_FEATURES = 1024  # head dimensions whose feature vector is longer are left out (taylor)
 FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (docs/accuracy.md; 1e-6 a run)
 # Growth: errors growing like n u and like sqrt(n) u differ by 0.5 in log-log slope; 0.3
@@ -61,9 +73,13 @@ FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (docs/accuracy.md;
 GROWTH_EXCESS = 0.3
 GROWTH_MARGIN = 2.0
 SHARED_DIRECTION = 0.6  # keys: 0.6 r + 0.8 z_j, one direction r shared by every key
-TIME_LIMIT = 120.0  # seconds of kernel time a length may be predicted to take
+# What one call of the kernel may be predicted to count before a length is not run: 2 GiB
+# of live intermediates (beside the check's own arrays and the process, vet stays within
+# 4 GiB), 2^35 matmul FLOPs (seconds on one core) and 2^19 dispatched ops (a per-token loop
+# of 8 ops at N = 2^16; each op costs microseconds whatever its size).
+LIMITS = {"peak_bytes": 2 * 2**30, "flops": 2**35, "ops": 2**19}
 # Lengths whose reference, golden and bounds are kept (_standard), up to LONGEST + 1 only:
-# about 1 GiB of them at the default lengths; at --long 2^20 each is 2 GiB, never kept
+# a few hundred MiB of them at the default lengths; at --long 2^20 each is 0.5 GiB, never kept
 STANDARDS_KEPT = 48
 MEMORY_ARRAYS = 32  # (N, d) float64 arrays the check holds at its peak (memory_estimate; README)
 
@@ -75,7 +91,7 @@ def lengths(longest: int = LONGEST) -> tuple[int, ...]:
     return (*steps, longest, longest + 1)
 
 
-def memory_estimate(longest: int, d: int = max(DIMS)) -> int:
+def memory_estimate(longest: int, d: int = DIMS[0]) -> int:
     """Bytes the check needs at `longest`: float64 copies of the inputs, the reference's
     values, bound and scale, the golden's and the kernel's outputs and their temporaries,
     about MEMORY_ARRAYS arrays of (N, d) doubles (README, "Long context")."""
@@ -117,6 +133,7 @@ class Panel:
     golden: dict[int, float] = field(default_factory=dict)
     floors: dict[int, float] = field(default_factory=dict)
     problem: tuple[int, str, str] | None = None  # (N, severity, what) of the first failure
+    stop: Stop | None = None  # the first length not run, and why
 
     @property
     def label(self) -> str:
@@ -148,20 +165,26 @@ def long_context(
     say: Callable[[str], None] = lambda text: None,
     dims: tuple[int, ...] = DIMS,
 ) -> CheckResult:
-    """The check (module docstring) over `dtypes` and head dimensions `dims`, plus one panel
-    with B = H = 2."""
+    """The check (module docstring) over `dtypes`: per dtype the long panel (B = H = 1, d =
+    dims[0]) and the wide one (B = H = 2, d = dims[-1], to WIDE_LONGEST); a d whose feature
+    vector is longer than MAX_FEATURES is left out."""
     spec = impl.spec
     ns = lengths(longest)
     judged = [t for t in dtypes if t != "float64"]
     dims = [d for d in dims if spec.info.feature_dim(d, d) <= MAX_FEATURES]
-    shapes = [(1, 1, d) for d in dims] + [(2, 2, dims[0])]
-    panels = [Panel(t, b, h, d) for t in judged for b, h, d in shapes]
-    stopped = None
-    for i, panel in enumerate(panels):
-        upto = ns if panel.b * panel.h == 1 else tuple(n for n in ns if n <= 2**12)
-        say(f"{NAME}: {panel.label} ({i + 1}/{len(panels)}), N up to {upto[-1]}")
-        stopped = _run_panel(impl, panel, upto, device, seed + i) or stopped
-    return _result(spec, panels, ns, stopped, judged, dtypes)
+    wide = tuple(n for n in ns if n <= WIDE_LONGEST)
+    shapes = [(1, 1, dims[0], ns), (2, 2, dims[-1], wide)]
+    panels = [(Panel(t, b, h, d), upto) for t in judged for b, h, d, upto in shapes]
+    costly = None  # the first stop for a cost growing faster than claimed: it holds for all
+    for i, (panel, upto) in enumerate(panels):
+        runs = tuple(n for n in upto if costly is None or n < costly.n)
+        say(f"{NAME}: {panel.label} ({i + 1}/{len(panels)}), N up to {runs[-1]}")
+        _run_panel(impl, panel, runs, device, seed + i)
+        if runs != upto and panel.stop is None:
+            panel.stop = costly
+        if costly is None and panel.stop and panel.stop.superlinear:
+            costly = panel.stop
+    return _result(spec, [p for p, _ in panels], ns, judged, dtypes)
 
 
 def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
@@ -175,27 +198,31 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     return None
 
 
-def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> str | None:
+def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
     """Judge every length of the panel in turn; stop at the first failure (the smallest N
-    shows it) or when the next length is predicted to take over TIME_LIMIT."""
+    shows it) or before a length whose predicted cost is past LIMITS (panel.stop)."""
     spec, u = impl.spec, UNIT_ROUNDOFF[panel.dtype]
     draw = Draw(spec, panel.dtype, panel.b, panel.h, panel.d, ns[-1], seed, device)
     q, k, v, w = draw.tensors()
     prefix_stable = spec.causal and spec.feature_map != "cosformer"
     runs: dict[int, tuple[np.ndarray, AccuracyVerdict]] = {}
-    times: list[tuple[int, float]] = []
+    costs: list[Cost] = []
     for n in ns:
-        late = _predicted_too_slow(times, n)
-        if late:
-            return late
+        one_more = n - 1 in ns  # N + 1 costs what N did
+        panel.stop = None if one_more else predicted_stop(costs, n)
+        if panel.stop:
+            return
         qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
-        start = time.perf_counter()
+        call = functools.partial(impl, qn, kn, vn, w)
         try:
-            result = impl(qn, kn, vn, w)
+            if one_more or n + 1 in ns:  # no length after it is predicted from its counts
+                result = call()
+            else:
+                result, cost = counted(call, n)
+                costs.append(cost)
         except ImplementationFailure as err:
             panel.problem = (n, "wrong", f"the implementation {err}")
-            return None
-        times.append((n, time.perf_counter() - start))
+            return
         out = as_array(result)
         x = validate(qn, kn, vn, spec, w)
         ref, golden, bounds, resolvable = standard(draw, n)
@@ -210,14 +237,13 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> str | None:
             bad = (~np.isfinite(out) & np.isfinite(ref)).any()
             what = "non-finite" if bad else "bound" if not verdict.within_bound else "budget"
             panel.problem = (n, verdict.severity, f"{what}: {verdict.message}")
-            return None
+            return
         if prefix_stable and n != ns[0]:
             problem = _prefix_problem(runs, n, x, spec, u, bounds[panel.dtype][0])
             if problem:
                 panel.problem = (n, "wrong", problem)
-                return None
+                return
     panel.problem = _growth_problem(panel)
-    return None
 
 
 def resolvable_rows(x, spec: Spec, lam: float) -> np.ndarray:
@@ -252,10 +278,16 @@ class Draw:
     device: str
 
     def tensors(self, n: int | None = None):
-        q, k, v, w = inputs(
-            self.spec, self.longest, self.b, self.h, self.d, self.dtype, self.seed, self.device
-        )
+        q, k, v, w = _drawn(self)
         return (*(t[:, :, :n] for t in (q, k, v)), w)
+
+
+@functools.lru_cache(maxsize=2)
+def _drawn(draw: Draw):
+    """The draw's inputs at its longest N, drawn once for its lengths and standards."""
+    return inputs(
+        draw.spec, draw.longest, draw.b, draw.h, draw.d, draw.dtype, draw.seed, draw.device
+    )
 
 
 def standard(draw: Draw, n: int):
@@ -295,20 +327,42 @@ def _reference_and_golden(draw: Draw) -> tuple[np.ndarray, torch.Tensor]:
     return ref, golden_attention(q, k, v, draw.spec, w, "linear")
 
 
-def _predicted_too_slow(times: list[tuple[int, float]], n: int) -> str | None:
-    """A reason to stop before length n, if the kernel's time so far predicts it takes
-    over TIME_LIMIT (the growth fitted from the last two lengths)."""
-    if len(times) < 2:
+@dataclass(frozen=True)
+class Stop:
+    """A length not run: its predicted cost passed LIMITS; superlinear when the counts grow
+    faster than the claimed linear cost (a cost finding)."""
+
+    n: int
+    what: str
+    superlinear: bool
+
+
+def _size(count: str, value: float) -> str:
+    return f"{value / 2**30:.3g} GiB" if count == "peak_bytes" else f"{value:.3g}"
+
+
+COUNT_NAMES = {"peak_bytes": "peak memory", "flops": "FLOPs", "ops": "dispatched ops"}
+
+
+def predicted_stop(costs: list[Cost], n: int) -> Stop | None:
+    """Whether length n is not run: each count of a call predicted at n from the last two
+    lengths counted (log-log growth, at least linear) against LIMITS."""
+    if len(costs) < 2:
         return None
-    (n1, t1), (n2, t2) = times[-2:]
-    slope = math.log(max(t2, 1e-4) / max(t1, 1e-4)) / math.log(n2 / n1)
-    predicted = t2 * (n / n2) ** max(slope, 1.0)
-    if predicted <= TIME_LIMIT:
-        return None
-    return (
-        f"stopped before N = {n}: the kernel's time grows as N^{slope:.2g} "
-        f"({t2:.3g} s at N = {n2}), so N = {n} would take about {predicted:.3g} s"
-    )
+    a, b = costs[-2:]
+    for count, limit in LIMITS.items():
+        x1, x2 = max(getattr(a, count), 1), max(getattr(b, count), 1)
+        slope = math.log(x2 / x1) / math.log(b.n / a.n)
+        predicted = x2 * (n / b.n) ** max(slope, 1.0)
+        if predicted > limit:
+            superlinear = count != "ops" and slope > 1 + SLOPE_TOLERANCE
+            grows = f"{COUNT_NAMES[count]} grows as N^{slope:.2f} (N = {a.n} to {b.n})"
+            what = (
+                f"{grows}: N = {n} would count {_size(count, predicted)}, past the check's "
+                f"limit of {_size(count, limit)}"
+            )
+            return Stop(n, f"claims linear cost; {what}" if superlinear else what, superlinear)
+    return None
 
 
 def _prefix_problem(runs, n: int, x, spec: Spec, u: float, scale) -> str | None:
@@ -352,7 +406,7 @@ def _growth_problem(panel: Panel) -> tuple[int, str, str] | None:
     )
 
 
-def _result(spec, panels, ns, stopped, judged, dtypes) -> CheckResult:
+def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
     failed = [p for p in panels if p.problem]
     figures = {f"max_error {p.label} N={n}": e for p in panels for n, e in p.errors.items()}
     skipped = "" if len(judged) == len(dtypes) else "; float64 not judged here (module docstring)"
@@ -365,14 +419,20 @@ def _result(spec, panels, ns, stopped, judged, dtypes) -> CheckResult:
         return CheckResult(
             NAME, False, detail, figures=figures, severity=severity, regime="typical"
         )
-    if stopped:
-        return CheckResult(NAME, False, f"not run in full: {stopped}", figures={"stopped": 1.0})
+    stops = [p for p in panels if p.stop]
+    costly = next((p for p in stops if p.stop.superlinear), None)
+    if costly:
+        detail = f"{costly.label}: stopped before N = {costly.stop.n}: {costly.stop.what}"
+        return CheckResult(
+            NAME, False, detail, figures=figures, severity="wrong", regime="typical", cause="cost"
+        )
     worst = max(panels, key=lambda p: max(p.errors.values(), default=0.0))
     top = max(worst.errors, default=ns[-1])
+    shorter = "".join(f"; {p.label} not run from N = {p.stop.n} ({p.stop.what})" for p in stops)
     detail = (
-        f"N = {', '.join(map(str, ns))} in {', '.join(judged)}, d in "
-        f"{sorted({p.d for p in panels})}: within bound and budget, no growth beyond the "
-        f"golden's; largest error {worst.errors.get(top, 0.0):.3g} u s ({worst.label}, N = {top}, "
-        f"golden {worst.golden.get(top, 0.0):.3g}){skipped}"
+        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = H = 2, d = {panels[-1].d} "
+        f"to N = {max(panels[-1].errors, default=0)}): within bound and budget, no growth "
+        f"beyond the golden's; largest error {worst.errors.get(top, 0.0):.3g} u s "
+        f"({worst.label}, N = {top}, golden {worst.golden.get(top, 0.0):.3g}){shorter}{skipped}"
     )
     return CheckResult(NAME, True, detail, figures=figures)

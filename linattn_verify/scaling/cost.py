@@ -27,11 +27,13 @@ Implementation = Callable[..., torch.Tensor]
 
 class PeakLiveBytes(TorchDispatchMode):
     """Peak total size of the storages that ops allocate, while they are alive (views and
-    in-place results share their input's storage and are not counted again)."""
+    in-place results share their input's storage and are not counted again), and the
+    number of ops dispatched (each costs microseconds of Python and dispatch whatever its
+    size: the work of a kernel that loops over tokens)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.live = self.peak = 0
+        self.live = self.peak = self.ops = 0
         self.tracked: set[int] = set()
 
     def _freed(self, ptr: int, size: int) -> None:
@@ -40,6 +42,7 @@ class PeakLiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.ops += 1
         for t in out if isinstance(out, tuple | list) else (out,):
             if not isinstance(t, torch.Tensor):
                 continue
@@ -61,6 +64,7 @@ class Cost:
     n: int
     flops: int
     peak_bytes: int
+    ops: int = 0
 
 
 def _product_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
@@ -89,12 +93,19 @@ UNCOUNTED_PRODUCTS = {
 
 
 def measure_cost(fn: Callable[[], object], n: int) -> Cost:
-    """FLOPs and peak live bytes of one call of fn (two calls: one per counter)."""
-    with FlopCounterMode(display=False, custom_mapping=UNCOUNTED_PRODUCTS) as flops:
-        fn()
-    with PeakLiveBytes() as memory:
-        fn()
-    return Cost(n, int(flops.get_total_flops()), memory.peak)
+    """FLOPs, peak live bytes and ops of one call of fn."""
+    return counted(fn, n)[1]
+
+
+def counted(fn: Callable[[], object], n: int) -> tuple[object, Cost]:
+    """fn's result and the cost of the call (both counters in one call: the counts do not
+    depend on each other, nor the result on them)."""
+    with (
+        FlopCounterMode(display=False, custom_mapping=UNCOUNTED_PRODUCTS) as flops,
+        PeakLiveBytes() as memory,
+    ):
+        result = fn()
+    return result, Cost(n, int(flops.get_total_flops()), memory.peak, memory.ops)
 
 
 def attention_inputs(

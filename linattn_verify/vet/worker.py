@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -106,14 +107,21 @@ def _serve(conn, declared: Implementation) -> None:
 
         with watching(running):
             rows = run_task(impl, task, options)
-        conn.send(("rows", rows))
+        conn.send(("rows", (rows, max_rss())))
+
+
+def max_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux counts KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Worker:
-    """A worker process holding the loaded implementation (declared: resolve(load=False))."""
+    """A worker process holding the loaded implementation (declared: resolve(load=False)).
+    max_rss: its peak resident memory in bytes after the last task that returned."""
 
     def __init__(self, declared: Implementation, timeout: float) -> None:
         self.timeout = timeout
+        self.max_rss = 0
         self.running: Running | None = None  # the case a check of the task is running
         self._conn, child = CONTEXT.Pipe()
         self._process = CONTEXT.Process(target=_serve, args=(child, declared), daemon=True)
@@ -175,7 +183,8 @@ class Worker:
             how = self._exit()
             self.close()
             raise WorkerDied(f"{what}: the worker process died ({how})") from None
-        return self._receive(what, timeout or self.timeout, on_case)
+        rows, self.max_rss = self._receive(what, timeout or self.timeout, on_case)
+        return rows
 
     def close(self) -> None:
         if self._process.is_alive():

@@ -252,6 +252,15 @@ def noncausal_fp16_normaliser(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return _out((fq @ (fk.mT @ vc)) / (fq @ z.unsqueeze(-1)), q)
 
 
+def quadratic_weights(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal elu computed as (tril(phi(Q) phi(K)^T) V) / (tril(...) 1): exact, and N x N
+    float32 weights (16 GiB at N = 2^16) under a claim of linear cost, the default one. The
+    long-context check must stop it before it exhausts memory, as a cost finding."""
+    fq, fk, vc = _elu_inputs(q, k, v)
+    weights = (fq @ fk.mT).tril()
+    return _out((weights @ vc) / weights.sum(dim=-1, keepdim=True), q)
+
+
 # --- correct ------------------------------------------------------------------------------
 
 
@@ -388,6 +397,16 @@ ENTRIES: tuple[Entry, ...] = (
         False,
         "the normaliser sum_j phi(k_j) is accumulated in float16 (Kahan-compensated): NaN "
         "for N beyond ~56k",
+    ),
+    Entry(
+        "quadratic-weights-claiming-linear",
+        quadratic_weights,
+        "elu",
+        True,
+        broken=True,
+        bug="N x N weights materialised under a claim of linear cost: 16 GiB at N = 2^16",
+        caught_by=("scaling", "long-context"),
+        long=True,
     ),
     _correct(
         "elu-chunk256-long",
