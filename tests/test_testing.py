@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import linattn_verify as lv
+from linattn_verify import testing
 from linattn_verify.testing import assert_linear_attention
-from tests.zoo.broken import float32_output
+from tests.zoo.broken import _widen, float32_output
+from tests.zoo.decay import _gamma_log_weights
 
 
 def test_assert_linear_attention_passes_a_correct_kernel():
@@ -26,6 +30,63 @@ def test_assert_linear_attention_passes_a_correct_kernel():
 def test_assert_linear_attention_raises_with_the_summary():
     with pytest.raises(AssertionError, match=r"wrong on typical inputs: contract\n.*float32"):
         assert_linear_attention(float32_output, "elu", dtypes=("float16",), longest=0)
+
+
+def _retention(q, k, v, gamma, initial_state=None, state_decayed=True):
+    """RetNet's retention (Sun et al. 2023, eq. 5-7), the parallel form continuing a state:
+    out_i = d^-1/2 (sum_(j<=i) gamma^(i-j) (q_i . k_j) v_j + gamma^(i+1) q_i S_0) and
+    S_N = gamma^N S_0 + sum_j gamma^(N-1-j) k_j v_j^T, in float32 (float64 for float64).
+    state_decayed=False: the rows see S_0 undecayed (q_i S_0)."""
+    qc, kc, vc = _widen(q, k, v)
+    n, d = q.shape[-2:]
+    lg = torch.log(gamma.to(qc.dtype))[:, None]  # (H, 1)
+    steps = torch.arange(n, dtype=qc.dtype, device=q.device)
+    out = ((qc @ kc.mT) * torch.exp(_gamma_log_weights(gamma, n, qc.dtype))) @ vc
+    state = (kc * torch.exp((n - 1 - steps) * lg)[..., None]).mT @ vc
+    if initial_state is not None:
+        s0 = initial_state.to(qc.dtype)
+        seen = torch.exp((steps + 1) * lg)[..., None] if state_decayed else 1.0
+        out = out + seen * (qc @ s0)
+        state = state + torch.exp(n * lg)[..., None] * s0
+    return (out * d**-0.5).to(q.dtype), state.to(q.dtype)
+
+
+def retention(q, k, v, gamma, initial_state=None):
+    return _retention(q, k, v, gamma, initial_state)
+
+
+def retention_initial_state_undecayed(q, k, v, gamma, initial_state=None):
+    """BUG: the rows see the initial state undecayed (fla #351's class)."""
+    return _retention(q, k, v, gamma, initial_state, state_decayed=False)
+
+
+# a retention kernel's claim: unnormalised, scale d^-1/2, a constant decay, its state S
+RETENTION = {"causal": True, "normalize": False, "scale": "d^-0.5", "decay": "constant",
+             "state": "S", "cost": "quadratic", "dtypes": ("float32",), "longest": 0}  # fmt: skip
+
+
+def test_assert_linear_attention_passes_a_retention_kernel():
+    report = assert_linear_attention(retention, "identity", **RETENTION)
+    assert report.verdict == "pass", report.summary()
+    ran = {row["name"] for row in report.rows if row["status"] != "not applicable"}
+    assert {"reference", "decay", "state-split", "initial-state", "final-state"} <= ran
+
+
+def test_assert_linear_attention_rejects_a_broken_retention_kernel():
+    with pytest.raises(AssertionError, match="initial-state"):
+        assert_linear_attention(retention_initial_state_undecayed, "identity", **RETENTION)
+
+
+def test_assert_linear_attention_hands_grad_and_longest_to_vet(monkeypatch):
+    seen = []
+
+    def vet_in_process(impl, options):  # records what vet would run, passes
+        seen.append(options)
+        return SimpleNamespace(failed=[])
+
+    monkeypatch.setattr(testing, "vet_in_process", vet_in_process)
+    assert_linear_attention(retention, "identity", **RETENTION | {"grad": True})
+    assert seen[0].grad and seen[0].longest == 0
 
 
 def test_the_plugin_adds_the_impl_options_outside_this_repository(tmp_path):

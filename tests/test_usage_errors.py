@@ -49,6 +49,8 @@ def test_a_bad_input_is_one_line_and_exit_2(args, capsys):
     [
         (["--impl", "nosuch.py:f", "--feature-map", "elu"], "target file nosuch.py does not exist"),
         (["--impl", TARGET], "needs --feature-map NAME"),
+        (["--impl", TARGET, "--feature-map", "elu", "--scale", "abc"], "--scale must be a number"),
+        (["--long", "-1"], "--long must be 0 (skip) or at least 1024, got -1"),
     ],
 )
 def test_a_bad_plugin_option_is_a_usage_error_before_any_test(tmp_path, options, message):

@@ -46,7 +46,8 @@ class Option:
         kwargs = {"dest": self.name, "default": self.default, "help": self.help}
         if self.type is bool:
             return kwargs | {"action": "store_false" if self.default else "store_true"}
-        kwargs["metavar"] = self.metavar or "{" + ",".join(self.choices) + "}"
+        if self.metavar or self.choices:
+            kwargs["metavar"] = self.metavar or "{" + ",".join(self.choices) + "}"
         return kwargs | ({"nargs": "?", "const": self.const} if self.const else {})
 
     def words(self, value: Any) -> list[str]:
