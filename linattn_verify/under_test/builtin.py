@@ -16,7 +16,7 @@ from ..implementations.forms import (
     forms_of,
 )
 from ..specs import Spec, SpecError
-from .claim import DECLARED, STATE_LAYOUTS, state_layout
+from .claim import state_layout
 
 if TYPE_CHECKING:
     from .implementation import Implementation
@@ -32,20 +32,12 @@ def form_of(spec: Spec, form: str | None, chunk_size: int | None) -> tuple[str, 
         )
     if chunk_size is not None and form != "chunked":
         raise SpecError(f"--chunk-size is for the chunked form, not {form!r}")
-    if form != "chunked":
-        return form, None
-    if chunk_size is not None and chunk_size < 1:
-        raise SpecError(f"chunk_size must be a positive integer, got {chunk_size}")
-    return form, chunk_size or DEFAULT_CHUNK
+    return form, (chunk_size or DEFAULT_CHUNK) if form == "chunked" else None
 
 
-def state_of(spec: Spec, form: str, name: str, state: str) -> str:
+def state_of(spec: Spec, form: str, name: str) -> str:
     """The layout of the state the built-in form `form` (called `name`) carries when asked
     for one: (S, z) of its causal stream, S alone when unnormalised."""
-    if state not in (DECLARED, *STATE_LAYOUTS):
-        raise SpecError("the built-in forms carry their own state: --state without a layout")
-    if spec.no_state:
-        raise SpecError(f"--state: {spec.no_state}")
     if form not in ("recurrent", "chunked"):
         raise SpecError(f"{name} carries no state: the recurrent and chunked forms do")
     return state_layout(spec)

@@ -136,6 +136,10 @@ def state_layout(spec: Spec) -> str:
     return "Sz" if spec.normalize else "S"
 
 
+def _positive(value: int, label: str) -> str | None:
+    return f"{label} must be a positive integer, got {value}" if value < 1 else None
+
+
 # what names a built-in form instead of a target
 SOURCE = (
     Option(
@@ -145,7 +149,8 @@ SOURCE = (
         choices=FORMS,
     ),
     Option("chunk_size", "--chunk-size", int | None, None,
-           f"the chunked form's chunk (default {DEFAULT_CHUNK})", metavar="C"),
+           f"the chunked form's chunk (default {DEFAULT_CHUNK})", metavar="C",
+           check=_positive),
 )  # fmt: skip
 
 # the spec (specs.Spec's fields) and the calling contract an implementation claims

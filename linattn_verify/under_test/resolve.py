@@ -65,10 +65,18 @@ def resolve(
     elif values["feature_map"] is None:
         what = "the built-in form" if target is None else repr(label(target))
         raise SpecError(f"{what} needs --feature-map NAME (the spec it claims)")
-    elif target is None:
-        impl = _form(Spec(**{f: values[f] for f in SPEC_FIELDS}), form, chunk_size, values)
     else:
-        impl = _target(target, Spec(**{f: values[f] for f in SPEC_FIELDS}), values, stream)
+        spec, state = Spec(**{f: values[f] for f in SPEC_FIELDS}), values["state"]
+        if target is not None and state == DECLARED:
+            layouts = " or ".join(STATE_LAYOUTS)
+            raise SpecError(f"--state takes the layout of {label(target)}'s state: {layouts}")
+        if state is not None and spec.no_state:
+            raise SpecError(f"--state: {spec.no_state}")
+        impl = (
+            _form(spec, form, chunk_size, values)
+            if target is None
+            else _target(target, spec, values, stream)
+        )
     return impl.load() if load else impl
 
 
@@ -109,21 +117,16 @@ def _form(spec: Spec, form, chunk_size, values: Mapping[str, Any]) -> Implementa
         raise SpecError("--layout describes a target; the built-in forms take (B, H, N, d)")
     form, chunk_size = form_of(spec, form, chunk_size)
     cost = values["cost"] or default_cost(spec, form)
-    impl = Implementation(None, spec, Source("form", form, chunk_size), "bhnd", cost)
-    impl = replace(impl, varlen=values["varlen"])
+    source = Source("form", form, chunk_size)
+    impl = Implementation(None, spec, source, "bhnd", cost, varlen=values["varlen"])
     if values["state"] is not None:
-        impl = replace(impl, state=state_of(spec, form, impl.name, values["state"]))
+        impl = replace(impl, state=state_of(spec, form, impl.name))
     return impl
 
 
 def _target(target, spec: Spec, values: Mapping[str, Any], stream) -> Implementation:
     """A callable in process, or one a module:fn or path.py:fn target names."""
     state = values["state"]
-    if state == DECLARED:
-        layouts = " or ".join(STATE_LAYOUTS)
-        raise SpecError(f"--state takes the layout of {label(target)}'s state: {layouts}")
-    if state is not None and spec.no_state:
-        raise SpecError(f"--state: {spec.no_state}")
     if state not in (None, state_layout(spec)):
         raise SpecError(f"--state {state}: the state of {spec} is {state_layout(spec)}")
     contract = {
