@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..accuracy.verdict import K_BUDGET
+from ..accuracy.verdict import BUDGET_FLOOR, K_BUDGET
 from ..checks.long_context import FALSE_FAILURE
 from ..stats.decide import ALPHA, Z_TWO_SIDED
 from .long import (
@@ -17,6 +17,15 @@ from .long import (
 )
 
 Row = dict[str, Any]
+
+# The output budget as accuracy.verdict builds it (budget, attainable_floor), in words: the
+# report's inputs have no decay, so decay_floor does not enter.
+BUDGET_RULE = (
+    f"{K_BUDGET:g} x the larger of the golden implementation's error and the typical error "
+    f"of a correct evaluation, {BUDGET_FLOOR:g} x max(1, sqrt(n) u_c / u) units for a sum of "
+    "n = m + N + 1 terms in the golden's compute precision u_c, float32 or float64 (Higham & "
+    "Mary 2019)"
+)
 
 
 def _num(x: float | None) -> str:
@@ -173,9 +182,7 @@ def _long_context(document: dict[str, Any]) -> list[str]:
         "- a form: its max error; **FAIL** where outside the bound or over the budget, which "
         "fails the report's verdict;",
         "- *golden*: the golden linear form's max error;",
-        f"- *budget*: {K_BUDGET:g} x the golden's error, or of what any correct evaluation "
-        "typically makes where that is larger (sqrt(m + N + 1) roundings in the golden's "
-        "float32 or float64, at least 1), on the rows whose denominator a float32 evaluation "
+        f"- *budget*: {BUDGET_RULE}, on the rows whose denominator a float32 evaluation "
         "resolves, as in the long-context check;",
         "- *bound*: the largest element of Higham's deterministic bound (∞: vacuous, the "
         "denominator's relative error bound reaching 1);",
@@ -289,8 +296,9 @@ def _gradients(document: dict[str, Any]) -> list[str]:
         f"The backward of every form for L = sum(out * G) at N = {n} ({device}), against the "
         "exact reference gradients: max error of dq / dk / dv in units of u M (M: the "
         "magnitude of what each gradient element is computed from), and the largest share "
-        f"of its budget ({K_BUDGET:g} x the golden forms' error in that tensor, at least "
-        f"{K_BUDGET:g} roundings of it) any of the three uses. The a-priori bound gamma_n is "
+        f"of its budget ({K_BUDGET:g} x the larger of the golden forms' error in that tensor "
+        "and one rounding of the exact tensor times the typical number of roundings, max(1, "
+        "sqrt(n) u_c / u)) any of the three uses. The a-priori bound gamma_n is "
         "vacuous in bfloat16 at these sizes (n u >= 1): there only the budget judges.",
         "",
         *_table(["spec", "form", *dtypes], body),
@@ -443,9 +451,9 @@ def render(document: dict[str, Any], comparison: list[str] | None = None) -> str
         "# linattn-verify report",
         "",
         f"Verdict: **{document['verdict']}**. {counts(document)}. Errors are in units of "
-        "u s (linattn-verify's docs/accuracy.md): each cell is max / p99 (budget = "
-        f"{K_BUDGET:g} x the golden implementation's error) at the largest N; the last "
-        "column is the gradients' verdict (see Gradients).",
+        "u s (linattn-verify's docs/accuracy.md): each cell is max / p99 (budget) at the "
+        f"largest N, the budget {BUDGET_RULE}; the last column is the gradients' verdict "
+        "(see Gradients).",
         "",
         *summary_table(rows, gradients),
         "",
