@@ -97,10 +97,9 @@ class Option:
 def checked(
     options: Iterable[Option], given: Mapping[str, Any], from_text: bool = False
 ) -> dict[str, Any]:
-    """Each option's value in `given` (its default when absent or None for an option whose
-    default is not None); text from a command line (from_text) parsed. SpecError names the
-    first that does not fit, by its flag when from_text, else by its keyword. A default is
-    not checked."""
+    """Each option's value in `given`, its default when absent or None; text from a command
+    line (from_text) parsed. SpecError names the first that does not fit, by its flag when
+    from_text, else by its keyword. A default is not checked."""
     values = {}
     for option in options:
         value = given.get(option.name)
