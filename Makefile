@@ -2,11 +2,11 @@
 # that no multi-GB CUDA build is pulled), later calls reuse it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# the `adapters` extra of pyproject.toml, installed with --no-deps (pip must not touch torch)
-ADAPTER_PACKAGES = $(shell $(PY) -c "import shlex, tomllib; print(shlex.join(tomllib.load( \
-	open('pyproject.toml', 'rb'))['project']['optional-dependencies']['adapters']))")
+# an extra of pyproject.toml, as pip arguments
+EXTRA = $(shell $(PY) -c "import shlex, tomllib; print(shlex.join(tomllib.load( \
+	open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))")
 
-.PHONY: run test lint bench adapters readme-verdicts device-check
+.PHONY: run test lint docs doc-blocks bench adapters readme-verdicts device-check
 run: $(VENV)/.installed  ## the main job: the report (accuracy, random features, scaling)
 	$(PY) -m linattn_verify report
 
@@ -22,8 +22,14 @@ bench: $(VENV)/.installed  ## speed of the exact reference engines
 
 adapters: $(VENV)/.adapters  ## the third-party libraries that install in seconds
 
-readme-verdicts: $(VENV)/.installed  ## the README's adapter table, from adapters/expected.txt
-	$(PY) -m linattn_verify adapters --readme README.md
+docs: $(VENV)/.docs  ## the documentation site (MkDocs), strictly: a dead link fails it
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+doc-blocks: $(VENV)/.installed  ## rerun the commands behind the README's and docs' examples
+	$(PY) scripts/doc_blocks.py --update
+
+readme-verdicts: $(VENV)/.installed  ## the adapters' verdict table (docs/adapters.md)
+	$(PY) -m linattn_verify adapters --readme docs/adapters.md
 
 device-check: $(VENV)/.installed $(VENV)/.adapters  ## the GPU checks (one line without CUDA)
 	@$(PY) benchmarks/device_check.py $(ARGS)
@@ -35,6 +41,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# the `adapters` extra with --no-deps (pip must not touch torch)
 $(VENV)/.adapters: $(VENV)/.installed
-	$(PY) -m pip install -q --no-deps $(ADAPTER_PACKAGES)
+	$(PY) -m pip install -q --no-deps $(call EXTRA,adapters)
+	touch $@
+
+# the `docs` extra: pure-Python tools whose dependencies never include torch
+$(VENV)/.docs: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q $(call EXTRA,docs)
 	touch $@

@@ -1,8 +1,8 @@
 """The third-party verdicts, checked on every run (array-api-tests style): vet every installed
 adapter (`vet ADAPTER --kat`, in process) and compare what it finds (the checks that fail
 the default verdict, the top finding, the float32 envelope) with
-linattn_verify/adapters/expected.txt. The README's table is written from the same file
-(`make readme-verdicts`), and a test below keeps the two equal."""
+linattn_verify/adapters/expected.txt. The verdict table of docs/adapters.md is written from the
+same file (`make readme-verdicts`), and a test below keeps the two equal."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from linattn_verify.vet.envelope import SPAN, STEPS
 from linattn_verify.vet.verdicts import measured_verdict
 
 EXPECTED = load_expected()
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "adapters.md"  # the verdict table
 
 
 def test_every_line_names_an_adapter():
@@ -78,6 +78,6 @@ def _same_envelope(measured, expected) -> bool:
     return all(1 / ENVELOPE_FACTOR <= a / b <= ENVELOPE_FACTOR for a, b in zip(measured, expected))
 
 
-def test_the_readme_table_is_the_expected_file():
+def test_the_docs_table_is_the_expected_file():
     table = verdict_table(ADAPTERS, EXPECTED)
-    assert table in README.read_text(), "README's adapter table is stale: make readme-verdicts"
+    assert table in PAGE.read_text(), "docs/adapters.md's table is stale: make readme-verdicts"

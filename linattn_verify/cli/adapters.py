@@ -1,5 +1,5 @@
 """`adapters`: the third-party libraries behind the contract, whether each is installed
-here, and the README's table of their expected verdicts."""
+here, and the table of their expected verdicts (docs/adapters.md)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ def add(sub) -> None:
         "List every adapter with the spec it claims, its layout, and whether its library "
         "is installed here (and CUDA, for the GPU-only kernels). --table prints the "
         "expected verdicts (linattn_verify/adapters/expected.txt, checked by the test "
-        "suite) as the README's Markdown table; --readme writes it into a README between "
+        "suite) as a Markdown table; --readme writes it into a page (docs/adapters.md) between "
         f"the lines {BEGIN} and {END}; --record vets every installed adapter and rewrites "
         "expected.txt from the verdicts (a minute or two).",
         [
             "python -m linattn_verify adapters",
             "python -m linattn_verify adapters --table",
-            "python -m linattn_verify adapters --readme README.md",
+            "python -m linattn_verify adapters --readme docs/adapters.md",
         ],
     )
     what = parser.add_mutually_exclusive_group()
