@@ -31,6 +31,9 @@ from .bound import scale_and_bound
 # kernel that keeps its state one precision lower (16x or more in these units).
 K_BUDGET = 4.0
 DECAY_CHUNK = 64  # the chunk of fla's and GLA's chunked kernels (decay_floor)
+# an infinite bound, in words (bound.py: gamma_n is infinite once n u >= 1, and so is a
+# bound whose denominator's possible error reaches the denominator)
+VACUOUS = "vacuous (n u >= 1, or the denominator within its error of 0)"
 # An output rounded to its dtype is already 0.5 units off; a budget below 1 unit would judge
 # the final rounding, not the algorithm.
 BUDGET_FLOOR = 1.0
@@ -107,6 +110,10 @@ class AccuracyVerdict:
     # the element that fails worst: a number where the exact value is 0/0 first, then the
     # largest error among those above their bound or non-finite (None when none is)
     failing_index: tuple[int, ...] | None = None
+    not_nan: int = 0  # of bound_violations: a number where the exact value is 0/0
+    non_finite: int = 0  # of bound_violations: not finite where the exact value fits the dtype
+    failing_output: float | None = None  # the output and exact value at failing_index
+    failing_exact: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -125,28 +132,48 @@ class AccuracyVerdict:
 
     @property
     def message(self) -> str:
-        rel = self.relative_error
-        share = f" = {percent(rel)} of the output's scale" if math.isfinite(rel) else ""
-        parts = [
-            f"{self.spec} {self.dtype}: max error {self.max_error:.3g} u s{share} (p99 "
-            f"{self.p99_error:.3g} u s) at {self.worst_index}, bound there "
-            f"{self.bound_at_worst:.3g}"
-        ]
-        if self.bound_at_worst == float("inf"):
-            parts.append("the bound is vacuous there (n u >= 1): only the budget can judge")
-        if self.bound_violations:
+        """The verdict in words: what is not finite or not NaN first (its figures are not
+        errors in units), then the largest error, the bound there and the budget."""
+        parts = []
+        at = self.failing_index
+        if self.not_nan:
             parts.append(
-                f"{self.bound_violations} element(s) above the a-priori bound, non-finite, "
-                "or not NaN where the exact value is 0/0"
+                f"{self.not_nan} element(s) not NaN where the exact value is 0/0, e.g. "
+                f"{self.failing_output:.6g} at {at}"
             )
+        if self.non_finite:
+            example = f", e.g. {self.failing_output:.6g} at {at} (exact {self.failing_exact:.6g})"
+            parts.append(
+                f"{self.non_finite} element(s) not finite where the exact value is finite"
+                + ("" if self.not_nan else example)
+            )
+            if not math.isfinite(self.max_error) and self.bound_at_worst == float("inf"):
+                parts.append(f"the bound is {VACUOUS} there, and wrong all the same")
+        if math.isfinite(self.max_error):
+            rel = percent(self.relative_error)
+            p99 = f" (p99 {self.p99_error:.3g} u s)" if math.isfinite(self.p99_error) else ""
+            bound = f"{self.bound_at_worst:.3g}"
+            if self.bound_at_worst == float("inf"):
+                bound = VACUOUS
+            where = "elsewhere " if parts else ""
+            parts.append(
+                f"{where}max error {self.max_error:.3g} u s = {rel} of the output's scale{p99} "
+                f"at {self.worst_index}, bound there {bound}"
+            )
+        elif not self.non_finite:  # an infinite error on an element whose exact value overflows
+            parts.append(f"an infinite error at {self.worst_index}")
+        above = self.bound_violations - self.not_nan - self.non_finite
+        if above:
+            parts.append(f"{above} element(s) above the a-priori bound")
         if self.budget is not None:
             parts.append(
                 f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
                 + ("" if self.within_budget else " EXCEEDED")
             )
-        if self.undefined:
-            parts.append(f"{self.undefined} element(s) with exact value 0/0 (must be NaN)")
-        return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
+        if self.undefined and not self.not_nan:
+            parts.append(f"{self.undefined} element(s) of exact value 0/0, NaN as they must be")
+        head = f"{self.spec} {self.dtype}: "
+        return head + "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,13 +237,15 @@ def judge(
         within_budget = bool(np.max(e, where=budgeted, initial=0.0) <= budget)
     # A non-finite output where the exact value fits the dtype is wrong even where the
     # bound is vacuous; where the exact value is 0/0 the output must be NaN (docs/accuracy.md).
-    bad = defined & ((e > bound) | (~np.isfinite(out64) & ~overflow))
-    bad |= ~defined & ~np.isnan(out64)
+    non_finite = defined & ~np.isfinite(out64) & ~overflow
+    not_nan = ~defined & ~np.isnan(out64)
+    bad = (defined & (e > bound)) | non_finite | not_nan
     violations = int(np.sum(bad))
-    failing = None
+    failing = failing_output = failing_exact = None
     if violations:
         rank = np.where(bad, np.where(defined, e, np.inf), -1.0)
         failing = tuple(int(t) for t in np.unravel_index(int(np.argmax(rank)), e.shape))
+        failing_output, failing_exact = float(out64[failing]), float(ref[failing])
     return AccuracyVerdict(
         spec=str(spec),
         dtype=dtype,
@@ -232,6 +261,10 @@ def judge(
         within_bound=violations == 0,
         within_budget=within_budget,
         failing_index=failing,
+        not_nan=int(np.sum(not_nan)),
+        non_finite=int(np.sum(non_finite)),
+        failing_output=failing_output,
+        failing_exact=failing_exact,
     )
 
 

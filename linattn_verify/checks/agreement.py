@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from ..accuracy.judgement import Judgement
@@ -31,17 +32,6 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
     judgement = Judgement.of_case(case, impl.spec)
     verdict = judgement(out)
-    worst = None
-    if not verdict.passed:
-        worst = worst_element(
-            q,
-            k,
-            v,
-            as_array(out),
-            judgement.ref,
-            verdict.failing_index or verdict.worst_index,
-            impl.spec.causal,
-        )
     figures = {
         "max_error": verdict.max_error,
         "relative_error": verdict.relative_error,
@@ -50,6 +40,15 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     }
     if verdict.budget is not None:
         figures["budget"] = verdict.budget
+    worst = None
+    if not verdict.passed:
+        at = verdict.failing_index or verdict.worst_index
+        result = as_array(out)
+        worst = worst_element(q, k, v, result, judgement.ref, at, impl.spec.causal)
+        # the element the worst lines describe, for naming its cause (vet/causes.py)
+        figures["worst_index"] = list(at)
+        figures["worst_output"] = float(result[at])
+        figures["worst_exact"] = float(judgement.ref[at])
     return Outcome(verdict.passed, verdict.message, figures, severity=verdict.severity, worst=worst)
 
 
@@ -83,5 +82,8 @@ def associativity(
             return Outcome(False, f"{name} returned shape {b.shape}, expected {out.shape}")
         found = mismatch(out, b, tol, tol.allowance())
         if found is not None:
-            return agreement(f"{impl.name} against {name}", found)
+            outcome = agreement(f"{impl.name} against {name}", found)
+            # the output's element shown, for naming its cause (vet/causes.py)
+            at = {"worst_index": list(found.index), "worst_output": found.a}
+            return dataclasses.replace(outcome, figures={**outcome.figures, **at})
     return Outcome(True, f"{impl.name} agrees with {len(pairs)} other evaluation(s)")

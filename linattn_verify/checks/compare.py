@@ -9,6 +9,7 @@ shapes, the dtype and the inputs, never a hand-picked rtol.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,12 +55,14 @@ class Mismatch:
     index: tuple[int, ...]
     units: float  # |a - b| / (u s) at index
     allowed: float  # allowance / (u s) at index
+    a: float = math.nan  # the two values at index
+    b: float = math.nan
 
     def describe(self, what: str) -> str:
-        return (
-            f"{what}: {self.count} element(s) outside the bound; at (b, h, i, c) = {self.index} "
-            f"they differ by {self.units:.3g} u s, allowed {self.allowed:.3g} u s"
-        )
+        where = f"{what}: {self.count} element(s) outside the bound; at (b, h, i, c) = {self.index}"
+        if all(map(math.isfinite, (self.a, self.b, self.units, self.allowed))):
+            return f"{where} they differ by {self.units:.3g} u s, allowed {self.allowed:.3g} u s"
+        return f"{where}: {self.a:.6g} against {self.b:.6g}"  # what is not finite shows
 
 
 def mismatch(
@@ -84,7 +87,10 @@ def mismatch(
     units = np.where(np.isnan(units), np.inf, units)
     worst = np.unravel_index(int(np.argmax(units)), units.shape)
     allowed = allowance[worst] / (tol.u * tol.scale[worst]) if tol.scale[worst] > 0 else 0.0
-    return Mismatch(int(bad.sum()), tuple(int(t) for t in worst), float(units[worst]), allowed)
+    index = tuple(int(t) for t in worst)
+    return Mismatch(
+        int(bad.sum()), index, float(units[worst]), float(allowed), float(a[worst]), float(b[worst])
+    )
 
 
 def agreement(what: str, mis: Mismatch | None, detail: str = "") -> Outcome:

@@ -43,7 +43,8 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
             False,
             f"{count} non-finite output element(s), e.g. {out[at]} at "
             f"(b, h, i, c) = {at}, where the exact denominator is positive",
-            {"non_finite": float(count)},
+            # the element shown, for naming its cause (vet/causes.py)
+            {"non_finite": float(count), "worst_index": list(at), "worst_output": float(out[at])},
         )
     if (signs <= 0).any():
         row = tuple(int(t) for t in np.argwhere(signs <= 0)[0])

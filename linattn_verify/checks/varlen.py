@@ -34,6 +34,20 @@ def _sequence(case: Case, s: int, n: int, kind: str | None) -> list[torch.Tensor
     return [*drawn.tensors()[:3], drawn.decay(kind)]
 
 
+def _tokens(n: int) -> str:
+    return "1 token" if n == 1 else f"{n} tokens"
+
+
+def _after(lengths: list[int], s: int) -> str:
+    """Where packed sequence s starts, in words: first, right after an empty one, or after
+    one of some tokens."""
+    if s == 0:
+        return "the first"
+    if lengths[s - 1] == 0:
+        return "right after an empty sequence"
+    return f"right after one of {_tokens(lengths[s - 1])}"
+
+
 @check("varlen")
 def varlen(impl: Implementation, case: Case) -> Outcome:
     """Each sequence of a packed batch equals its own run (with its slice of the packed
@@ -58,10 +72,9 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
         tol = Tolerance.of(x, spec)
         found = mismatch(out[..., a:end, :], own, tol, tol.allowance())
         if found is not None:
-            after = f", after one of {lengths[s - 1]} tokens" if s else ""
             what = (
-                f"sequence {s} (length {n}{after}) of a packed batch of lengths {lengths} "
-                f"(cu_seqlens {offsets}) against its own run"
+                f"sequence {s} of a packed batch ({_tokens(n)}, {_after(lengths, s)}; lengths "
+                f"{lengths}, counted from 0; cu_seqlens {offsets}) against its own run"
             )
             return Outcome(False, found.describe(what), {"units": found.units})
     single = torch.tensor([0, case.n], dtype=torch.int32, device=q.device)

@@ -40,6 +40,8 @@ from .estimators import SamplerFailure, SamplerFn, draw_projections, one_thread
 from .moments import pair_moment
 
 RATE_RANGE = (-0.6, -0.4)  # the fitted slope of log RMSE against log m (issue 5)
+RATE_MS = (32, 64, 128, 256, 512, 1024)  # the m fitted over
+RATE_REPLICATES = 500  # draws of W per m (rate_check)
 # The true slopes measured in the properties' regime (|q|, |k| d^(-1/4) <= 0.5, m 32..1024,
 # 2000 replicates) lie in [-0.515, -0.489]: the estimate must be off by this much to fail.
 RATE_MARGIN = 0.085
@@ -207,8 +209,8 @@ def rate_check(
     impl: Implementation,
     sampler: SamplerFn,
     inputs: Sequence1,
-    ms: Sequence[int] = (32, 64, 128, 256, 512, 1024),
-    replicates: int = 500,
+    ms: Sequence[int] = RATE_MS,
+    replicates: int = RATE_REPLICATES,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
     device: str = "cpu",
@@ -230,7 +232,7 @@ def rate_check(
         low <= slope <= high,
         f"{impl.spec.feature_map}: RMSE against softmax attention falls as m^{slope:.3f} "
         f"(se {slope_se:.3f}; allowed [{low}, {high}]) over m = {list(ms)}, {replicates} "
-        f"replicates each",
+        f"draws of W (m, {inputs.q.shape[1]}) each, seeds {seed} to {seed + len(ms) - 1}",
         figures={
             "slope": slope,
             "slope_se": slope_se,
