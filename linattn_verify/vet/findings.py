@@ -1,34 +1,78 @@
-"""Findings: vet's failing rows grouped by the cause they share, each with a severity and the
-regime it shows in, ranked so that the one that matters comes first (docs/regimes.md,
-"Findings").
+"""Findings: vet's failing rows grouped by the cause they share, each with a severity, the
+regime it shows in and the word that says what it is, ranked so that the one that matters
+comes first (docs/regimes.md, "Findings").
 
-Rows share a cause when their cases do: the same regime, dtype, kind of input and magnitude
-(several checks failing on one input, or on inputs of one kind and size, fail for one
-reason). A row without a case (the cost growth, a sampler's statistics) is a finding of
-its own, and so is a crash or a hang ("stopped"), whose case is only where it happened.
-Rows without a regime are about the implementation whatever its values: typical. Ranking:
-regime (typical first), then severity (wrong first), then the relative error, largest
-first.
+Rows share a cause when it is named (causes.py: the same feature-level cause, in any check
+and any dtype, e.g. elu(x) + 1 cancelling in float32), else when their cases do: the same
+regime, dtype, kind of input and magnitude (several checks failing on one input, or on
+inputs of one kind and size, fail for one reason). The rows of a check that runs no case
+through the kernel's values (positivity, associativity, ...) join the cause named on their
+inputs when it is the only one named there. Rows of a kind of their own:
+- cost: the counted growth of FLOPs or bytes is not the claimed one (rows of cause "cost":
+  the scaling task's, and the long-context check's when memory grows faster than claimed);
+- sampler: a projection sampler's statistics, with the W it drew; the rate check, when it
+  drew W from that sampler, is part of it;
+- rate: the rate check on its own (the project's sampler, or a sampler that passes);
+- crashed, hung: a task that stopped ("stopped"), whose case is only where it happened;
+- any other row without a case is a finding of its own.
+Each finding fails the verdict in its regime whatever its kind; rows without a regime are
+about the implementation whatever its values: typical. The regime of a finding is the
+mildest among its rows. Ranking: regime (typical first), then severity (wrong first), then
+the relative error, largest first.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..accuracy.verdict import percent
 from ..regimes import REGIMES
 from ..results import SEVERITIES
+from ..specs import Spec
+from .causes import Cause, name_cause
 
 Row = dict[str, Any]
+
+# the word a finding leads with: its severity, or what else it is (module docstring)
+KINDS = (*SEVERITIES, "cost", "sampler", "rate", "crashed", "hung")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a named cause does in one precision (Cause.effect, Cause.compute), shown on the
+    first of its rows, with the dtypes of the inputs and the checks it shows in."""
+
+    cause: Cause
+    dtypes: tuple[str, ...]
+    checks: tuple[str, ...]
+    case: str | None
+    reproduce: str | None
+    severity: str = "wrong"  # the worst of its rows
+    regime: str = "typical"  # the mildest of its rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.cause.to_dict(),
+            "severity": self.severity,
+            "regime": self.regime,
+            "dtypes": list(self.dtypes),
+            "checks": list(self.checks),
+            "case": self.case,
+            "reproduce": self.reproduce,
+        }
 
 
 @dataclass(frozen=True)
 class Finding:
     """One cause: its severity and regime, the checks it breaks, its smallest case, the
     command that reproduces it, its largest error as a share of the output's scale, and the
-    worst element of its case when that case was judged against the exact reference."""
+    worst element of its case when that case was judged against the exact reference.
+    kind: the word it leads with (KINDS); effects: what its named cause does, per precision
+    (none when the cause is not named); text: the finding in one line, where it has one
+    better than its detail (a cost, a sampler, the rate)."""
 
     severity: str
     regime: str
@@ -38,31 +82,72 @@ class Finding:
     case: str | None = None
     reproduce: str | None = None
     worst: str | None = None
+    kind: str = ""
+    effects: tuple[Effect, ...] = ()
+    text: str | None = None
+    details: tuple[str, ...] = ()  # the detail of each further row (a sampler's checks, the rate)
+    reproduces: tuple[str, ...] = ()  # every command that reproduces a part of it
+
+    @property
+    def cause(self) -> str | None:
+        """The named cause (causes.Cause.key), or None."""
+        return self.effects[0].cause.key if self.effects else None
 
     def headline(self) -> str:
-        share = self.relative_error
-        size = "" if share is None else f", error {percent(share)} of the output's scale"
-        return f"{self.severity} on {self.regime} inputs{size}: {', '.join(self.checks)}"
+        """The finding in one line: what it is, where, and its size or its cause."""
+        kind = self.kind or self.severity
+        if self.effects:
+            first = self.effects[0]
+            return f"{first.severity} on {first.regime} inputs: {first.cause.short}"
+        if kind in SEVERITIES:
+            where = f"{self.severity} on {self.regime} inputs"
+            share = self.relative_error
+            if share is None:
+                size = ""
+            elif math.isfinite(share):
+                size = f", error {percent(share)} of the output's scale"
+            else:
+                size = ", a non-finite output"
+            return f"{where}{size}: {', '.join(self.checks)}"
+        where = "" if self.regime == "typical" else f" (on {self.regime} inputs)"
+        return f"{kind}{where}: {self.text or self.detail}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "severity": self.severity,
             "regime": self.regime,
+            "kind": self.kind or self.severity,
+            "headline": self.headline(),
+            "cause": self.cause,
+            "effects": [e.to_dict() for e in self.effects],
             "checks": list(self.checks),
             "detail": self.detail,
+            "details": list(self.details),
             "relative_error": self.relative_error,
             "case": self.case,
             "reproduce": self.reproduce,
+            "reproduces": list(self.reproduces),
             "worst": self.worst,
         }
 
 
-def _cause(row: Row) -> tuple:
+def _key(row: Row) -> tuple:
+    """The cause a row shares by its inputs or its kind (module docstring)."""
+    if row.get("stopped"):
+        return ("row", row["name"])
+    if row.get("cause") == "cost":
+        return ("cost",)
+    if row["name"].startswith("sampler"):
+        return ("sampler",)
     case = row.get("case")
-    if not case or row.get("stopped"):
+    if not case:
         return ("row", row["name"])
     c = json.loads(case)
-    return (row.get("regime") or "typical", c["dtype"], c["kind"], c["magnitude"])
+    return (_regime(row), c["dtype"], c["kind"], c["magnitude"])
+
+
+def _regime(row: Row) -> str:
+    return row.get("regime") or "typical"
 
 
 def _size(row: Row) -> int:
@@ -72,37 +157,191 @@ def _size(row: Row) -> int:
     return c["b"] * c["h"] * c["n"] * (c["d"] + c["dv"])
 
 
+def _dtype(row: Row) -> str | None:
+    return json.loads(row["case"])["dtype"] if row.get("case") else None
+
+
 def _relative(row: Row) -> float | None:
     """The row's largest error as a share of the output's scale, where it has one."""
     figures = row.get("figures") or {}
-    if "relative_error" in figures:
-        return figures["relative_error"]
+    share = figures.get("relative_error")
+    return None if share is None else float(share)
+
+
+def _groups(rows: list[Row], spec: Spec | None) -> tuple[list[list[Row]], dict[int, Cause]]:
+    """The failing rows by cause (module docstring), and the named cause of each row that
+    has one (by id)."""
+    failing = [r for r in rows if r["status"] == "fail"]
+    named = {id(r): c for r in failing if (c := name_cause(r, spec)) is not None}
+    by_inputs: dict[tuple, list[Row]] = {}
+    for row in failing:
+        by_inputs.setdefault(_key(row), []).append(row)
+    on_case: dict[str, set[str]] = {}  # the causes named on each case
+    for row in failing:
+        if id(row) in named:
+            on_case.setdefault(row["case"], set()).add(named[id(row)].key)
+    groups: dict[tuple, list[Row]] = {}
+    for key, members in by_inputs.items():
+        for row in members:
+            causes = on_case.get(row.get("case") or "", set())
+            if id(row) in named:
+                groups.setdefault(("cause", named[id(row)].key), []).append(row)
+            # a row not judged against the exact reference, on a case where one cause is
+            # named, fails for it (a row judged and not named has a cause of its own)
+            elif len(causes) == 1 and not row.get("worst"):
+                groups.setdefault(("cause", *causes), []).append(row)
+            else:
+                groups.setdefault(key, []).append(row)
+    rate = groups.get(("row", "rate"), [])
+    sampler = groups.get(("sampler",), [])
+    if rate and sampler and _sampler(rate[0]).get("target") == _sampler(sampler[0]).get("target"):
+        sampler += groups.pop(("row", "rate"))  # its W came from the failing sampler
+    order = {id(r): i for i, r in enumerate(rows)}  # each group's rows in the report's order
+    return [sorted(g, key=lambda r: order[id(r)]) for g in groups.values()], named
+
+
+def _sampler(row: Row) -> dict[str, Any]:
+    return row.get("sampler") or {}
+
+
+def _kind(group: list[Row], severity: str) -> str:
+    stopped = [r for r in group if r.get("stopped")]
+    if stopped:
+        return "hung" if stopped[0]["detail"].startswith("hung") else "crashed"
+    if any(r.get("cause") == "cost" for r in group):
+        return "cost"
+    if any(r["name"].startswith("sampler") for r in group):
+        return "sampler"
+    if all(r["name"] == "rate" for r in group):
+        return "rate"
+    return severity
+
+
+def _effects(group: list[Row], named: dict[int, Cause]) -> tuple[Effect, ...]:
+    """The named cause's effects, one per (effect, precision), the worst first."""
+    rows = [r for r in group if id(r) in named]
+    parts: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        cause = named[id(row)]
+        parts.setdefault((cause.effect, cause.compute), []).append(row)
+
+    def rank(part: list[Row]) -> tuple:
+        severities = [r.get("severity") or "wrong" for r in part]
+        return (
+            min(REGIMES.index(_regime(r)) for r in part),
+            min(SEVERITIES.index(s) for s in severities),
+        )
+
+    effects = []
+    for part in sorted(parts.values(), key=rank):
+        shown = min(part, key=lambda r: (REGIMES.index(_regime(r)), not r.get("worst"), _size(r)))
+        regime, severity = (t[i] for t, i in zip((REGIMES, SEVERITIES), rank(part), strict=True))
+        effects.append(
+            Effect(
+                named[id(shown)],
+                tuple(dict.fromkeys(d for r in part if (d := _dtype(r)))),
+                tuple(dict.fromkeys(r["name"] for r in part)),
+                shown.get("case"),
+                shown.get("reproduce"),
+                severity,
+                regime,
+            )
+        )
+    return tuple(effects)
+
+
+def _sampler_text(group: list[Row]) -> str:
+    """A sampler's finding in one line: the sampler, the W it drew and what fails."""
+    drew = _sampler(group[0])
+    failing = [r["name"].removeprefix("sampler ") for r in group if r["name"] != "rate"]
+    rate = "; the rate check, which drew W from it, fails too" if len(failing) < len(group) else ""
+    m, d = drew.get("shape", ("?", "?"))
+    return (
+        f"{drew.get('target')} (claims {drew.get('claim')} rows; {drew.get('draws')} draws of "
+        f"W ({m}, {d}) from seed {drew.get('seed')}) fails {' and '.join(failing)}{rate}"
+    )
+
+
+def _rate_text(row: Row) -> str:
+    drew = _sampler(row)
+    source = drew.get("target") or "the project's iid sampler"
+    ms = drew.get("m") or []
+    span = f", m = {ms[0]} to {ms[-1]}" if ms else ""
+    _, d = drew.get("shape", ("m", "?"))
+    return (
+        f"with W from {source} ({drew.get('draws')} draws of (m, {d}) per m{span}, seeds from "
+        f"{drew.get('seed')}): {row['detail']}"
+    )
+
+
+def _cost_text(row: Row) -> str:
+    """A cost finding in one line: the claim and the growth counted."""
+    from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
+
+    figures, claim = row.get("figures") or {}, row.get("claim")
+    if row["name"] != "scaling" or claim not in EXPECTED_SLOPE:
+        return row["detail"]
+    target, grows = EXPECTED_SLOPE[claim], []
+    flops, memory = figures.get("flops_slope"), figures.get("bytes_slope")
+    if flops is not None and abs(flops - target) > SLOPE_TOLERANCE:
+        grows.append(f"FLOPs grow as N^{flops:.2f}")
+    if memory is not None and memory > target + SLOPE_TOLERANCE:
+        grows.append(f"peak bytes as N^{memory:.2f}")
+    span = row["detail"].split(" over ")[-1].split(";")[0]
+    return f"claims {claim} cost; {' and '.join(grows) or row['detail']} (over {span})"
+
+
+def _text(kind: str, group: list[Row]) -> str | None:
+    if kind == "cost":
+        return "; ".join(dict.fromkeys(_cost_text(r) for r in group))
+    if kind == "sampler":
+        return _sampler_text(group)
+    if kind == "rate":
+        return _rate_text(group[0])
+    if kind in ("hung", "crashed"):  # the detail says so first
+        return group[0]["detail"].removeprefix(f"{kind}: ")
     return None
 
 
-def findings(rows: list[Row]) -> list[Finding]:
-    """The failing rows as findings, ranked (module docstring)."""
-    groups: dict[tuple, list[Row]] = {}
-    for row in rows:
-        if row["status"] == "fail":
-            groups.setdefault(_cause(row), []).append(row)
+def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
+    """The failing rows as findings, ranked (module docstring); `spec`, the spec claimed,
+    names the causes it can (causes.py)."""
+    groups, named = _groups(rows, spec)
     out = []
-    for group in groups.values():
-        # the smallest case judged against the exact reference (its worst element shown),
-        # else the smallest case
-        shown = min(group, key=lambda r: (not r.get("worst"), _size(r)))
-        severities = [r.get("severity") or "wrong" for r in group]
+    for group in groups:
+        effects = _effects(group, named)
+        # the row shown: the first effect's, else the smallest case of the mildest regime
+        # judged against the exact reference (its worst element shown), else the smallest
+        shown = min(
+            group,
+            key=lambda r: (
+                not (effects and r.get("case") == effects[0].case and id(r) in named),
+                REGIMES.index(_regime(r)),
+                not r.get("worst"),
+                _size(r),
+            ),
+        )
+        severity = min((r.get("severity") or "wrong" for r in group), key=SEVERITIES.index)
         shares = [s for s in map(_relative, group) if s is not None]
+        kind = _kind(group, severity)
+        others = [r for r in group if r is not shown]
         out.append(
             Finding(
-                severity=min(severities, key=SEVERITIES.index),
-                regime=shown.get("regime") or "typical",
+                severity=severity,
+                regime=min((_regime(r) for r in group), key=REGIMES.index),
                 checks=tuple(dict.fromkeys(r["name"] for r in group)),
                 detail=shown.get("detail", ""),
                 relative_error=max(shares) if shares else None,
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),
                 worst=shown.get("worst"),
+                kind=kind,
+                effects=effects,
+                text=_text(kind, group),
+                details=tuple(r["detail"] for r in others),
+                reproduces=tuple(
+                    dict.fromkeys(r["reproduce"] for r in group if r.get("reproduce"))
+                ),
             )
         )
     out.sort(

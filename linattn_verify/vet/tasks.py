@@ -190,11 +190,18 @@ def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048)
         "flops_slope": result.growth.flops and result.growth.flops.slope,
         "bytes_slope": result.growth.bytes.slope,
     }
-    return [
-        CheckResult(
-            "scaling", result.growth.passed, result.growth.message, figures=figures
-        ).to_dict()
-    ]
+    row = CheckResult("scaling", result.growth.passed, result.growth.message, figures=figures)
+    # a cost finding (vet/findings.py): what it claims, and the command that counts it again
+    return [{**row.to_dict(), **_cost_fields(impl, result.growth.passed, expected, max_n, d)}]
+
+
+def _cost_fields(impl: Implementation, passed: bool, expected: str, max_n: int, d: int) -> Row:
+    """The scaling row's claim, and when it fails its cause ("cost") and reproduce command."""
+    from .commands import scaling_command
+
+    if passed:
+        return {"claim": expected}
+    return {"claim": expected, "cause": "cost", "reproduce": scaling_command(impl, max_n, d)}
 
 
 def long_context(
@@ -227,11 +234,18 @@ def _one_row(name: str, results: list[CheckResult]) -> Row:
 def sampler_statistics(sampler_target: str, claim: str, seed: int) -> list[Row]:
     """The random-feature panel (stats/panel.py) on the sampler, one row per check."""
     from ..stats import check_sampler
+    from ..stats.panel import DEFAULT_D, DEFAULT_M, DEFAULT_REPLICATES
     from ..target import load_target
 
     results = check_sampler(load_target(sampler_target), claim, seed=seed, target=sampler_target)
     names = dict.fromkeys(r.check for r in results)
-    return [_one_row(f"sampler {n}", [r for r in results if r.check == n]) for n in names]
+    # the sampler and the W it drew, for its finding (vet/findings.py)
+    drew = {"target": sampler_target, "claim": claim, "seed": seed, "draws": DEFAULT_REPLICATES,
+            "shape": [DEFAULT_M, DEFAULT_D]}  # fmt: skip
+    return [
+        {**_one_row(f"sampler {n}", [r for r in results if r.check == n]), "sampler": drew}
+        for n in names
+    ]
 
 
 def rate(
@@ -240,21 +254,32 @@ def rate(
     seed: int,
     device: str,
     dtypes: tuple[str, ...],
+    claim: str | None = None,
 ) -> list[Row]:
     """The attention error against softmax falls as m^(-1/2) (stats/attention.py), on small
     inputs in the regime where that holds, in the most precise of `dtypes`; with the given
-    sampler, else the project's iid."""
+    sampler (claiming `claim` rows), else the project's iid."""
     import torch
 
     from ..stats import builtin_sampler, rate_check, regime_inputs
+    from ..stats.attention import RATE_MS, RATE_REPLICATES
     from ..target import load_target
+    from .commands import vet_command
 
     sampler = load_target(sampler_target) if sampler_target else builtin_sampler("iid")
     dtype = next(t for t in ("float64", "float32", "bfloat16", "float16") if t in dtypes)
+    inputs = regime_inputs(seed)
     result = rate_check(
-        impl, sampler, regime_inputs(seed), seed=seed, dtype=getattr(torch, dtype), device=device
+        impl, sampler, inputs, seed=seed, dtype=getattr(torch, dtype), device=device
     )
-    return [result.to_dict()]
+    # the sampler and the W it drew, and the vet run that draws them again
+    drew = {"target": sampler_target, "seed": seed, "draws": RATE_REPLICATES,
+            "shape": ["m", inputs.q.shape[1]], "m": list(RATE_MS)}  # fmt: skip
+    options = ["--sampler", sampler_target, "--claim", claim or "iid"] if sampler_target else []
+    options += ["--seed", str(seed), "--dtypes", dtype, "--long", "0", "--no-envelope"]
+    options += ["--device", device] if device != "cpu" else []
+    row = {**result.to_dict(), "sampler": drew}
+    return [row if result.passed else {**row, "reproduce": vet_command(impl, *options)}]
 
 
 def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:

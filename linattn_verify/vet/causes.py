@@ -1,0 +1,379 @@
+"""The cause of a failure, named where it can be shown: the failing element, re-evaluated the
+way a suspected evaluation computes it, fails the same way there. Failures that one cause
+explains, in any check and any dtype, are one finding (findings.py).
+
+A row judged against the exact reference carries its worst element: the case, the index
+(b, h, i, c), the output and the exact value (checks/agreement.py). The element depends on
+q_i, the keys k_j it attends to and their values v_jc; each namer below rebuilds them
+(Case.tensors), evaluates the features the suspected way in each precision, finest first
+(COMPUTE_DTYPES), and the rest in float64, so that only the features can fail:
+
+- elu, 0/0 where the exact value is finite:
+  - "elu-underflow": e^x underflows float64 (x below ln of its smallest subnormal, -744):
+    only an evaluation that shifts each row by its largest coordinate, e^(x - max x),
+    keeps such rows (the golden one does; regimes.py: elu's negative rows reach -1e6);
+  - "elu-expm1": F.elu(x) + 1 = expm1(x) + 1 is exactly 0 once e^x is under the unit
+    roundoff u of the precision it is computed in (between ln(u/2) and ln u, by how the
+    library rounds expm1; at ln u whatever it does): the finest precision in which the
+    element's denominator vanishes is named, with ln u, where the cancellation starts;
+- elu, within the bound and over the budget: "elu-expm1" again: its error is absolute (u)
+  where the golden one's is relative (accuracy/bound.py, feature_errors), which costs
+  accuracy in rows whose every coordinate is below regimes.ELU_ROW_FLOOR = -ln K_BUDGET
+  (features under 1 / K_BUDGET): named when the expm1(x) + 1 evaluation alone exceeds the
+  budget there, by an error within a factor EXPLAINS of the kernel's;
+- softmax and the positive Performer maps, a non-finite output where the exact value is
+  finite: "exp-overflow" (an unshifted exponent beyond ln of the precision's largest value)
+  or "exp-underflow" (every weight phi(q_i) . phi(k_j) below its smallest subnormal), in the
+  finest precision in which the unshifted evaluation (features and their products in it)
+  fails there;
+- relu, a number where the exact value is 0/0: "relu-zero": relu(q_i) . relu(k_j) is
+  exactly 0 for every key, so the output must be NaN (a kernel that adds an eps to its
+  denominator declares it).
+
+Anything else is not named: its failures are grouped by their inputs (findings.py). Only
+normalised specs without a decay or an eps are named (the re-evaluation is theirs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..accuracy.verdict import K_BUDGET, percent
+from ..cases import Case
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from ..regimes import ELU_ROW_FLOOR
+from ..specs import Spec
+
+Row = dict[str, Any]
+
+COMPUTE_DTYPES = ("float64", "float32", "float16", "bfloat16")  # finest unit roundoff first
+# A re-evaluation explains a kernel's error when its own error is within this factor of it,
+# either way (the kernel's other roundings move it by far less; another bug, by far more).
+EXPLAINS = 8.0
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A named cause on one failing row: `key` is the cause (the rows it names, of every check
+    and dtype, are one finding), `effect` what it does there ("nan", "not nan", "inaccurate")
+    in the precision `compute` that shows it; `short` says it in one line with where it
+    starts, `detail` how it comes about on this row's element; `figures` carry the
+    threshold, the precision and the element."""
+
+    key: str
+    effect: str
+    compute: str
+    short: str
+    detail: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class _Element:
+    """The worst element of a failed row and what it depends on, in the case's dtype."""
+
+    spec: Spec
+    case: Case
+    index: tuple[int, int, int, int]
+    q: torch.Tensor  # q_i (d,)
+    k: torch.Tensor  # the keys it attends to (J, d)
+    v: np.ndarray  # their values v_jc (J,), float64
+    w: torch.Tensor | None  # the projection (m, d) of the Performer maps
+    output: float
+    exact: float | None  # None: not known (a check that does not compute it); NaN: 0/0
+    error: float  # the kernel's error there, in units of u s
+    budget: float | None
+
+    @property
+    def q_name(self) -> str:
+        b, h, i, _ = self.index
+        return f"q[{b}, {h}, {i}] = {_coordinates(self.q)}"
+
+    @property
+    def keys_name(self) -> str:
+        b, h, i, _ = self.index
+        last = self.k.shape[0] - 1
+        return (
+            f"the keys k[{b}, {h}, j], j <= {last}"
+            if last != i
+            else f"the keys k[{b}, {h}, j <= {i}]"
+        )
+
+    def weighted(self, fq: torch.Tensor, fk: torch.Tensor, products: str | None = None) -> float:
+        """sum_j a_j v_j / sum_j a_j with a_j = fq . fk_j, the features given, in float64
+        (each product fq_l fk_jl rounded to the dtype `products` first, if given)."""
+        terms = fk.double() * fq.double()
+        if products is not None:
+            terms = terms.to(getattr(torch, products)).double()
+        a = terms.sum(dim=1).numpy()
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return float((a @ self.v) / a.sum())
+
+    def units(self, value: float, log_weights: np.ndarray) -> float:
+        """|value - exact| in units of u s of the case's dtype, s = sum_j a_j |v_j| / sum_j
+        a_j from the exact weights (their logs given, any common shift)."""
+        a = np.exp(log_weights - log_weights.max())
+        s = float(a @ np.abs(self.v) / a.sum())
+        diff = abs(value - self.exact)
+        return diff / (UNIT_ROUNDOFF[self.case.dtype] * s) if diff else 0.0
+
+
+def _coordinates(x: torch.Tensor) -> str:
+    return "[" + ", ".join(f"{float(t):.3g}" for t in x.reshape(-1)) + "]"
+
+
+def _value(x: float) -> str:
+    return "NaN" if math.isnan(x) else f"{x:.3g}"
+
+
+def _got(el: _Element) -> str:
+    """The output against the exact value, in words."""
+    exact = "finite" if el.exact is None else f"{el.exact:.3g}"
+    return f"{_value(el.output)} where the exact value is {exact}"
+
+
+def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
+    top = a.max(axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.exp(a - top).sum(axis=axis)) + top.squeeze(axis)
+
+
+# --- elu ------------------------------------------------------------------------------------
+
+
+def _elu_expm1(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """F.elu(x) + 1 computed in `dtype`: expm1(x) + 1 for x < 0."""
+    return F.elu(x.to(getattr(torch, dtype))) + 1
+
+
+def _elu_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) for x <= 0 and x + 1 above, in float64, unshifted."""
+    x = x.double()
+    return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0)))
+
+
+def _elu_log_weights(el: _Element) -> np.ndarray:
+    """ln a_j of the exact weights a_j = phi(q) . phi(k_j), phi(x) = e^x below 0, x + 1 above."""
+    q, k = el.q.double().numpy(), el.k.double().numpy()
+    lq = np.where(q > 0, np.log1p(np.maximum(q, 0)), q)
+    lk = np.where(k > 0, np.log1p(np.maximum(k, 0)), k)
+    return _logsumexp(lq[None, :] + lk, axis=1)
+
+
+def _vanishing(el: _Element, fq: torch.Tensor, fk: torch.Tensor, below: str) -> str:
+    """Which features make the element's denominator vanish, in words."""
+    if bool((fq == 0).all()):
+        return f"every coordinate of {el.q_name} is {below}"
+    if bool((fk == 0).all()):
+        top = float(el.k.double().max())
+        return f"every coordinate of {el.keys_name} is {below} (the largest is {top:.3g})"
+    return f"each product phi(q_il) phi(k_jl) of {el.q_name} and its keys has a factor {below}"
+
+
+def _elu(el: _Element) -> Cause | None:
+    if el.exact is not None and not math.isfinite(el.exact):
+        return None
+    if not math.isfinite(el.output):
+        floor = math.log(SMALLEST_SUBNORMAL["float64"])
+        fq, fk = _elu_exp(el.q), _elu_exp(el.k)
+        if not math.isfinite(el.weighted(fq, fk)):
+            where = _vanishing(el, fq, fk, f"below {floor:.4g}")
+            return Cause(
+                "elu-underflow",
+                "nan",
+                "float64",
+                f"elu features e^x underflow for rows below x = {floor:.4g} (even in float64): "
+                + _got(el),
+                f"{where}: unshifted, its features are 0 and the output 0/0; shifted by the row's "
+                "largest coordinate, e^(x - max x) e^(max x), they are not",
+                {"threshold": floor, "output": el.output, "exact": el.exact},
+            )
+        for dtype in COMPUTE_DTYPES:
+            fq, fk = _elu_expm1(el.q, dtype), _elu_expm1(el.k, dtype)
+            if math.isfinite(el.weighted(fq, fk)):
+                continue
+            start = math.log(UNIT_ROUNDOFF[dtype])
+            where = _vanishing(el, fq, fk, "below it")
+            return Cause(
+                "elu-expm1",
+                "nan",
+                dtype,
+                f"elu(x) + 1 cancels for rows below x = {start:.3g} in {dtype}: " + _got(el),
+                f"computed as expm1(x) + 1 it is 0 once e^x < u ({start:.3g} = ln u); {where}, "
+                "so 0/0",
+                {"threshold": start, "output": el.output, "exact": el.exact},
+            )
+        return None
+    if el.exact is None or el.budget is None or not el.error > el.budget:
+        return None
+    log_weights = _elu_log_weights(el)
+    for dtype in COMPUTE_DTYPES:
+        units = el.units(el.weighted(_elu_expm1(el.q, dtype), _elu_expm1(el.k, dtype)), log_weights)
+        if not units >= el.budget:
+            continue
+        if not el.error / EXPLAINS <= units <= el.error * EXPLAINS:
+            return None  # the cancellation is there, but another error dominates
+        if float(el.q.double().max()) < ELU_ROW_FLOOR:
+            where = f"every coordinate of {el.q_name} is below it"
+        elif float(el.k.double().max()) < ELU_ROW_FLOOR:
+            where = f"every coordinate of {el.keys_name} is below it"
+        else:
+            return None
+        share = el.error * UNIT_ROUNDOFF[el.case.dtype]
+        return Cause(
+            "elu-expm1",
+            "inaccurate",
+            dtype,
+            f"elu(x) + 1 is inaccurate for rows below x = {ELU_ROW_FLOOR:.3g} in {dtype}: error "
+            f"{percent(share)} of the output's scale, over the budget",
+            f"computed as expm1(x) + 1 its error is u, absolute, and the features of such rows "
+            f"are under 1/{K_BUDGET:g}; {where} ({el.error:.3g} u s; the expm1(x) + 1 "
+            f"evaluation alone: {units:.3g}; budget {el.budget:.3g})",
+            {"threshold": ELU_ROW_FLOOR, "error": el.error, "evaluation": units},
+        )
+    return None
+
+
+# --- the exponential maps -------------------------------------------------------------------
+
+
+def _exponents(el: _Element) -> tuple[np.ndarray, np.ndarray]:
+    """The exponents of the query's and the keys' terms in float64: (m,) and (J, m) for the
+    Performer maps (W x' - |x'|^2/2, x' = x d^(-1/4); +-W x' for the hyperbolic one); (1,)
+    zeros and (J, 1) logits q.k / sqrt(d) for softmax."""
+    q, k = el.q.double().numpy(), el.k.double().numpy()
+    d = q.shape[0]
+    if el.spec.feature_map == "softmax":
+        return np.zeros(1), (k @ q / math.sqrt(d))[:, None]
+    w = el.w.double().numpy()
+    xq, xk = q * d**-0.25, k * d**-0.25
+    pq, pk = w @ xq, xk @ w.T
+    if el.spec.feature_map == "performer-hyperbolic":
+        pq, pk = np.concatenate([pq, -pq]), np.concatenate([pk, -pk], axis=1)
+    return pq - xq @ xq / 2, pk - (xk * xk).sum(axis=1, keepdims=True) / 2
+
+
+def _exp(el: _Element) -> Cause | None:
+    if (el.exact is not None and not math.isfinite(el.exact)) or math.isfinite(el.output):
+        return None
+    eq, ek = _exponents(el)
+    for dtype in COMPUTE_DTYPES:
+        t = getattr(torch, dtype)
+        fq, fk = torch.exp(torch.from_numpy(eq).to(t)), torch.exp(torch.from_numpy(ek).to(t))
+        if math.isfinite(el.weighted(fq, fk, products=dtype)):
+            continue
+        what = "exp(q.k / sqrt(d))" if el.spec.feature_map == "softmax" else "exp(W x' - |x'|^2/2)"
+        if bool(torch.isinf(fq).any() or torch.isinf(fk).any()):
+            top, edge = float(max(eq.max(), ek.max())), math.log(torch.finfo(t).max)
+            who = (
+                el.q_name
+                if eq.max() >= ek.max() or el.spec.feature_map == "softmax"
+                else (el.keys_name)
+            )
+            return Cause(
+                "exp-overflow",
+                "nan",
+                dtype,
+                f"{what} overflows {dtype} for exponents above {edge:.4g}: {_got(el)}",
+                f"the largest exponent of {who} is {top:.4g}; unshifted (no largest exponent "
+                "subtracted first), inf / inf",
+                {"threshold": edge, "largest": top, "output": el.output, "exact": el.exact},
+            )
+        top = float(_logsumexp(eq[None, :] + ek, axis=1).max())
+        edge = math.log(SMALLEST_SUBNORMAL[dtype])
+        return Cause(
+            "exp-underflow",
+            "nan",
+            dtype,
+            f"{what} underflows {dtype} for weights below e^{edge:.4g}: {_got(el)}",
+            f"every weight phi(q_i) . phi(k_j) of {el.q_name} is below it (the largest is "
+            f"e^{top:.4g}); unshifted (no largest exponent subtracted first), 0/0",
+            {"threshold": edge, "largest": top, "output": el.output, "exact": el.exact},
+        )
+    return None
+
+
+# --- relu -----------------------------------------------------------------------------------
+
+
+def _relu(el: _Element) -> Cause | None:
+    if el.exact is None or not math.isnan(el.exact) or math.isnan(el.output):
+        return None
+    fq, fk = torch.relu(el.q.double()), torch.relu(el.k.double())
+    if float((fk @ fq).sum()) != 0.0:
+        return None
+    if bool((fq == 0).all()):
+        where = f"every coordinate of {el.q_name} is <= 0"
+    else:
+        where = f"no key it attends to has a positive coordinate where {el.q_name} has one"
+    return Cause(
+        "relu-zero",
+        "not nan",
+        "",  # in any precision
+        "relu's denominator is exactly 0: the exact value is 0/0, the output "
+        f"{_value(el.output)}, not NaN",
+        f"{where}, so relu(q_i) . relu(k_j) = 0 for every key (a kernel that adds an eps to "
+        "its denominator declares it: --eps)",
+        {"output": el.output},
+    )
+
+
+NAMERS: dict[str, Callable[[_Element], Cause | None]] = {
+    "elu": _elu,
+    "softmax": _exp,
+    "performer-positive": _exp,
+    "performer-hyperbolic": _exp,
+    "relu": _relu,
+}
+
+
+def name_cause(row: Row, spec: Spec | None) -> Cause | None:
+    """The named cause of a failed row (module docstring), or None."""
+    figures = row.get("figures") or {}
+    if spec is None or spec.feature_map not in NAMERS or not row.get("case"):
+        return None
+    if spec.decay is not None or not spec.normalize or spec.eps:
+        return None
+    if figures.get("worst_index") is None or "worst_output" not in figures:
+        return None
+    exact = _float(figures["worst_exact"]) if "worst_exact" in figures else None
+    return _named(
+        spec,
+        row["case"],
+        tuple(figures["worst_index"]),
+        _float(figures["worst_output"]),
+        exact,
+        _float(figures.get("max_error")),
+        figures.get("budget"),
+    )
+
+
+def _float(x: Any) -> float:
+    """A figure as a float; None (a non-finite figure read back from JSON) as NaN."""
+    return math.nan if x is None else float(x)
+
+
+@functools.lru_cache(maxsize=256)
+def _named(spec, case_json, index, output, exact, error, budget) -> Cause | None:
+    case = dataclasses.replace(Case.from_json(case_json), device="cpu")
+    q, k, v, w = case.tensors()
+    b, h, i, c = index
+    keys = i + 1 if spec.causal else k.shape[2]
+    el = _Element(
+        spec, case, (b, h, i, c), q[b, h, i], k[b, h, :keys], v[b, h, :keys, c].double().numpy(),
+        w, output, exact, error, budget,
+    )  # fmt: skip
+    return NAMERS[spec.feature_map](el)

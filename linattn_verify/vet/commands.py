@@ -1,0 +1,29 @@
+"""The commands that rerun what a vet task did without a case (the checks' rows carry
+`check NAME ... --case JSON`): the cost growth (`scaling`) and the rate (`vet`, which runs
+it on the same draws)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+
+def target_words(impl: Any) -> list[str]:
+    """The options that name `impl` (its `command`), its --impl TARGET as the positional
+    TARGET that `vet` and `scaling` take."""
+    words = shlex.split(impl.command)
+    if words[:1] == ["--impl"]:
+        return [words[1], *words[2:]]
+    return words
+
+
+def scaling_command(impl: Any, max_n: int, d: int) -> str:
+    """The `scaling` command counting what vet's scaling task counts (N = 256 ... max_n,
+    d = dv, W orthogonal from seed 0)."""
+    words = [*target_words(impl), "--max-n", str(max_n), "--d", str(d)]
+    return "python -m linattn_verify scaling " + shlex.join(words)
+
+
+def vet_command(impl: Any, *options: str) -> str:
+    """A `vet` command on `impl` with `options`."""
+    return "python -m linattn_verify vet " + shlex.join([*target_words(impl), *options])
