@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from linattn_verify.checks import GRAD_CHECKS
 from linattn_verify.cli import main
 
 TARGETS = Path(__file__).with_name("vet_targets.py")
@@ -32,13 +33,21 @@ def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
     )
     assert "accuracy float64" not in names
     assert all({"name", "status", "detail"} <= set(c) for c in report["checks"])
-    assert {c["status"] for c in report["checks"]} == {"pass", "not applicable", "envelope"}
+    statuses = {"pass", "not applicable", "skipped", "envelope"}
+    assert {c["status"] for c in report["checks"]} == statuses
+    skipped = {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "skipped"}
+    assert skipped["gradient"] == "without --grad" and skipped["known-answers"] == "without --kat"
+    assert set(skipped) <= {*GRAD_CHECKS, "known-answers"}
     assert report["findings"] == [] and report["failing_regimes"] == ["typical"]
     envelope = [c for c in report["checks"] if c["status"] == "envelope"]
     assert [c["name"] for c in envelope] == ["envelope float16", "envelope float32"]
     assert all(0 < c["figures"]["low"] < 1 < c["figures"]["high"] for c in envelope)
     assert report["environment"]["packages"]["torch"]
-    assert "verdict: pass" in capsys.readouterr().out
+    assert set(report["seconds"]) >= {"contract", "accuracy", "scaling", "long-context"}
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "verdict: pass: no finding on typical inputs" and len(out) <= 20
+    assert "skipped: the gradient checks (without --grad); known-answers (without --kat)" in out
+    assert out[-1].startswith("time: ") and "long-context " in out[-1]
 
 
 def test_a_raising_implementation_fails_every_check_with_its_message(capsys):
@@ -61,7 +70,8 @@ def test_a_hanging_implementation_fails_within_the_timeout(capsys):
     assert _vet("hanging", "--timeout", "5") == 1
     elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
-    assert "hung" in out and "longer than 5 s" in out and "verdict: FAIL" in out
+    assert "\n  1. hung: contract took longer than 5 s" in out and "verdict: FAIL" in out
+    assert "None" not in out
     assert elapsed < 5 + 30  # the timeout plus starting one worker process
 
 
@@ -76,10 +86,24 @@ def test_a_biased_sampler_fails_the_random_feature_statistics(tmp_path, capsys):
         )
         == 1
     )
-    rows = {row["name"]: row for row in json.loads(out.read_text())["checks"]}
+    report = json.loads(out.read_text())
+    rows = {row["name"]: row for row in report["checks"]}
     assert rows["sampler unbiasedness"]["status"] == "fail"
     assert rows["rate"]["status"] == "fail"  # |W| = 1 rows estimate another kernel
     assert all(rows[name]["status"] == "pass" for name in ("contract", "reference", "scaling"))
+    # one finding: the sampler, the W it drew, and the rate on its draws
+    (finding,) = report["findings"]
+    assert finding["kind"] == "sampler" and "rate" in finding["checks"]
+    assert finding["headline"].startswith(
+        f"sampler: {sampler} (claims iid rows; 4096 draws of W (64, 16) from seed 0) fails "
+        "unbiasedness and mse-formula"
+    )
+    again, rate = finding["reproduces"]
+    assert again.startswith(f"python -m linattn_verify random-features --sampler {sampler}")
+    assert rate.startswith(f"python -m linattn_verify vet {TARGETS}:performer ")
+    assert f"--sampler {sampler} --claim iid --seed 0 --dtypes float32" in rate
+    summary = capsys.readouterr().out
+    assert "None" not in summary and f"reproduce: {rate}" in summary
 
 
 @pytest.mark.parametrize(

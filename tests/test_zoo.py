@@ -12,6 +12,7 @@ everything that fails or warns about each one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -43,6 +44,20 @@ def implementation(entry: Entry) -> Implementation:
     )
 
 
+# a figure or threshold printed as infinite ("inf", "-inf"), not as what is not finite
+INFINITE = re.compile(r"(?<![\w.])[-+]?inf(?!\w)")
+
+
+def assert_readable(summary: str) -> None:
+    """No None in vet's summary, and no failing line that gives an infinite figure against
+    an infinite threshold where it should say what is not finite."""
+    assert not re.search(r"\bNone\b", summary), summary
+    unreadable = [
+        line for line in summary.splitlines() if "FAIL" in line and len(INFINITE.findall(line)) >= 2
+    ]
+    assert not unreadable, "\n".join(unreadable)
+
+
 @pytest.mark.parametrize("entry", ZOO, ids=[e.name for e in ZOO])
 def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
     options = VetOptions(grad=entry.grad, envelope=False, longest=LONGEST if entry.long else 0)
@@ -53,8 +68,13 @@ def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
     record_property(
         "zoo", {"name": entry.name, "broken": entry.broken, "killed_by": killers, "warned": warned}
     )
+    summary = report.summary()
+    assert_readable(summary)
+    assert_readable(report.summary(verbose=True))
     if not entry.broken:
-        assert not killers, f"the correct {entry.name} was flagged:\n{report.summary()}"
+        assert not killers, f"the correct {entry.name} was flagged:\n{summary}"
+        # one screen: at most 20 lines with the envelope's (one line, not run here)
+        assert len(summary.splitlines()) <= 20 - 1, summary
         return
     # the entry's checks fail in its regime, and in no milder one
     shown = {c: f for f in reversed(found) for c in f.checks}  # the mildest finding per check

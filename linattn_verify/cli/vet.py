@@ -60,6 +60,11 @@ def add(sub) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="every check's line, the worst elements and every command (--json: every figure)",
+    )
     options.add_policy(parser)
     parser.add_argument(
         "--timeout",
@@ -120,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     report = vet(
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)
     )
-    print(report.summary())
+    print(report.summary(verbose=args.verbose))
     again = " ".join(filter(None, (declared.command, shlex.join(words(RUN, run_values)))))
     options.write_json(
         args.json,

@@ -16,15 +16,16 @@ from ..cases import Case
 from ..checks.long_context import LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..regimes import REGIMES
-from ..specs import SpecError
+from ..specs import Spec, SpecError
 from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Finding, Row, findings
 from .tasks import DEPENDS, planned_cases
 from .worker import Running, Worker, WorkerDied, WorkerHung, describe, run_task
 
-# a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope")
-STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "envelope")
+# a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
+# "skipped": an option left it out, the row's detail names it)
+STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "skipped", "envelope")
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
 
 
@@ -63,10 +64,11 @@ class VetReport:
     rows: list[dict[str, Any]] = field(default_factory=list)
     failing_regimes: tuple[str, ...] = ("typical",)
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per plan step
+    claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
 
     @property
     def findings(self) -> list[Finding]:
-        return findings(self.rows)
+        return findings(self.rows, self.claimed)
 
     @property
     def failed(self) -> list[dict[str, Any]]:
@@ -79,39 +81,11 @@ class VetReport:
     def verdict(self) -> str:
         return "fail" if self.failed else "pass"
 
-    def summary(self) -> str:
-        """What matters first (the verdict, the findings by rank, warnings apart), then one
-        line per check and the envelope."""
-        found = self.findings
-        blocking = [f for f in found if f.regime in self.failing_regimes]
-        warnings = [f for f in found if f.regime not in self.failing_regimes]
-        not_run = [r for r in self.rows if r["status"] == "not run"]
-        depending = [r for r in self.rows if r["status"] == DEPENDS]
-        verdict = "FAIL" if self.verdict == "fail" else "pass"
-        lines = [f"vet {self.target}: {self.implementation} claiming {self.spec}"]
-        counts = [f"{len(blocking)} finding(s) on {' or '.join(self.failing_regimes)} inputs"]
-        counts.append(f"{len(warnings)} robustness warning(s)")
-        if depending:
-            counts.append(f"{len(depending)} check(s) whose failures the contract covers")
-        if not_run:
-            counts.append(f"{len(not_run)} check(s) not run")
-        lines.append(f"verdict: {verdict}: " + "; ".join(counts))
-        for index, finding in enumerate(found, 1):
-            mark = "" if finding.regime in self.failing_regimes else "[warning] "
-            lines.append(f"  {index}. {mark}{finding.headline()}")
-            lines.append(f"     {finding.detail}")
-            if finding.worst:
-                lines += [f"     {line}" for line in finding.worst.splitlines()]
-            if finding.reproduce:
-                lines.append(f"     reproduce: {finding.reproduce}")
-        lines.append("checks:")
-        for row in self.rows:
-            status = {"fail": "FAIL", "envelope": "range"}.get(row["status"], row["status"])
-            where = (
-                f" ({row.get('severity')}, {row.get('regime')})" if row["status"] == "fail" else ""
-            )
-            lines.append(f"  {status:>14}  {row['name']}{where}: {row['detail']}")
-        return "\n".join(lines)
+    def summary(self, verbose: bool = False) -> str:
+        """The report in words, on one screen (summary.py); verbose: every row and detail."""
+        from .summary import summary
+
+        return summary(self, verbose)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -170,21 +144,40 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
 
 
 def _report(target: str, description: dict[str, Any], options: VetOptions) -> VetReport:
-    report = VetReport(
-        target, description["name"], str(description["spec"]), [], options.failing_regimes
-    )
+    """The report before the plan runs: a row for each check that does not apply (and why)
+    and for each that an option leaves out (status "skipped", the option in its detail)."""
     from ..checks import GRAD_CHECKS
     from ..kat import not_applicable as kat_not_applicable
     from ..stats import rate_not_applicable
 
+    spec = description["spec"]
+    report = VetReport(
+        target, description["name"], str(spec), [], options.failing_regimes, claimed=spec
+    )
+    rows = report.rows
     for name, reason in description["not_applicable"].items():
         if options.grad or name not in GRAD_CHECKS:
-            report.rows.append({"name": name, "status": "not applicable", "detail": reason})
-    if options.kat and (reason := kat_not_applicable(description["spec"])):
-        report.rows.append({"name": "known-answers", "status": "not applicable", "detail": reason})
-    spec = description["spec"]
+            rows.append({"name": name, "status": "not applicable", "detail": reason})
+    if options.kat and (reason := kat_not_applicable(spec)):
+        rows.append({"name": "known-answers", "status": "not applicable", "detail": reason})
     if spec.info.needs_projection and (reason := rate_not_applicable(spec)):
-        report.rows.append({"name": "rate", "status": "not applicable", "detail": reason})
+        rows.append({"name": "rate", "status": "not applicable", "detail": reason})
+
+    def skipped(name: str, option: str) -> None:
+        rows.append({"name": name, "status": "skipped", "detail": option})
+
+    if not options.grad:
+        for name in GRAD_CHECKS:
+            if name not in description["not_applicable"]:
+                skipped(name, "without --grad")
+    if not options.longest:
+        skipped("long-context", "--long 0")
+    if not options.kat and not kat_not_applicable(spec):
+        skipped("known-answers", "without --kat")
+    if spec.info.needs_projection and not options.sampler:
+        skipped("sampler", "without --sampler")
+    if not options.envelope:
+        skipped("envelope", "--no-envelope")
     return report
 
 
