@@ -154,3 +154,13 @@ def test_a_hang_is_worded_as_such():
            "severity": "wrong", "stopped": True}  # fmt: skip
     (finding,) = findings([row])
     assert finding.kind == "hung" and finding.headline() == "hung: contract took longer than 5 s"
+
+
+def test_the_known_answer_vectors_finding_has_a_command_that_runs_them_again(capsys):
+    impl = resolve(vet_targets.ten_percent_high, feature_map="elu")
+    (finding,) = findings(tasks.known_answers(impl, "cpu", ("float64",)), impl.spec)
+    assert finding.checks == ("known-answers",) and finding.kind == "wrong"
+    command = shlex.split(finding.reproduce)
+    assert command[3:5] == ["references", "run"]
+    assert main([*command[3:], "--quiet"]) == 0  # it reports the errors; vet judges them
+    assert "| elu-full-float64 | float64 | 4.07e+14 |" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """The commands that rerun what a vet task did without a case (the checks' rows carry
-`check NAME ... --case JSON`): the cost growth (`scaling`) and the rate (`vet`, which runs
-it on the same draws)."""
+`check NAME ... --case JSON`): the cost growth (`scaling`), the known-answer vectors
+(`references run`) and the rate (`vet`, which runs it on the same draws)."""
 
 from __future__ import annotations
 
@@ -27,3 +27,8 @@ def scaling_command(impl: Any, max_n: int, d: int) -> str:
 def vet_command(impl: Any, *options: str) -> str:
     """A `vet` command on `impl` with `options`."""
     return "python -m linattn_verify vet " + shlex.join([*target_words(impl), *options])
+
+
+def references_command(impl: Any) -> str:
+    """The `references run` command on `impl`: its error on every known-answer vector."""
+    return "python -m linattn_verify references run " + shlex.join(target_words(impl))

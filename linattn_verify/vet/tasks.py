@@ -303,4 +303,8 @@ def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) ->
     severity = "wrong" if bad else None
     result = CheckResult("known-answers", not bad, detail, figures=figures, severity=severity,
                          regime=shown["regime"] if bad else None)  # fmt: skip
-    return [result.to_dict()]
+    if not bad:
+        return [result.to_dict()]
+    from .commands import references_command
+
+    return [{**result.to_dict(), "reproduce": references_command(impl)}]
