@@ -21,7 +21,7 @@ from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Finding, Row, findings
 from .tasks import DEPENDS, planned_cases
-from .worker import Running, Worker, WorkerDied, WorkerHung, describe, run_task
+from .worker import Running, Worker, WorkerDied, WorkerHung, describe, max_rss, run_task
 
 # a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
 # "skipped": an option left it out, the row's detail names it)
@@ -64,6 +64,7 @@ class VetReport:
     rows: list[dict[str, Any]] = field(default_factory=list)
     failing_regimes: tuple[str, ...] = ("typical",)
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per plan step
+    max_rss: dict[str, int] = field(default_factory=dict)  # peak resident bytes per process
     claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
 
     @property
@@ -98,6 +99,7 @@ class VetReport:
             "counts": {s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
             "checks": self.rows,
             "seconds": self.seconds,
+            "max_rss": self.max_rss,
         }
 
 
@@ -270,6 +272,8 @@ def vet(
             try:
                 rows = worker.run(task, task_options, _timeout(task, options), on_case)
                 report.seconds[name] = time.monotonic() - start
+                say(f"{step}: {report.seconds[name]:.1f} s")
+                report.max_rss["worker"] = max(report.max_rss.get("worker", 0), worker.max_rss)
                 report.rows += rows
                 continue
             except WorkerHung as err:
@@ -290,6 +294,7 @@ def vet(
             break
     finally:
         worker.close()
+    report.max_rss["parent"] = max_rss()
     report.rows = _without_case_after_contract(report.rows)
     return report
 
@@ -308,5 +313,6 @@ def vet_in_process(
         start = time.monotonic()
         report.rows += run_task(impl, task, _options_after(report.rows, task, task_options))
         report.seconds[name] = time.monotonic() - start
+    report.max_rss["process"] = max_rss()
     report.rows = _without_case_after_contract(report.rows)
     return report

@@ -214,11 +214,7 @@ def long_context(
     reason = long.not_applicable(impl, dtypes)
     if reason:
         return [{"name": long.NAME, "status": "not applicable", "detail": reason}]
-    result = long.long_context(impl, dtypes, device, longest, seed)
-    row = result.to_dict()
-    if result.figures.get("stopped"):
-        row["status"] = "not run"
-    return [row]
+    return [long.long_context(impl, dtypes, device, longest, seed).to_dict()]
 
 
 def _one_row(name: str, results: list[CheckResult]) -> Row:
