@@ -14,7 +14,7 @@ import torch
 from linattn_verify.cases import Case
 from linattn_verify.checks import CHECKS
 from linattn_verify.cli import main
-from linattn_verify.regimes import ELU_ROW_FLOOR
+from linattn_verify.regimes import ELU_ROW_FLOOR, REGIMES
 from linattn_verify.under_test import resolve
 from linattn_verify.vet import tasks
 from linattn_verify.vet.findings import findings
@@ -49,6 +49,16 @@ def test_elu_cancellation_in_every_dtype_and_check_is_one_finding_naming_where_i
     assert inaccurate.severity == "inaccurate" and inaccurate.cause.compute == "float64"
     assert f"rows below x = {ELU_ROW_FLOOR:.3g} in float64" in inaccurate.cause.short
     assert finding.headline().startswith("wrong on extreme inputs: elu(x) + 1 cancels")
+
+
+def test_a_cause_spanning_regimes_fails_a_verdict_where_its_rows_do():
+    impl = resolve(textbook.elu_cumsum, feature_map="elu", causal=True)
+    rows = _rows(impl, ("reference", "positivity"), _case("float16"))
+    rows[0] = {**rows[0], "regime": "typical"}  # as if the reference check had failed there
+    (finding,) = findings(rows, impl.spec)
+    assert finding.regime == "typical" and finding.checks == ("reference", "positivity")
+    assert finding.failing(("typical",)) == {"reference"}
+    assert finding.failing(REGIMES) == {"reference", "positivity"}
 
 
 def test_the_cancellation_is_named_in_the_precision_the_kernel_computes_in():

@@ -87,6 +87,14 @@ class Finding:
     text: str | None = None
     details: tuple[str, ...] = ()  # the detail of each further row (a sampler's checks, the rate)
     reproduces: tuple[str, ...] = ()  # every command that reproduces a part of it
+    # each row's check and regime: a named cause spans regimes, and a check fails a verdict
+    # where its own row's regime does (the finding's regime is the mildest of them)
+    check_regimes: tuple[tuple[str, str], ...] = ()
+
+    def failing(self, regimes: tuple[str, ...]) -> set[str]:
+        """The checks this finding fails in a verdict that fails on `regimes`."""
+        pairs = self.check_regimes or tuple((c, self.regime) for c in self.checks)
+        return {check for check, regime in pairs if regime in regimes}
 
     @property
     def cause(self) -> str | None:
@@ -342,6 +350,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 reproduces=tuple(
                     dict.fromkeys(r["reproduce"] for r in group if r.get("reproduce"))
                 ),
+                check_regimes=tuple((r["name"], _regime(r)) for r in group),
             )
         )
     out.sort(

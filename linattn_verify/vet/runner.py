@@ -73,9 +73,9 @@ class VetReport:
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        """The rows that fail the verdict: those of the findings in failing_regimes, and
-        what was not run."""
-        blocking = {c for f in self.findings if f.regime in self.failing_regimes for c in f.checks}
+        """The rows that fail the verdict: those of the findings in failing_regimes (a row of
+        a cause that spans regimes where its own regime is one), and what was not run."""
+        blocking = {c for f in self.findings for c in f.failing(self.failing_regimes)}
         return [r for r in self.rows if r["name"] in blocking or r["status"] == "not run"]
 
     @property

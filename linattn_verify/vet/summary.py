@@ -153,11 +153,11 @@ def _checks(report: VetReport, found: list[Finding], verbose: bool) -> list[str]
     rows = [r for r in report.rows if r["status"] != "envelope"]
     if verbose:
         by_check = {c: (i, f) for i, f in reversed(list(enumerate(found, 1))) for c in f.checks}
-        failing = {c for f in found if f.regime in report.failing_regimes for c in f.checks}
+        failing = {c for f in found for c in f.failing(report.failing_regimes)}
         return ["checks:", *(_row_line(r, by_check, failing) for r in rows)]
     status = {s: [r for r in rows if r["status"] == s] for s in
               ("pass", "fail", "depends", "not applicable", "skipped", "not run")}  # fmt: skip
-    failing = {c for f in found if f.regime in report.failing_regimes for c in f.checks}
+    failing = {c for f in found for c in f.failing(report.failing_regimes)}
     failed = [r for r in status["fail"] if r["name"] in failing]
     warned = len(status["fail"]) - len(failed)
     run = len(status["pass"]) + len(status["fail"]) + len(status["depends"])
