@@ -30,6 +30,7 @@ element, as s_ic is for an output element.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -71,9 +72,15 @@ class GradientVerdict:
 
     @property
     def message(self) -> str:
-        errors = ", ".join(f"d{n} {e:.3g}" for n, e in self.max_error.items())
+        """The verdict in words: the tensors with a non-finite element (where the exact
+        gradient fits the dtype) by name, the others' largest errors, the bound, the budget."""
         name, at = self.worst
-        parts = [f"gradient errors (units of u M) {errors}; worst at d{name}{list(at)}"]
+        broken = [f"d{n}" for n, e in self.max_error.items() if not math.isfinite(e)]
+        errors = ", ".join(f"d{n} {e:.3g}" for n, e in self.max_error.items() if math.isfinite(e))
+        parts = [f"{', '.join(broken)} not finite where the exact gradient is"] if broken else []
+        if errors:
+            parts.append(f"gradient errors (units of u M) {errors}")
+        parts[-1] += f"; worst at d{name}{list(at)}"
         parts.append(
             "the bound is vacuous (n u >= 1): only the budget judges"
             if self.bound == float("inf")
