@@ -129,6 +129,7 @@ class Finding:
             "cause": self.cause,
             "effects": [e.to_dict() for e in self.effects],
             "checks": list(self.checks),
+            "check_regimes": [list(pair) for pair in self.check_regimes],
             "detail": self.detail,
             "details": list(self.details),
             "relative_error": self.relative_error,
