@@ -12,8 +12,6 @@ show changes. The report's excerpts are computed by the report's own code (repor
 plan, report.accuracy, report.gradients, report.markdown) on the rows they show: the same
 seeded inputs as `python -m linattn_verify report`, so the same figures as a full run. The
 adapters' table is not here: `make readme-verdicts` writes it (tests/test_adapter_verdicts.py).
-Blocks whose markers name no generator here (the README's vet example and vet time table)
-are left as they are.
 """
 
 from __future__ import annotations
@@ -221,6 +219,21 @@ def _with(folder: Path, name: str, text: str) -> Path:
     return folder
 
 
+VET_EXAMPLE = "vet tests.zoo.textbook:elu_cumsum --feature-map elu --causal"
+
+
+def vet_example() -> str:
+    """The README's vet run: the textbook causal elu+1 kernel with cumulative sums, vet's
+    default plan (about a minute)."""
+    out = _run([PYTHON, "-m", "linattn_verify", *shlex.split(VET_EXAMPLE), "--quiet"])
+    return _console(f"python -m linattn_verify {VET_EXAMPLE}", out)
+
+
+def bench_vet() -> str:
+    """benchmarks/bench_vet.py's table (some ten minutes: run it with nothing else running)."""
+    return _run([PYTHON, "benchmarks/bench_vet.py"]).rstrip()
+
+
 _walkthrough = functools.cache(vet_walkthrough)
 TIME = r"in \d+(\.\d+)?s"  # pytest's summary line ends with the run's time
 
@@ -229,6 +242,8 @@ BLOCKS = {
     for b in (
         Block("report-summary", "README.md", True, lambda: report_summary(SUMMARY_ROWS)),
         Block("pytest-example", "README.md", True, pytest_example, volatile=(TIME,)),
+        Block("vet-example", "README.md", False, vet_example, volatile=(r"time: .*",)),
+        Block("bench-vet", "README.md", False, bench_vet),
         Block("report-excerpt", "docs/report.md", True, lambda: report_summary(EXCERPT_ROWS)),
         Block("report-gradients", "docs/gradients.md", True, report_gradients),
         Block("report-figure", "docs/report.md", False, report_figure),
