@@ -128,6 +128,12 @@ def test_a_cost_growing_faster_than_claimed_is_a_cost_finding_with_its_command(c
     assert command[:4] == ["python", "-m", "linattn_verify", "scaling"]
     assert main([*command[3:], "--quiet"]) == 1  # it counts the same growth again
     assert "FLOPs ~ N^2.0" in capsys.readouterr().out
+    # a long-context check stopped by memory that grows faster than claimed: the same cost
+    memory = "stopped before N = 65536: peak memory grows as N^2.00"
+    rows.append({"name": "long-context", "status": "fail", "detail": memory, "cause": "cost"})
+    (finding,) = findings(rows, impl.spec)
+    assert finding.kind == "cost" and finding.checks == ("scaling", "long-context")
+    assert finding.headline().endswith(f"(over N=1024..2048); long-context: {memory}")
 
 
 def test_a_samplers_statistics_and_the_rate_on_its_draws_are_one_sampler_finding():

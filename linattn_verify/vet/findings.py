@@ -301,8 +301,10 @@ def _cost_text(row: Row) -> str:
 
 
 def _text(kind: str, group: list[Row]) -> str | None:
-    if kind == "cost":
-        return "; ".join(dict.fromkeys(_cost_text(r) for r in group))
+    if kind == "cost":  # the scaling row's words first, the others' named by their check
+        texts = [_cost_text(r) if r["name"] == "scaling" else f"{r['name']}: {r['detail']}"
+                 for r in sorted(group, key=lambda r: r["name"] != "scaling")]  # fmt: skip
+        return "; ".join(dict.fromkeys(texts))
     if kind == "sampler":
         return _sampler_text(group)
     if kind == "rate":
