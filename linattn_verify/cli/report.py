@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..specs import FEATURE_MAPS
+from ..under_test.claim import CLAIM
 from . import options
 
 
@@ -67,10 +68,11 @@ def _options(args: argparse.Namespace) -> Any:
         if adapter is not None and adapter.device == "cuda" and args.device != "cuda":
             raise options.UsageError(f"{impl.name} runs on CUDA only: give --device cuda")
     else:
+        defaults = {o.name: o.default for o in CLAIM}
         given = [
             f
             for f in ("feature_map", "causal", "eps", "layout", "cost", "chunk_size")
-            if getattr(args, f)
+            if getattr(args, f) not in (None, False, defaults.get(f))
         ]
         if given:
             flag = given[0].replace("_", "-")

@@ -135,7 +135,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
         sampler = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
         steps.append(("sampler", "sampler", sampler))
     if spec.info.needs_projection and not rate_not_applicable(spec):
-        rate = {"sampler_target": options.sampler, "seed": options.seed}
+        rate = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
         steps.append(("rate", "rate", {**rate, "device": options.device, "dtypes": options.dtypes}))
     if options.envelope:
         steps.append(("envelope", "envelope", where))
@@ -272,7 +272,7 @@ def vet(
             try:
                 rows = worker.run(task, task_options, _timeout(task, options), on_case)
                 report.seconds[name] = time.monotonic() - start
-                say(f"{step}: {report.seconds[name]:.1f} s")
+                say(f"{step} done in {report.seconds[name]:.1f} s")
                 report.max_rss["worker"] = max(report.max_rss.get("worker", 0), worker.max_rss)
                 report.rows += rows
                 continue

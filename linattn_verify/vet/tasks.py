@@ -214,7 +214,13 @@ def long_context(
     reason = long.not_applicable(impl, dtypes)
     if reason:
         return [{"name": long.NAME, "status": "not applicable", "detail": reason}]
-    return [long.long_context(impl, dtypes, device, longest, seed).to_dict()]
+    row = long.long_context(impl, dtypes, device, longest, seed).to_dict()
+    if row["status"] == "fail":  # vet reruns it on the same draws (the seed)
+        from .commands import vet_command
+
+        seeded = ("--seed", str(seed)) if seed else ()
+        row["reproduce"] = vet_command(impl, "--dtypes", *dtypes, "--long", str(longest), *seeded)
+    return [row]
 
 
 def _one_row(name: str, results: list[CheckResult]) -> Row:
