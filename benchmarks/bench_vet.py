@@ -54,13 +54,13 @@ def run(name: str, command: list[str], folder: Path) -> dict:
     is_vet = command[:4] == VET
     argv = [*command, "--json", str(json_path)] if is_vet else command
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    errors = folder / f"{json_path.stem}.err"  # a file, not a pipe: a full pipe would block
     start = time.perf_counter()
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
-    _, status, usage = os.wait4(process.pid, 0)
+    with errors.open("w") as err:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - start
-    stderr = process.stderr.read() if process.stderr else ""
-    process.stderr and process.stderr.close()
+    stderr = errors.read_text()
     row = {
         "name": name,
         "seconds": seconds,
