@@ -30,7 +30,9 @@ itself carries no rounding error of its own; it is infinite where n u >= 1.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -67,6 +69,10 @@ from ..specs import RSQRT_D, Spec, SpecError
 C_LIB = 2
 BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
 FAST_BOUND_WORK = 2**16  # query-key pairs per head beyond which the sums run in float64
+# Heads whose ball sums are kept (_head_sums): the checks meet a head again (batch-head and
+# layout permute heads, accuracy meets the search's cases), and so do the zoo's and the
+# property suite's kernels of one spec; a small case's sums are a few KiB
+HEADS_KEPT = 4096
 # ln of float32's largest value: an unshifted exp(x) below -88 underflows float32, so any
 # working elu implementation shifts rows that negative (float64 ones may not: 745 there,
 # and their extra error |r| u beyond 88 u is charged to them)
@@ -388,7 +394,7 @@ def _bound_rows(sums: HeadSums, out, u: float, nk: int, tiny: float, lam: float 
         g = min(g, gamma_probabilistic(sums.m + nk + 1, u, lam))
     dv = sums.a.shape[1] - 1
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        s = sums.a[:, :dv]
+        s = sums.a[:, :dv].copy()  # the sums are kept (_head_sums): never written
         out = s if out is None else out
         err_den = (1 + g) * sums.f[:, -1:] + g * sums.a[:, -1:]
         err_num = (1 + g) * sums.f[:, :dv] + g * sums.a[:, :dv]
@@ -432,16 +438,44 @@ def scale_and_bound(
     for b in range(b_):
         for h in range(h_):
             head = Head.of(x, b, h)
-            prec, sums = BOUND_PREC, None
-            while engine == "arb" and sums is None:  # exponents of 1e39 need more than 64 bits
-                with working_precision(prec):
-                    sums = _arb_sums(head, spec, u, final=prec >= MAX_PREC)
-                prec *= 4
-            if engine == "fast":
-                sums = _fast_sums(head, spec, u)
+            sums = _head_sums(head, spec, u) if engine == "arb" else _fast_sums(head, spec, u)
             out = None if ref is None else np.abs(ref[b, h])
             scale[b, h], bound[b, h] = _bound_rows(sums, out, u, nk, tiny, lam)
     return scale, bound
+
+
+_KEPT: OrderedDict[tuple, HeadSums] = OrderedDict()  # _head_sums' least recent first
+
+
+def _head_sums(head: Head, spec: Spec, u: float) -> HeadSums:
+    """_arb_sums of the head at the lowest precision that resolves its denominators
+    (exponents of 1e39 need more than 64 bits), kept (HEADS_KEPT) per the head's content,
+    spec, u and the feature model in force (the features' errors depend on it)."""
+    key = (_digest(head), spec, u, FEATURE_MODEL.get())
+    if (sums := _KEPT.get(key)) is not None:
+        _KEPT.move_to_end(key)
+        return sums
+    prec = BOUND_PREC
+    while sums is None:
+        with working_precision(prec):
+            sums = _arb_sums(head, spec, u, final=prec >= MAX_PREC)
+        prec *= 4
+    _KEPT[key] = sums
+    if len(_KEPT) > HEADS_KEPT:
+        _KEPT.popitem(last=False)
+    return sums
+
+
+def _digest(head: Head) -> bytes:
+    """What the head holds: its arrays' shapes and values, and cosFormer's M."""
+    arrays = (head.q, head.k, head.v, head.w, head.decay)
+    hasher = hashlib.blake2b(
+        repr([head.big_m, *(getattr(a, "shape", None) for a in arrays)]).encode()
+    )
+    for a in arrays:
+        if a is not None:
+            hasher.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+    return hasher.digest()
 
 
 def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Deterministic cost of an implementation: FLOPs and peak bytes of live intermediates.
 
-FLOPs are counted by torch.utils.flop_counter.FlopCounterMode (matrix products, the work
-that dominates attention; elementwise ops are not counted), taught the products it misses:
+FLOPs are counted with torch.utils.flop_counter's formulas, those of FlopCounterMode (matrix
+products, the work that dominates attention; elementwise ops are not counted), and the
+products it misses:
 the in-place ones (s.baddbmm_(a, b) and s.addmm_(a, b), a state updated in place, count 0
 in torch 2.13), addbmm, and matrix-vector products. The built-in elu forms compute their
 denominators (2 N d per head) in native.c where it is built, and as a matmul where not:
@@ -20,20 +21,22 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 Implementation = Callable[..., torch.Tensor]
 
 
 class PeakLiveBytes(TorchDispatchMode):
     """Peak total size of the storages that ops allocate, while they are alive (views and
-    in-place results share their input's storage and are not counted again), and the
-    number of ops dispatched (each costs microseconds of Python and dispatch whatever its
-    size: the work of a kernel that loops over tokens)."""
+    in-place results share their input's storage and are not counted again), the number of
+    ops dispatched (each costs microseconds of Python and dispatch whatever its size: the
+    work of a kernel that loops over tokens), and the FLOPs of the matrix products among
+    them (FLOP_FORMULAS: torch's FlopCounterMode formulas and the products it misses; one
+    mode, not FlopCounterMode beside it, whose own work per op is ten times this one's)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.live = self.peak = self.ops = 0
+        self.live = self.peak = self.ops = self.flops = 0
         self.tracked: set[int] = set()
 
     def _freed(self, ptr: int, size: int) -> None:
@@ -41,8 +44,12 @@ class PeakLiveBytes(TorchDispatchMode):
         self.tracked.discard(ptr)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         self.ops += 1
+        formula = FLOP_FORMULAS.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
         for t in out if isinstance(out, tuple | list) else (out,):
             if not isinstance(t, torch.Tensor):
                 continue
@@ -90,6 +97,11 @@ UNCOUNTED_PRODUCTS = {
     _aten.addmv: _addmv_flops,
     _aten.addmv_: _addmv_flops,
 }
+# per op overload packet: FLOPs of one call from its arguments and output (out_val=)
+FLOP_FORMULAS = {
+    **flop_registry,
+    **{op: shape_wrapper(formula) for op, formula in UNCOUNTED_PRODUCTS.items()},
+}
 
 
 def measure_cost(fn: Callable[[], object], n: int) -> Cost:
@@ -98,14 +110,10 @@ def measure_cost(fn: Callable[[], object], n: int) -> Cost:
 
 
 def counted(fn: Callable[[], object], n: int) -> tuple[object, Cost]:
-    """fn's result and the cost of the call (both counters in one call: the counts do not
-    depend on each other, nor the result on them)."""
-    with (
-        FlopCounterMode(display=False, custom_mapping=UNCOUNTED_PRODUCTS) as flops,
-        PeakLiveBytes() as memory,
-    ):
+    """fn's result and the cost of the call (the result does not depend on the counting)."""
+    with PeakLiveBytes() as counts:
         result = fn()
-    return result, Cost(n, int(flops.get_total_flops()), memory.peak, memory.ops)
+    return result, Cost(n, int(counts.flops), counts.peak, counts.ops)
 
 
 def attention_inputs(
