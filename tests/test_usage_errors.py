@@ -28,6 +28,14 @@ BAD = {
     "bad case": [*CHECK_ELU, "--case", "{"],
     "no vectors there": ["references", "check", "--dir", "/no/such/dir"],
     "unknown check": ["check", "nosuch", "--impl", TARGET, "--feature-map", "elu"],
+    "unimportable module": ["check", "layout", "--impl", "no_such:fn", "--feature-map", "elu"],
+    "check that does not apply": ["check", "causality", "--feature-map", "elu"],  # non-causal
+    "unknown form": ["check", "layout", "--feature-map", "elu", "--form", "bogus"],
+    "chunk size of a target": [*CHECK_ELU, "--chunk-size", "8"],
+    "layout of a built-in form": ["check", "layout", "--feature-map", "elu", "--layout", "bnhd"],
+    "no examples": [*CHECK_ELU, "--examples", "0"],
+    "fractional length": [*CHECK_ELU, "--case", CASE.replace('"n":3', '"n":3.5')],
+    "negative seed": [*CHECK_ELU, "--case", CASE.replace("}", ',"seed":-1}')],
 }
 
 

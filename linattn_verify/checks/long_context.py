@@ -22,7 +22,7 @@ A failure names the smallest N where it shows. float64 is judged against correct
 references elsewhere (the certified one is within 2^-34 s, not 2^-53): not here.
 
 What a length costs is predicted before it runs, from what the kernel's calls at the two
-lengths before it counted (scaling/cost.py: matmul FLOPs, peak live bytes, dispatched ops),
+shortest lengths counted (scaling/cost.py: matmul FLOPs, peak live bytes, dispatched ops),
 never from wall time, so that a verdict does not depend on how busy the machine is. A
 length predicted past one of LIMITS is not run: where the counts grow faster than the
 kernel's claimed linear cost, that is a cost finding (a kernel materialising N x N weights
@@ -81,6 +81,10 @@ LIMITS = {"peak_bytes": 2 * 2**30, "flops": 2**35, "ops": 8 * (LONGEST + 1)}
 # Lengths whose reference, golden and bounds are kept (_standard), up to LONGEST + 1 only:
 # a few hundred MiB of them at the default lengths; at --long 2^20 each is 0.5 GiB, never kept
 STANDARDS_KEPT = 48
+# Panels whose inputs, reference and golden output are kept (_drawn, _reference_and_golden):
+# those of one run at the default lengths (3 dtypes x 2 shapes), for the next kernel of the
+# spec; a panel longer than LONGEST + 1 is dropped when it is done
+PANELS_KEPT = 6
 MEMORY_ARRAYS = 32  # (N, d) float64 arrays the check holds at its peak (memory_estimate; README)
 
 
@@ -180,6 +184,9 @@ def long_context(
         runs = tuple(n for n in upto if costly is None or n < costly.n)
         say(f"{NAME}: {panel.label} ({i + 1}/{len(panels)}), N up to {runs[-1]}")
         _run_panel(impl, panel, runs, device, seed + i)
+        if runs[-1] > LONGEST + 1:
+            _drawn.cache_clear()
+            _reference_and_golden.cache_clear()
         if runs != upto and panel.stop is None:
             panel.stop = costly
         if costly is None and panel.stop and panel.stop.superlinear:
@@ -214,11 +221,11 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
         qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
         call = functools.partial(impl, qn, kn, vn, w)
         try:
-            if n == ns[-1]:  # no length after it is predicted from its counts
-                result = call()
-            else:
+            if len(costs) < 2:  # the two shortest lengths' counts predict the longer ones
                 result, cost = counted(call, n)
                 costs.append(cost)
+            else:  # counting costs ten times the call for a kernel looping over tokens
+                result = call()
         except ImplementationFailure as err:
             panel.problem = (n, "wrong", f"the implementation {err}")
             return
@@ -281,7 +288,7 @@ class Draw:
         return (*(t[:, :, :n] for t in (q, k, v)), w)
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=PANELS_KEPT)
 def _drawn(draw: Draw):
     """The draw's inputs at its longest N, drawn once for its lengths and standards."""
     return inputs(
@@ -318,7 +325,7 @@ def _standard(draw: Draw, n: int, model: str):
     return ref, golden, bounds, resolvable_rows(x, spec, lam)
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=PANELS_KEPT)
 def _reference_and_golden(draw: Draw) -> tuple[np.ndarray, torch.Tensor]:
     """The certified reference and the golden linear form's output at the longest N."""
     q, k, v, w = draw.tensors()
