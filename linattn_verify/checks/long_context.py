@@ -221,7 +221,7 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
         qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
         call = functools.partial(impl, qn, kn, vn, w)
         try:
-            if len(costs) < 2:  # the two shortest lengths' counts predict the longer ones
+            if len(costs) < 2 < len(ns):  # the two shortest lengths' counts predict the rest
                 result, cost = counted(call, n)
                 costs.append(cost)
             else:  # counting costs ten times the call for a kernel looping over tokens
