@@ -79,7 +79,7 @@ def test_a_biased_sampler_fails_the_random_feature_statistics(tmp_path, capsys):
     out = tmp_path / "vet.json"
     sampler = "tests.zoo.random_features:unit_norm_rows"
     args = ["--dtypes", "float32", "--sampler", sampler, "--claim", "iid", "--long", "0"]
-    args += ["--json", str(out)]
+    args += ["--no-envelope", "--json", str(out)]
     assert (
         main(
             ["vet", f"{TARGETS}:performer", "--feature-map", "performer-positive", "--quiet", *args]
