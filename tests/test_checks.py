@@ -172,11 +172,6 @@ def test_pytest_properties_with_impl_passes_a_correct_one():
     assert " passed" in run.stdout
 
 
-def test_pytest_properties_with_impl_needs_a_feature_map():
-    run = _pytest_impl("tests.zoo.correct:elu_masked_quadratic")
-    assert run.returncode != 0 and "needs --feature-map" in run.stdout + run.stderr
-
-
 def test_an_infinite_difference_is_a_mismatch_even_where_the_bound_is_vacuous():
     vacuous = Tolerance(np.ones((1, 1, 1, 1)), np.full((1, 1, 1, 1), np.inf), 2.0**-24)
     a, b = np.full((1, 1, 1, 1), np.inf), np.ones((1, 1, 1, 1))
