@@ -147,3 +147,27 @@ def test_non_finite_outputs_and_numbers_for_0_over_0_are_violations():
     ok = torch.tensor([float("nan"), 1.0]).reshape(1, 1, 2, 1)
     assert judge(ok, x, relu, ref).passed
     assert not judge(torch.ones(1, 1, 2, 1), x, relu, ref).within_bound
+
+
+def test_kept_ball_sums_follow_the_feature_model_and_the_inputs():
+    """The bound's ball sums are kept per head (accuracy/bound.py, _head_sums): the same head
+    under the other feature model, or with one value changed, is bounded afresh."""
+    from linattn_verify.accuracy import bound
+
+    spec, u = lv.Spec("elu", causal=True), UNIT_ROUNDOFF["float32"]
+    k = torch.tensor([[[[0.1, 0.4], [-0.7, 0.2], [0.3, -1.0]]]])
+    v = torch.tensor([[[[1.0], [2.0], [-1.0]]]])
+
+    def bounded(q: torch.Tensor, model: str) -> np.ndarray:
+        with bound.feature_model(model):
+            return bound.scale_and_bound(validate(q, k, v, spec), spec, None, u)[1]
+
+    q = torch.tensor([[[[0.5, -0.2], [-30.0, -25.0], [1.0, 0.3]]]])  # an all-negative row
+    nearby = q.clone()
+    nearby[0, 0, 1, 0] = -29.0
+    got = [bounded(t, m) for t in (q, nearby) for m in ("standard", "relative")]
+    bound._KEPT.clear()  # afresh, nothing kept
+    fresh = [bounded(t, m) for t in (q, nearby) for m in ("standard", "relative")]
+    for a, b in zip(got, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(got[0], got[1]) and not np.array_equal(got[1], got[3])

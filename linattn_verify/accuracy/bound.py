@@ -69,10 +69,11 @@ from ..specs import RSQRT_D, Spec, SpecError
 C_LIB = 2
 BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
 FAST_BOUND_WORK = 2**16  # query-key pairs per head beyond which the sums run in float64
-# Heads whose ball sums are kept (_head_sums): the checks meet a head again (batch-head and
+# Bytes of heads' ball sums kept (_head_sums): the checks meet a head again (batch-head and
 # layout permute heads, accuracy meets the search's cases), and so do the zoo's and the
-# property suite's kernels of one spec; a small case's sums are a few KiB
-HEADS_KEPT = 4096
+# property suite's kernels of one spec; a small case's sums are a few KiB, a long decayed
+# head's megabytes (arb bounds them at any N): the least recent go first past this
+KEPT_BYTES = 2**28
 # ln of float32's largest value: an unshifted exp(x) below -88 underflows float32, so any
 # working elu implementation shifts rows that negative (float64 ones may not: 745 there,
 # and their extra error |r| u beyond 88 u is charged to them)
@@ -445,11 +446,12 @@ def scale_and_bound(
 
 
 _KEPT: OrderedDict[tuple, HeadSums] = OrderedDict()  # _head_sums' least recent first
+_kept_bytes = 0  # what _KEPT holds (_nbytes)
 
 
 def _head_sums(head: Head, spec: Spec, u: float) -> HeadSums:
     """_arb_sums of the head at the lowest precision that resolves its denominators
-    (exponents of 1e39 need more than 64 bits), kept (HEADS_KEPT) per the head's content,
+    (exponents of 1e39 need more than 64 bits), kept (KEPT_BYTES) per the head's content,
     spec, u and the feature model in force (the features' errors depend on it)."""
     key = (_digest(head), spec, u, FEATURE_MODEL.get())
     if (sums := _KEPT.get(key)) is not None:
@@ -461,9 +463,15 @@ def _head_sums(head: Head, spec: Spec, u: float) -> HeadSums:
             sums = _arb_sums(head, spec, u, final=prec >= MAX_PREC)
         prec *= 4
     _KEPT[key] = sums
-    if len(_KEPT) > HEADS_KEPT:
-        _KEPT.popitem(last=False)
+    global _kept_bytes
+    _kept_bytes += _nbytes(sums)
+    while _kept_bytes > KEPT_BYTES:
+        _kept_bytes -= _nbytes(_KEPT.popitem(last=False)[1])
     return sums
+
+
+def _nbytes(sums: HeadSums) -> int:
+    return sums.a.nbytes + sums.f.nbytes + sums.zero.nbytes
 
 
 def _digest(head: Head) -> bytes:
