@@ -1,0 +1,295 @@
+"""Triton's interpreter (TRITON_INTERPRET=1) made to run shipped Triton kernels on CPU tensors:
+the environment set before triton is imported, and the shims for what the interpreter of the
+triton versions in SHIMMED_FOR does differently from a GPU, each citing its upstream issue.
+
+- The autotuner benchmarks every config through a GPU driver ("0 active drivers"): the
+  interpreter runs the config the caller chose (`use_config`), one per kernel, chosen among
+  the configs that differ in what the kernel computes (constexprs: block sizes and others;
+  num_warps and num_stages only schedule work on a GPU). triton-lang/triton#7932 (no switch
+  to skip benchmarking; PR #8691 open).
+- A `for i in range(...)` loop variable is a Python int in the interpreter and a tensor in
+  compiled code, so `i.to(tl.int64)` fails: loop variables of range/tl.range become tensors
+  (the interpreter's AST rewriting already does so for assignments); no upstream issue
+  found (searched triton-lang/triton, 2026-12).
+- bfloat16 is held as raw uint16 bits, and tl.dot, arithmetic and reductions act on the bits
+  (triton-lang/triton#11584): bfloat16 values are carried as float32 numbers, each a bfloat16
+  value, decoded on load and rounded to nearest even on store and on every cast and result.
+- `tf32=True` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
+  nearest even), what an Ampere-or-newer GPU computes with input_precision "tf32" (the
+  default); without it the interpreter computes IEEE float32 products.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .specs import SpecError
+
+SHIMMED_FOR = ("3.9.0",)
+INSTALL = "triton==3.9.0 numpy packaging"
+
+
+class TritonUnavailable(SpecError):
+    """Triton is missing, imported without the interpreter, or a version the shims do not
+    know (a usage error: exit 2)."""
+
+
+@dataclass
+class _State:
+    """What the shims were told and what they saw: the config variant in use, the TF32
+    switch, each autotuned kernel's distinct configs (by its name), and the autotuners whose
+    choice must be forgotten when the variant changes."""
+
+    variant: int = 0
+    tf32: bool = False
+    configs: dict[str, list[dict]] = field(default_factory=dict)
+    tuners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    installed: bool = False
+
+
+STATE = _State()
+
+
+def enable(tf32: bool = False) -> None:
+    """Set TRITON_INTERPRET=1, import triton and install the shims (once); TritonUnavailable
+    if triton is missing, was imported before without the interpreter, or is a version the
+    shims were not written for."""
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise TritonUnavailable(
+            "triton was imported before the interpreter was enabled: "
+            "TRITON_INTERPRET=1 must be set before triton is imported"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+    except ImportError as err:
+        raise TritonUnavailable(
+            f"cannot import triton ({err}); `pip install {INSTALL}` or "
+            "`pip install linattn-verify[triton]`"
+        ) from None
+    if triton.__version__ not in SHIMMED_FOR:
+        raise TritonUnavailable(
+            f"triton {triton.__version__} is installed; the interpreter shims are written for "
+            f"triton {', '.join(SHIMMED_FOR)} (`pip install {INSTALL}`)"
+        )
+    STATE.tf32 = tf32
+    if not STATE.installed:
+        _install()
+        STATE.installed = True
+
+
+def variants() -> int:
+    """How many config variants the autotuned kernels seen so far have: variant i runs
+    config i (mod its count) of every kernel, so every distinct config runs in some variant."""
+    return max((len(c) for c in STATE.configs.values()), default=1)
+
+
+def describe(variant: int) -> str:
+    """The configs variant `variant` runs, kernel by kernel: "chunk_fwd_kernel_o BK=64 BV=64"."""
+    parts = []
+    for kernel, configs in sorted(STATE.configs.items()):
+        kwargs = configs[variant % len(configs)]
+        parts.append(" ".join([kernel, *(f"{k}={v}" for k, v in kwargs.items())]))
+    return "; ".join(parts) or "no autotuned kernel"
+
+
+@contextmanager
+def use_config(variant: int) -> Iterator[None]:
+    """Run the autotuned kernels in config variant `variant` inside the block."""
+    previous = STATE.variant
+    _choose(variant)
+    try:
+        yield
+    finally:
+        _choose(previous)
+
+
+def _choose(variant: int) -> None:
+    if variant != STATE.variant:
+        STATE.variant = variant
+        for tuner in list(STATE.tuners):
+            tuner.cache.clear()
+
+
+def _install() -> None:
+    from triton.runtime import autotuner, interpreter
+
+    _shim_autotuner(autotuner.Autotuner)
+    _shim_loop_variables(interpreter)
+    _shim_bfloat16(interpreter)
+    _shim_dot(interpreter)
+
+
+def _shim_autotuner(tuner_class: type) -> None:
+    """Autotuner.prune_configs returns one config, the variant's (triton#7932): the
+    autotuner then runs it without benchmarking."""
+    prune = tuner_class.prune_configs
+
+    def chosen_config(self, kwargs):
+        pruned = prune(self, kwargs)
+        distinct: dict[tuple, object] = {}
+        for config in pruned:
+            distinct.setdefault(tuple(sorted(config.kwargs.items())), config)
+        name = self.base_fn.__name__
+        STATE.configs[name] = [dict(k) for k in distinct]
+        STATE.tuners.add(self)
+        configs = list(distinct.values())
+        return [configs[STATE.variant % len(configs)]]
+
+    tuner_class.prune_configs = chosen_config
+
+
+class _LoopVariables(ast.NodeTransformer):
+    """`for i in range(...)` / `tl.range(...)`: i = to_tensor(i) first in the body, as the
+    compiler makes it a tensor; static_range's stays an int."""
+
+    def visit_For(self, node: ast.For) -> ast.For:
+        self.generic_visit(node)
+        call = node.iter
+        name = call.func.attr if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else (
+            call.func.id if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else ""
+        )
+        if name == "range" and isinstance(node.target, ast.Name):
+            convert = ast.Assign(
+                targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
+                value=ast.Call(
+                    func=ast.Attribute(
+                        value=ast.Name(id="interpreter_semantic", ctx=ast.Load()),
+                        attr="to_tensor",
+                        ctx=ast.Load(),
+                    ),
+                    args=[ast.Name(id=node.target.id, ctx=ast.Load()), ast.Constant(value=False)],
+                    keywords=[],
+                ),
+            )
+            node.body.insert(0, ast.copy_location(convert, node))
+        return node
+
+
+def _shim_loop_variables(interpreter) -> None:
+    base = interpreter.ASTTransformer
+
+    class Transformer(_LoopVariables, base):
+        pass
+
+    interpreter.FunctionRewriter.ast_transformer = Transformer()
+    interpreter.InterpretedFunction.rewritten_fn.clear()
+
+
+def _bfloat16_bits(data):
+    """float32 numbers (each already a bfloat16 value) as bfloat16's uint16 bits."""
+    import numpy as np
+
+    return (np.ascontiguousarray(data, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _to_bfloat16(data):
+    """Numbers or raw uint16 bits as float32 numbers rounded to bfloat16, to nearest even
+    (NaN and infinities kept), as a GPU's cvt.rn.bf16.f32 does."""
+    import numpy as np
+
+    if data.dtype == np.uint16:
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    bias = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+    rounded = (bits + bias) & np.uint32(0xFFFF0000)
+    return np.where(special, bits, rounded).view(np.float32).reshape(data.shape)
+
+
+def _shim_bfloat16(interpreter) -> None:
+    """bfloat16 values carried as float32 numbers, rounded to bfloat16 whenever a value of
+    that type is made (triton#11584): loads decode the bits, stores and bitcasts encode them,
+    every other operation computes on the numbers."""
+    import numpy as np
+
+    tl, handle, builder = interpreter.tl, interpreter.TensorHandle, interpreter.InterpreterBuilder
+    np_dtype, valid = interpreter._get_np_dtype, interpreter._validate_np_data_size
+
+    def get_np_dtype(ty):
+        return np.dtype(np.float32) if ty == tl.bfloat16 else np_dtype(ty)
+
+    def validate(array, ty):
+        return (ty == tl.bfloat16 and array.dtype == np.float32) or valid(array, ty)
+
+    post_init = handle.__post_init__
+
+    def rounded(self):
+        if self.dtype == tl.bfloat16:
+            self.data = _to_bfloat16(np.asarray(self.data))
+        post_init(self)
+
+    load, store, cast = builder.create_masked_load, builder.create_masked_store, builder.cast_impl
+    bitcast, fabs, fp_to_fp = builder.create_bitcast, builder.create_fabs, builder.create_fp_to_fp
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        if ptrs.get_element_ty() != tl.bfloat16:
+            return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        fill = np.zeros(ptrs.data.shape, np.uint16) if other is None else _bfloat16_bits(
+            np.broadcast_to(other.data, ptrs.data.shape))
+        raw = interpreter._interpreter.load(ptrs.data, mask.data, fill, np.dtype(np.uint16))
+        return handle(raw, tl.bfloat16)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        if ptrs.get_element_ty() == tl.bfloat16:
+            value = handle(_bfloat16_bits(value.data), tl.uint16)
+        return store(self, ptrs, value, mask, cache_policy)
+
+    def cast_impl(self, src, dst_type):
+        if tl.bfloat16 in (src.dtype.scalar, dst_type.scalar):
+            return handle(src.data.astype(get_np_dtype(dst_type.scalar)), dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if tl.bfloat16 in (src.dtype.scalar, dst_type.scalar):
+            return cast_impl(self, src, dst_type)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    def create_bitcast(self, src, dst_type):
+        if src.dtype.scalar == tl.bfloat16:
+            bits = _bfloat16_bits(src.data)
+            return handle(bits.view(get_np_dtype(dst_type.scalar)), dst_type.scalar)
+        if dst_type.scalar == tl.bfloat16:
+            return handle(src.data.view(np.uint16), tl.bfloat16)
+        return bitcast(self, src, dst_type)
+
+    def create_fabs(self, arg):
+        if arg.dtype.scalar == tl.bfloat16:
+            return handle(np.abs(arg.data), tl.bfloat16)
+        return fabs(self, arg)
+
+    interpreter._get_np_dtype = get_np_dtype
+    interpreter._validate_np_data_size = validate
+    handle.__post_init__ = rounded
+    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+    builder.cast_impl, builder.create_fp_to_fp = cast_impl, create_fp_to_fp
+    builder.create_bitcast, builder.create_fabs = create_bitcast, create_fabs
+    for name in ("create_fp_trunc", "create_fp_ext", "create_si_to_fp", "create_ui_to_fp",
+                 "create_fp_to_si", "create_fp_to_ui"):  # fmt: skip
+        setattr(builder, name, lambda self, src, dst_type: cast_impl(self, src, dst_type))
+    builder.create_int_cast = lambda self, src, dst_type, is_signed: cast_impl(self, src, dst_type)
+
+
+def _shim_dot(interpreter) -> None:
+    """With STATE.tf32, a float32 tl.dot whose input precision is TF32 (the default) rounds
+    its inputs to TF32 first, as the GPU's tensor cores do; IEEE and TF32x3 dots are left
+    as they are."""
+    builder = interpreter.InterpreterBuilder
+    dot = builder.create_dot
+    tl = interpreter.tl
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        precision = getattr(input_precision, "name", str(input_precision)).upper()
+        tf32 = STATE.tf32 and precision.endswith("TF32")  # not IEEE, not TF32x3
+        if tf32 and a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32:
+            a = interpreter.TensorHandle(interpreter._round_f32_to_tf32(a.data), a.dtype.scalar)
+            b = interpreter.TensorHandle(interpreter._round_f32_to_tf32(b.data), b.dtype.scalar)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = create_dot
