@@ -41,9 +41,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-# the `adapters` extra with --no-deps (pip must not touch torch)
+# the `adapters` and `triton` extras with --no-deps (pip must not touch torch)
 $(VENV)/.adapters: $(VENV)/.installed
-	$(PY) -m pip install -q --no-deps $(call EXTRA,adapters)
+	$(PY) -m pip install -q --no-deps $(call EXTRA,adapters) $(call EXTRA,triton)
 	touch $@
 
 # the `docs` extra: pure-Python tools whose dependencies never include torch

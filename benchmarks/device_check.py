@@ -74,7 +74,7 @@ def vetted(device: str) -> list[str]:
         return ["-"]
     from linattn_verify.adapters import ADAPTERS
 
-    return [name for name, adapter in ADAPTERS.items() if adapter.device == "cuda"]
+    return [name for name, adapter in ADAPTERS.items() if adapter.triton]
 
 
 def run(name: str, argv: list[str], log: Path) -> dict:

@@ -36,8 +36,7 @@ INSTALL = "triton==3.9.0 numpy packaging"
 
 
 class TritonUnavailable(SpecError):
-    """Triton is missing, imported without the interpreter, or a version the shims do not
-    know (a usage error: exit 2)."""
+    """Triton is missing, or a version the shims do not know (a usage error: exit 2)."""
 
 
 @dataclass
@@ -57,14 +56,11 @@ STATE = _State()
 
 
 def enable(tf32: bool = False) -> None:
-    """Set TRITON_INTERPRET=1, import triton and install the shims (once); TritonUnavailable
-    if triton is missing, was imported before without the interpreter, or is a version the
-    shims were not written for."""
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise TritonUnavailable(
-            "triton was imported before the interpreter was enabled: "
-            "TRITON_INTERPRET=1 must be set before triton is imported"
-        )
+    """Set TRITON_INTERPRET=1, import triton and install the shims (once). triton.jit reads
+    the variable when it decorates a kernel, so it holds for the kernels of every module
+    imported afterwards (triton's own library is converted if it came before).
+    TritonUnavailable if triton is missing or a version the shims were
+    not written for."""
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton
@@ -120,10 +116,26 @@ def _choose(variant: int) -> None:
 def _install() -> None:
     from triton.runtime import autotuner, interpreter
 
+    _reinterpret_library()
     _shim_autotuner(autotuner.Autotuner)
     _shim_loop_variables(interpreter)
     _shim_bfloat16(interpreter)
     _shim_dot(interpreter)
+
+
+def _reinterpret_library() -> None:
+    """triton.language's own @jit functions (tl.cdiv, tl.sigmoid, ...) made interpreted ones
+    when triton was imported before TRITON_INTERPRET was set (torch.utils.flop_counter
+    imports it): triton.jit chose compiled JITFunctions then, which raise "Cannot call
+    @triton.jit'd outside of the scope of a kernel" inside an interpreted kernel."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if name == "triton.language" or name.startswith("triton.language."):
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, JITFunction):
+                    setattr(module, attr, InterpretedFunction(value.fn))
 
 
 def _shim_autotuner(tuner_class: type) -> None:
@@ -152,8 +164,14 @@ class _LoopVariables(ast.NodeTransformer):
     def visit_For(self, node: ast.For) -> ast.For:
         self.generic_visit(node)
         call = node.iter
-        name = call.func.attr if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else (
-            call.func.id if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else ""
+        name = (
+            call.func.attr
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            else (
+                call.func.id
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                else ""
+            )
         )
         if name == "range" and isinstance(node.target, ast.Name):
             convert = ast.Assign(
@@ -231,8 +249,11 @@ def _shim_bfloat16(interpreter) -> None:
     def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
         if ptrs.get_element_ty() != tl.bfloat16:
             return load(self, ptrs, mask, other, cache_policy, is_volatile)
-        fill = np.zeros(ptrs.data.shape, np.uint16) if other is None else _bfloat16_bits(
-            np.broadcast_to(other.data, ptrs.data.shape))
+        fill = (
+            np.zeros(ptrs.data.shape, np.uint16)
+            if other is None
+            else _bfloat16_bits(np.broadcast_to(other.data, ptrs.data.shape))
+        )
         raw = interpreter._interpreter.load(ptrs.data, mask.data, fill, np.dtype(np.uint16))
         return handle(raw, tl.bfloat16)
 

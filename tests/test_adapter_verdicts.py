@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
 from linattn_verify.adapters.expected import EXPECTED_FILE, Expected, load_expected, verdict_table
@@ -41,8 +40,8 @@ ENVELOPE_FACTOR = max(10 ** (SPAN / 2**STEPS), SHARE_FACTOR)
 @pytest.mark.parametrize("name", list(ADAPTERS))
 def test_vet_finds_what_the_file_expects(name: str):
     adapter = ADAPTERS[name]
-    if adapter.device == "cuda" and not torch.cuda.is_available():
-        pytest.skip(f"{name} needs CUDA (make device-check vets it)")
+    if adapter.triton and name not in EXPECTED:
+        pytest.skip(f"{name}: its verdict in Triton's interpreter is not recorded yet")
     try:
         measured, report = measured_verdict(name)
     except AdapterUnavailable as err:

@@ -16,8 +16,8 @@ Fn = Callable[..., torch.Tensor]
 
 
 class AdapterUnavailable(SpecError):
-    """The adapter's library does not import here, or it needs CUDA and there is none (a
-    target that cannot be loaded: a usage error)."""
+    """The adapter's library does not import here (a target that cannot be loaded: a usage
+    error)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class Adapter:
     of the callable that load() returns; note: what the library does, where it departs
     from `spec`; load: imports the library lazily and returns fn (raises
     AdapterUnavailable); install: the `pip install --no-deps` arguments that bring it;
-    device: "any", or "cuda" for GPU-only kernels; cost: the growth it claims; state: the
+    triton: its kernels are Triton code (natively on CUDA, else in Triton's interpreter on
+    CPU tensors, triton_interpret.py); cost: the growth it claims; state: the
     layout of the state its function carries ("Sz", under_test.claim.STATE_LAYOUTS) and
     load_state the fn(q, k, v, initial_state=...) -> (out, final_state) that carries it,
     for `--state`; None for a function without one. varlen: its function takes packed
@@ -44,7 +45,7 @@ class Adapter:
     note: str
     load: Callable[[], Fn]
     install: str
-    device: str = "any"
+    triton: bool = False
     cost: str = "linear"
     state: str | None = None
     load_state: Callable[[], Fn] | None = None
@@ -60,15 +61,6 @@ def import_library(module: str, install: str) -> ModuleType:
             f"cannot import {module} ({type(err).__name__}: {err}); install it with "
             f"`pip install --no-deps {install}` (--no-deps: leave the torch build alone)"
         ) from None
-
-
-def require_cuda(function: str) -> None:
-    """AdapterUnavailable unless torch sees a CUDA device."""
-    if not torch.cuda.is_available():
-        raise AdapterUnavailable(
-            f"{function} is a Triton kernel and needs a CUDA device; "
-            "torch.cuda.is_available() is False here"
-        )
 
 
 def relu_features(core: Fn) -> Fn:

@@ -98,8 +98,8 @@ def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -
     for name, adapter in adapters.items():
         entry = expected.get(name, Expected())
         verdict = "fail" if entry.failing else "pass"
-        if adapter.device == "cuda":
-            verdict = "not vetted (CUDA)"
+        if adapter.triton and name not in expected:
+            verdict = "not yet vetted (Triton)"
         envelope = "-" if entry.envelope is None else "{:.2g} to {:.2g}".format(*entry.envelope)
         why = (entry.reason or adapter.note).replace("|", "\\|")  # a cell holds no bare |
         rows.append(

@@ -1,5 +1,5 @@
 """fla-core 0.6.0 (flash-linear-attention): the pure-PyTorch naive.py files, loaded on their
-own without triton, and the Triton kernels (CUDA only).
+own without triton, and the Triton kernels (natively on CUDA, else in Triton's interpreter).
 
 Left out on purpose: fla's naive_chunk_linear_attn (fla/ops/linear_attn/naive.py) hard-codes
 chunks of 64 and raises unless N % 64 == 0; padding the sequence would be more than
@@ -28,11 +28,10 @@ from .base import (
     import_library,
     largest_divisor_below,
     relu_features,
-    require_cuda,
 )
 
 INSTALL = "fla-core==0.6.0 einops"
-INSTALL_TRITON = "fla-core==0.6.0 einops triton"
+INSTALL_TRITON = "fla-core==0.6.0 einops triton==3.9.0 numpy packaging"
 
 
 @functools.cache
@@ -133,7 +132,6 @@ def _fla_triton(module: str, function: str, returns_state: bool, **kwargs) -> Ca
     return (o, final_state)."""
 
     def load() -> Fn:
-        require_cuda(f"fla.ops.{module}.{function}")
         kernel = getattr(import_library(f"fla.ops.{module}", INSTALL_TRITON), function)
 
         def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -146,13 +144,12 @@ def _fla_triton(module: str, function: str, returns_state: bool, **kwargs) -> Ca
 
 
 def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], Fn]:
-    """A loader for fla.ops.simple_gla.<function> (CUDA) on (B, T, H, K) tensors: gates as
+    """A loader for fla.ops.simple_gla.<function> (Triton) on (B, T, H, K) tensors: gates as
     its g (B, T, H), a constant decay gamma (H,) as its g_gamma = ln gamma; scale None
     (K^-1/2); packed batches by its cu_seqlens; with `state`, fn(..., initial_state=None)
     -> (o, S), S [B, H, K, V] as ours (output_final_state=True)."""
 
     def load() -> Fn:
-        require_cuda(f"fla.ops.simple_gla.{function}")
         kernel = getattr(import_library("fla.ops.simple_gla", INSTALL_TRITON), function)
 
         def fla_simple_gla(q, k, v, initial_state=None, cu_seqlens=None, **values):
@@ -192,7 +189,7 @@ BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
 
 def _based(name: str, function: str, layout: str, note: str, load, **options) -> Adapter:
     """An fla adapter of the Based kernels (the taylor spec, eps = 1e-6)."""
-    install = INSTALL_TRITON if options.get("device") == "cuda" else INSTALL
+    install = INSTALL_TRITON if options.get("triton") else INSTALL
     return Adapter(name, "fla-core", function, BASED_SPEC, layout, _BASED + note, load, install,
                    **options)  # fmt: skip
 
@@ -240,7 +237,7 @@ ADAPTERS = (
             _FLA_LINEAR + f" Triton {how}, called with normalize=True.",
             _fla_triton("linear_attn", function, True, normalize=True),
             INSTALL_TRITON,
-            device="cuda",
+            triton=True,
         )
         for short, function, how in (
             ("chunk", "chunk_linear_attn", "chunk kernel (chunk_simple_gla)"),
@@ -259,7 +256,7 @@ ADAPTERS = (
             + (" The constant decay as its g_gamma = ln gamma." if decay == "constant" else ""),
             _simple_gla_triton(function, decay, False),
             INSTALL_TRITON,
-            device="cuda",
+            triton=True,
             state="S",
             load_state=_simple_gla_triton(function, decay, True),
             varlen=True,
@@ -272,8 +269,8 @@ ADAPTERS = (
     ),
     _based("fla.based-parallel", "fla.ops.based.parallel_based", "bnhd",
            " Triton kernel, fp32 accumulation; asserts d <= 128.",
-           _fla_triton("based", "parallel_based", False), device="cuda", cost="quadratic"),
+           _fla_triton("based", "parallel_based", False), triton=True, cost="quadratic"),
     _based("fla.based-fused-chunk", "fla.ops.based.fused_chunk_based", "bnhd",
            " Triton fused chunk kernel; asserts d <= 16.",
-           _fla_triton("based", "fused_chunk_based", False), device="cuda"),
+           _fla_triton("based", "fused_chunk_based", False), triton=True),
 )  # fmt: skip

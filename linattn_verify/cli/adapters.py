@@ -41,16 +41,17 @@ def add(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def status(library: str, device: str) -> str:
-    """'installed 1.1.4', 'not installed' or 'needs CUDA' for an adapter's library."""
+def status(library: str, triton: bool) -> str:
+    """'installed 1.1.4', 'not installed', or for Triton code how it runs here: 'installed
+    0.6.0, Triton's interpreter (no CUDA)'."""
     import torch
 
     try:
         version = importlib.metadata.version(library)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-    if device == "cuda" and not torch.cuda.is_available():
-        return f"installed {version}, needs CUDA"
+    if triton and not torch.cuda.is_available():
+        return f"installed {version}, Triton's interpreter (no CUDA)"
     return f"installed {version}"
 
 
@@ -60,7 +61,7 @@ def list_adapters() -> int:
     for adapter in ADAPTERS.values():
         print(
             f"{adapter.name:60} claims {adapter.spec} ({adapter.layout}); "
-            f"{status(adapter.library, adapter.device)}"
+            f"{status(adapter.library, adapter.triton)}"
         )
     return 0
 

@@ -154,6 +154,18 @@ def cuda_check(device: str | None) -> None:
         raise UsageError(f"device {device!r} asked for, but torch sees no CUDA device")
 
 
+def triton_check(impl: Any, device: str) -> None:
+    """UsageError when Triton code is asked to run where it cannot: natively on CPU tensors
+    (a Triton adapter on a machine with CUDA, --device cpu), or in the interpreter on CUDA."""
+    from ..adapters import ADAPTERS
+
+    kind, name = impl.source.kind, impl.source.name
+    if impl.triton == "interpret" and device != "cpu":
+        raise UsageError("--triton interpret runs the kernels on CPU tensors: drop --device")
+    if kind == "adapter" and ADAPTERS[name].triton and impl.triton is None and device == "cpu":
+        raise UsageError(f"{name} is Triton code: give --device cuda or --triton interpret")
+
+
 def shape(text: str) -> tuple[int, ...]:
     """B,H,N,d,dv of five positive integers."""
     try:

@@ -56,7 +56,6 @@ def _options(args: argparse.Namespace) -> Any:
     """ReportOptions from the arguments; UsageError for a bad combination."""
     import torch
 
-    from ..adapters import ADAPTERS
     from ..report import ReportOptions
 
     impl = None
@@ -64,9 +63,7 @@ def _options(args: argparse.Namespace) -> Any:
         impl = options.implementation(args)
         if args.specs is not None:
             raise options.UsageError("--specs chooses built-in specs; --impl reports its own claim")
-        adapter = ADAPTERS.get(impl.source.name) if impl.source.kind == "adapter" else None
-        if adapter is not None and adapter.device == "cuda" and args.device != "cuda":
-            raise options.UsageError(f"{impl.name} runs on CUDA only: give --device cuda")
+        options.triton_check(impl, args.device)
     else:
         defaults = {o.name: o.default for o in CLAIM}
         given = [

@@ -77,7 +77,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..adapters import ADAPTERS
     from ..environment import environment
     from ..options import RUN
     from ..target import load_target
@@ -92,9 +91,7 @@ def run(args: argparse.Namespace) -> int:
             "vet needs TARGET (module:function, path.py:function or an adapter)"
         )
     declared = options.implementation(args, load=False)
-    kind, name = declared.source.kind, declared.source.name
-    if kind == "adapter" and ADAPTERS[name].device == "cuda" and args.device == "cpu":
-        raise options.UsageError(f"{name} runs on CUDA only: give --device cuda")
+    options.triton_check(declared, args.device)
     options.cuda_check(args.device)
     if args.timeout <= 0:
         raise options.UsageError(f"--timeout must be positive, got {args.timeout}")

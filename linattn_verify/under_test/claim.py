@@ -20,6 +20,7 @@ LAYOUTS = ("bhnd", "bnhd")
 STATE_LAYOUTS = ("Sz", "S")
 DECLARED = "declared"  # --state without a layout: an adapter's or a built-in form's own
 COSTS = ("linear", "quadratic")
+TRITON_BACKENDS = ("interpret",)  # --triton: Triton's interpreter on CPU tensors
 SPEC_FIELDS = tuple(f.name for f in fields(Spec))  # the options that make up the spec
 
 
@@ -194,4 +195,12 @@ CLAIM = (
     Option("varlen", "--varlen", bool, False,
            "fn also takes a packed batch, fn(q, k, v, cu_seqlens=OFFSETS) with B = 1 "
            "(docs/contract.md, 'Packed batches')"),
+    Option("triton", "--triton", str | None, None,
+           "fn's Triton kernels run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 "
+           "set before triton is imported), their inputs and allocations in NaN guard bands "
+           "(docs/triton.md); automatic for a Triton adapter when torch sees no CUDA device",
+           choices=TRITON_BACKENDS),
+    Option("tf32", "--tf32", bool, False,
+           "with --triton interpret: float32 tl.dot inputs rounded to TF32 (a 10-bit "
+           "mantissa), as an Ampere-or-newer GPU computes them by default"),
 )  # fmt: skip

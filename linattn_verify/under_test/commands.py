@@ -23,9 +23,8 @@ def command(impl: Implementation) -> str:
     if kind == "adapter":  # its spec and layout are its own
         cost = impl.cost if impl.cost != ADAPTERS[name].cost else None
         state = DECLARED if impl.state is not None else None
-        return shlex.join(
-            ["--impl", name, *words(CLAIM, {"cost": cost, "state": state, "varlen": impl.varlen})]
-        )
+        given = {"cost": cost, "state": state, "varlen": impl.varlen, **_triton(impl)}
+        return shlex.join(["--impl", name, *words(CLAIM, given)])
     if kind == "form":
         source = words(SOURCE, {"form": name, "chunk_size": impl.source.chunk_size})
         state = DECLARED if impl.state is not None else None
@@ -38,8 +37,15 @@ def command(impl: Implementation) -> str:
         "cost": impl.cost if impl.cost != default else None,
         "state": state,
         "varlen": impl.varlen,
+        **_triton(impl),
     }
     return shlex.join([*source, *words(CLAIM, values)])
+
+
+def _triton(impl: Implementation) -> dict[str, Any]:
+    """How its Triton kernels run, said even where it is automatic (so that a command copied
+    to a machine with a GPU runs what it ran here)."""
+    return {"triton": impl.triton, "tf32": impl.tf32}
 
 
 def reproduce(impl: Implementation, check: str, case: Case) -> str:

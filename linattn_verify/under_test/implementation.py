@@ -12,12 +12,14 @@ from typing import Any
 
 import torch
 
+from .. import triton_interpret
 from ..adapters import ADAPTERS
 from ..cases import Case
 from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import DECAY_ARGUMENTS, RSQRT_D, Spec, SpecError
 from ..target import load_target
 from . import builtin, commands
+from .guard_bands import OutOfBounds, guarded
 
 # a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
 StreamFactory = Callable[[int, torch.Tensor | None], Callable[..., torch.Tensor]]
@@ -50,7 +52,9 @@ class Implementation:
     when fn takes one: fn(q, k, v[, projection], initial_state=...) returns (out, final
     state), initial_state None for a sequence from its start. varlen: fn also takes a packed
     batch, fn(q, k, v[, projection], cu_seqlens=offsets) with B = 1 (docs/contract.md,
-    "Packed batches"), cu_seqlens None for a plain one. fn is None while the
+    "Packed batches"), cu_seqlens None for a plain one. triton: "interpret" when fn's Triton
+    kernels run in Triton's interpreter (triton_interpret.py; tf32: TF32 products), fn then
+    called on guarded inputs (guard_bands.py). fn is None while the
     implementation is only declared (resolve(..., load=False): picklable, for a worker
     process to load()).
     """
@@ -63,6 +67,8 @@ class Implementation:
     stream: StreamFactory | None = field(default=None, compare=False, repr=False)
     state: str | None = None
     varlen: bool = False
+    triton: str | None = None
+    tf32: bool = False
 
     @property
     def name(self) -> str:
@@ -102,11 +108,15 @@ class Implementation:
         if self.fn is not None:
             return self
         kind, name = self.source.kind, self.source.name
+        if self.triton == "interpret":
+            triton_interpret.enable(self.tf32)  # before the target imports triton
         if kind == "adapter":
             adapter = ADAPTERS[name]
-            return replace(self, fn=(adapter.load_state if self.state else adapter.load)())
+            fn = (adapter.load_state if self.state else adapter.load)()
+            return replace(self, fn=guarded(fn) if self.triton else fn)
         if kind == "target":
-            return replace(self, fn=load_target(name))
+            fn = load_target(name)
+            return replace(self, fn=guarded(fn) if self.triton else fn)
         if kind == "form":
             fn, stream = builtin.calls(self)
             return replace(self, fn=fn, stream=stream)
@@ -139,6 +149,8 @@ class Implementation:
         kwargs = self._keywords(projection, decay) | extra
         try:
             return self.fn(q, k, v, **kwargs)
+        except OutOfBounds as err:
+            raise ImplementationFailure(str(err)) from None
         except Exception as err:  # the implementation's failure is a finding, not a crash
             raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
 

@@ -24,6 +24,7 @@ from .claim import (
     state_layout,
 )
 from .commands import label
+from .guard_bands import guarded
 from .implementation import Implementation, Source, StreamFactory
 
 _CLAIM = {o.name: o for o in CLAIM}
@@ -54,6 +55,10 @@ def resolve(
         if any(values[f] != _CLAIM[f].default for f in SPEC_FIELDS):
             raise SpecError("give the spec either as spec= or as feature_map, causal, eps, ...")
         values |= {f: getattr(spec, f) for f in SPEC_FIELDS}
+    if values["tf32"] and values["triton"] is None and not _triton_adapter(target):
+        raise SpecError(
+            "--tf32 rounds tl.dot inputs in Triton's interpreter: give --triton interpret"
+        )
     if values["varlen"] and values["state"] is not None:
         raise SpecError("--varlen with --state (a state per packed sequence) is not supported")
     if target is not None and (form is not None or chunk_size is not None):
@@ -104,17 +109,34 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
         raise SpecError(f"{name} carries its own state: give --state without a layout")
     if values["varlen"] and not adapter.varlen:
         raise SpecError(f"{name} takes no packed batch (no cu_seqlens)")
+    if values["triton"] is not None and not adapter.triton:
+        raise SpecError(f"{name} is not Triton code: drop --triton")
     return Implementation(
         None, adapter.spec, Source("adapter", name), adapter.layout,
         values["cost"] or adapter.cost, state=adapter.state if state is not None else None,
-        varlen=values["varlen"],
+        varlen=values["varlen"], triton=values["triton"] or automatic_triton(adapter),
+        tf32=values["tf32"],
     )  # fmt: skip
+
+
+def automatic_triton(adapter) -> str | None:
+    """How a Triton adapter runs unless told: natively where torch sees a CUDA device, else
+    in Triton's interpreter ("interpret")."""
+    import torch
+
+    return "interpret" if adapter.triton and not torch.cuda.is_available() else None
+
+
+def _triton_adapter(target: Any) -> bool:
+    return isinstance(target, str) and target in ADAPTERS and ADAPTERS[target].triton
 
 
 def _form(spec: Spec, form, chunk_size, values: Mapping[str, Any]) -> Implementation:
     """A built-in form of lv.attention claiming `spec`."""
     if values["layout"] != _CLAIM["layout"].default:
         raise SpecError("--layout describes a target; the built-in forms take (B, H, N, d)")
+    if values["triton"] is not None:
+        raise SpecError("--triton describes a target; the built-in forms are not Triton code")
     form, chunk_size = form_of(spec, form, chunk_size)
     cost = values["cost"] or default_cost(spec, form)
     source = Source("form", form, chunk_size)
@@ -134,9 +156,12 @@ def _target(target, spec: Spec, values: Mapping[str, Any], stream) -> Implementa
         "cost": values["cost"] or default_cost(spec),
         "state": state,
         "varlen": values["varlen"],
+        "triton": values["triton"],
+        "tf32": values["tf32"],
     }
     if callable(target):
-        return Implementation(target, spec, Source("callable", label(target)), stream=stream,
+        fn = guarded(target) if values["triton"] else target
+        return Implementation(fn, spec, Source("callable", label(target)), stream=stream,
                               **contract)  # fmt: skip
     if not isinstance(target, str):
         raise SpecError(f"a target is module:fn, path.py:fn or a callable, got {target!r}")

@@ -20,7 +20,7 @@ from ..specs import Spec, SpecError
 from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Finding, Row, findings
-from .tasks import DEPENDS, planned_cases
+from .tasks import AUTOTUNE_CONFIGS, DEPENDS, planned_cases
 from .worker import Running, Worker, WorkerDied, WorkerHung, describe, max_rss, run_task
 
 # a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
@@ -123,6 +123,8 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
         if name not in description["not_applicable"]
     ]
     steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
+    if description.get("triton") == "interpret":
+        steps.append((AUTOTUNE_CONFIGS, AUTOTUNE_CONFIGS, where))
     expected = description["cost"]
     steps.append(("scaling", "scaling", {"device": options.device, "expected": expected}))
     if options.longest:

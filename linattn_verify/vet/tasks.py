@@ -160,6 +160,42 @@ def accuracy(
     return rows
 
 
+AUTOTUNE_CONFIGS = "autotune-configs"
+MAX_VARIANTS = 8  # autotune config variants judged (of a Triton kernel in the interpreter)
+
+
+def autotune_configs(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
+    """A Triton kernel in the interpreter, in each autotune config variant besides the one the
+    other checks ran (triton_interpret.variants: variant i runs config i of every autotuned
+    kernel, configs that differ only in num_warps or num_stages being one), at most
+    MAX_VARIANTS of them: the reference check on vet_cases, a failure counted where variant
+    0 passes the same case (its own failures are the other checks')."""
+    from .. import triton_interpret
+
+    cases = vet_cases(impl.spec, dtypes, device)
+    first = [CHECKS["reference"](impl, case).passed for case in cases]
+    count = triton_interpret.variants()
+    judged = min(count, MAX_VARIANTS)
+    for variant in range(1, judged):
+        with triton_interpret.use_config(variant):
+            for case, passed in zip(cases, first, strict=True):
+                result = CHECKS["reference"](impl, case)
+                if passed and not result.passed:
+                    row = {**result.to_dict(), "name": AUTOTUNE_CONFIGS}
+                    row.pop("reproduce", None)  # its command would run config 0
+                    row["detail"] = (
+                        f"in autotune config {variant} ({triton_interpret.describe(variant)}), "
+                        f"not in config 0 ({triton_interpret.describe(0)}): {result.message}"
+                    )
+                    return [row]
+    sample = f"{judged} of {count}" if judged < count else f"all {count}"
+    detail = (
+        f"{sample} autotune config variants agree with the reference on vet's cases "
+        f"({triton_interpret.describe(0)}, ...)"
+    )
+    return [CheckResult(AUTOTUNE_CONFIGS, True, detail).to_dict()]
+
+
 def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048) -> list[Row]:
     """Counted FLOPs and peak bytes over N = 256 ... max_n (float32, d = dv = 32) grow as
     `expected` ("linear" or "quadratic")."""

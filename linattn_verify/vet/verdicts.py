@@ -15,9 +15,9 @@ ENVELOPE_DTYPE = "float32"
 
 def measured_verdict(name: str) -> tuple[Expected, VetReport]:
     """What expected.txt would say of adapter `name`, and the report it comes from;
-    AdapterUnavailable when its library (or CUDA) is missing."""
+    AdapterUnavailable when its library is missing (TritonUnavailable: triton)."""
     impl = resolve(name)
-    device = "cuda" if ADAPTERS[name].device == "cuda" else "cpu"
+    device = "cuda" if ADAPTERS[name].triton and impl.triton is None else "cpu"
     report = vet_in_process(impl, VetOptions(kat=True, device=device, envelope=False, longest=0))
     found = report.findings
     top = None if not found else (found[0].severity, found[0].regime, found[0].relative_error)

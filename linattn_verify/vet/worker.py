@@ -46,6 +46,7 @@ def describe(impl: Implementation) -> dict[str, Any]:
         "name": impl.name,
         "spec": impl.spec,
         "cost": impl.cost,
+        "triton": impl.triton,
         "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
 
@@ -59,6 +60,7 @@ TASKS = {
     "long-context": tasks.long_context,
     "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
     "envelope": envelope,
+    tasks.AUTOTUNE_CONFIGS: tasks.autotune_configs,
 }
 
 

@@ -30,7 +30,8 @@ class Entry:
     (--varlen: fn(q, k, v, cu_seqlens=None)).
     decay: the decay of the spec it claims (specs.DECAYS: "constant", fn(q, k, v,
     gamma=(H,)), or "gates", fn(q, k, v, g=(B, H, N))), or None. normalize: False for an
-    unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division).
+    unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). triton: its
+    kernels are Triton code, run in Triton's interpreter (--triton interpret).
     """
 
     name: str
@@ -50,10 +51,21 @@ class Entry:
     varlen: bool = False
     decay: str | None = None
     normalize: bool = True
+    triton: bool = False
 
 
 # The entry modules import Entry from here, so they come after its definition.
+import importlib.util  # noqa: E402
+
 from . import backward, broken, correct, decay, long, state, subtle, textbook, varlen  # noqa: E402
+
+# the Triton kernels need triton (pyproject's `triton` extra, which CI installs)
+if importlib.util.find_spec("triton") is not None:
+    from . import triton_kernels
+
+    TRITON_ENTRIES: tuple[Entry, ...] = triton_kernels.ENTRIES
+else:
+    TRITON_ENTRIES = ()
 
 ZOO: tuple[Entry, ...] = (
     broken.ENTRIES
@@ -65,6 +77,7 @@ ZOO: tuple[Entry, ...] = (
     + state.ENTRIES
     + varlen.ENTRIES
     + decay.ENTRIES
+    + TRITON_ENTRIES
 )
 
 __all__ = ["ZOO", "Entry"]

@@ -1,0 +1,116 @@
+"""Triton's interpreter as the suite runs it (linattn_verify/triton_interpret.py): each shim does
+what a GPU does where the bare interpreter does not, and the guard bands
+(under_test/guard_bands.py) name the tensor a kernel reads or writes past."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton
+import triton.language as tl
+
+from linattn_verify import triton_interpret
+from linattn_verify.under_test.guard_bands import OutOfBounds, guarded
+from tests.zoo import triton_kernels as zoo
+
+
+@triton.jit
+def _dot_and_loop(a, b, o, o_ieee, bf, bf_out, n, B: tl.constexpr):
+    r = tl.arange(0, B)
+    at = tl.load(a + r[:, None] * B + r[None, :])
+    bt = tl.load(b + r[:, None] * B + r[None, :])
+    tl.store(o + r[:, None] * B + r[None, :], tl.dot(at, bt))
+    tl.store(o_ieee + r[:, None] * B + r[None, :], tl.dot(at, bt, input_precision="ieee"))
+    total = tl.zeros([B], dtype=tl.float32)
+    for i in range(n):  # i.to(): a tensor, as in compiled code
+        total += tl.load(bf + i.to(tl.int64) * B + r).to(tl.float32)
+    tl.store(bf_out + r, (total * 3.0).to(tl.bfloat16))
+
+
+def _run(tf32: bool):
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(16, 16, generator=gen) for _ in range(2))
+    bf = torch.randn(3, 16, generator=gen).bfloat16()
+    o, o_ieee, out = torch.empty(16, 16), torch.empty(16, 16), torch.empty(16).bfloat16()
+    triton_interpret.STATE.tf32 = tf32
+    try:
+        _dot_and_loop[(1,)](a, b, o, o_ieee, bf, out, 3, B=16)
+    finally:
+        triton_interpret.STATE.tf32 = False
+    return a, b, o, o_ieee, bf, out
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to 10 mantissa bits, to nearest even (what TF32 tensor cores take)."""
+    bits = x.view(torch.int32)
+    rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF
+    return rounded.view(torch.float32)
+
+
+def test_float32_products_are_ieee_unless_tf32_is_asked_for():
+    a, b, o, o_ieee, *_ = _run(tf32=False)
+    exact = a.double() @ b.double()
+    assert (o.double() - exact).abs().max() < 1e-5
+    a, b, o, o_ieee, *_ = _run(tf32=True)
+    assert torch.allclose(o.double(), _tf32(a).double() @ _tf32(b).double(), rtol=0, atol=1e-5)
+    assert (o.double() - exact).abs().max() > 1e-4  # TF32's 2^-11 per product shows
+    assert (o_ieee.double() - exact).abs().max() < 1e-5  # input_precision="ieee" is left alone
+
+
+def test_bfloat16_is_rounded_to_nearest_even_not_summed_as_bits():
+    *_, bf, out = _run(tf32=False)
+    expected = (bf.float().sum(0) * 3.0).bfloat16()  # torch rounds float32 to nearest even
+    assert torch.equal(out, expected)
+
+
+def test_the_autotuner_runs_the_chosen_config_and_names_it():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 1, 40, 4, generator=gen) for _ in range(3))
+    exact = (q.double() @ k.double().transpose(-1, -2)).tril() @ v.double()
+    errors = {}
+    for variant in (0, 1):
+        with triton_interpret.use_config(variant):
+            errors[variant] = float((zoo.triton_state_of_16_rows(q, k, v) - exact).abs().max())
+    assert triton_interpret.describe(0).startswith("_chunk_kernel BT=16")
+    assert triton_interpret.describe(1).startswith("_chunk_kernel BT=32")
+    assert errors[0] < 1e-5 < 1 < errors[1]  # its bug is BT = 32's alone
+
+
+def test_guard_bands_name_what_is_read_past_or_left_unwritten():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 37, 4, generator=gen) for _ in range(3))
+    assert torch.isfinite(guarded(zoo.triton_chunked)(q, k, v)).all()
+    with pytest.raises(OutOfBounds, match=r"reads past the end of v: NaN in the output at \(0, "):
+        guarded(zoo.triton_unmasked_last_block)(q, k, v)
+    with pytest.raises(OutOfBounds, match="from memory it allocated and never wrote"):
+        guarded(zoo.triton_last_block_skipped)(q, k, v)
+
+
+def test_guard_bands_see_writes_past_the_end():
+    def spill(q, k, v):
+        out = torch.empty_like(v)
+        out.as_strided((out.numel() + 1,), (1,)).fill_(1.0)  # one element past the end
+        return out
+
+    past = r"writes past the end of a buffer of shape \(1, 1, 3, 2\)"
+    with pytest.raises(OutOfBounds, match=past):
+        guarded(spill)(*(torch.ones(1, 1, 3, 2) for _ in range(3)))
+
+
+def test_another_triton_version_is_refused_in_one_line():
+    code = (
+        "import triton; triton.__version__ = '3.1.0'\n"
+        "from linattn_verify.cli import main\n"
+        "raise SystemExit(main(['check', 'contract', '--impl', 'tests.zoo.triton_kernels:triton_chunked', "
+        "'--feature-map', 'identity', '--causal', '--no-normalize', '--triton', 'interpret']))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "triton 3.1.0 is installed" in lines[0], run.stderr
