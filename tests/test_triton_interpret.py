@@ -107,8 +107,9 @@ def test_another_triton_version_is_refused_in_one_line():
     code = (
         "import triton; triton.__version__ = '3.1.0'\n"
         "from linattn_verify.cli import main\n"
-        "raise SystemExit(main(['check', 'contract', '--impl', 'tests.zoo.triton_kernels:triton_chunked', "
-        "'--feature-map', 'identity', '--causal', '--no-normalize', '--triton', 'interpret']))"
+        "raise SystemExit(main(['check', 'contract', '--impl', "
+        "'tests.zoo.triton_kernels:triton_chunked', '--feature-map', 'identity', '--causal', "
+        "'--no-normalize', '--triton', 'interpret']))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 2, run.stderr
