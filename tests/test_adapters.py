@@ -20,6 +20,11 @@ B, H, N, D, DV, M = 2, 2, 5, 4, 3, 8
 _RESHAPE = "the output is reshaped to q's shape: d != dv raises"
 LIBRARY_LIMITS = {
     **{
+        (name, torch.float64): "fla's chunk kernels leave a float64 output unwritten in Triton's "
+        "interpreter (NaN from the poisoned buffer; guard_bands.py)"
+        for name in ("fla.linear-attn-chunk", "fla.simple-gla-chunk", "fla.simple-gla-chunk-gamma")
+    },
+    **{
         (name, torch.float64): "fast_transformers' causal_product CPU kernel is float32-only"
         for name in (
             "fast-transformers.causal-linear",

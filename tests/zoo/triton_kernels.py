@@ -3,7 +3,9 @@ unnormalised linear attention with identity features, out_i = sum_(j<=i) (q_i . 
 chunks of BT tokens (the chunk form: an intra-chunk masked q k^T, plus q times the state S =
 sum of k_j v_j^T over the earlier chunks), one program per (batch x head, block of BV value
 columns). BT is autotuned over AUTOTUNED; the broken ones each carry one bug of a class only
-raw-pointer code has.
+raw-pointer code has. triton_unmasked_last_block (its loads of the last partial block
+unmasked) is judged by tests/test_triton_interpret.py's guard-band test, not vet's whole
+plan: each of its calls is rerun to name the tensor it reads past, minutes across the plan.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ AUTOTUNED = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32) for w in 
 @triton.jit
 def _chunk_kernel(q, k, v, o, T, K, V,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  MASK_LAST: tl.constexpr, ACC_FP32: tl.constexpr, SKIP_LAST: tl.constexpr,
+                  MASK_LAST: tl.constexpr, SKIP_LAST: tl.constexpr,
                   STATE_ROWS: tl.constexpr):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)
@@ -32,7 +34,7 @@ def _chunk_kernel(q, k, v, o, T, K, V,
     cols_v = i_v * BV + tl.arange(0, BV)
     rows = tl.arange(0, BT)
     acc = q.dtype.element_ty  # float64 stays float64; half precision accumulates in float32
-    if ACC_FP32 and acc != tl.float64:
+    if acc != tl.float64:
         acc = tl.float32
     state = tl.zeros([BK, BV], dtype=acc)
     chunks = tl.cdiv(T, BT) - SKIP_LAST
@@ -60,7 +62,7 @@ def _chunk_kernel(q, k, v, o, T, K, V,
 _TUNED = triton.autotune(AUTOTUNED, key=["T", "K", "V"])(_chunk_kernel)
 
 
-def _attention(mask_last=True, acc_fp32=True, skip_last=False, state_rows=False):
+def _attention(mask_last=True, skip_last=False, state_rows=False):
     """fn(q, k, v) -> out, (B, H, N, d) in and (B, H, N, dv) out, through the kernel."""
 
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -70,7 +72,7 @@ def _attention(mask_last=True, acc_fp32=True, skip_last=False, state_rows=False)
         o = torch.empty_like(v)
         bk, bv = max(16, triton.next_power_of_2(d)), max(16, min(64, triton.next_power_of_2(dv)))
         grid = (b * h, triton.cdiv(dv, bv))
-        _TUNED[grid](q, k, v, o, n, d, dv, BK=bk, BV=bv, MASK_LAST=mask_last, ACC_FP32=acc_fp32,
+        _TUNED[grid](q, k, v, o, n, d, dv, BK=bk, BV=bv, MASK_LAST=mask_last,
                      SKIP_LAST=skip_last, STATE_ROWS=state_rows)  # fmt: skip
         return o
 
@@ -79,7 +81,6 @@ def _attention(mask_last=True, acc_fp32=True, skip_last=False, state_rows=False)
 
 triton_chunked = _attention()
 triton_unmasked_last_block = _attention(mask_last=False)
-triton_fp16_accumulator = _attention(acc_fp32=False)
 triton_last_block_skipped = _attention(skip_last=True)
 triton_state_of_16_rows = _attention(state_rows=True)
 
@@ -89,12 +90,6 @@ ENTRIES = (
     Entry("triton-chunked", triton_chunked, broken=False,
           bug="a correct Triton chunk kernel: masked last block, state in float32 (float64 for "
               "float64 inputs)", **_SPEC),
-    Entry("triton-unmasked-last-block", triton_unmasked_last_block, broken=True,
-          bug="the last partial block's loads are not masked: it reads past the end of q, k, "
-              "v (NaN from the guard bands)", caught_by=("contract",), **_SPEC),
-    Entry("triton-fp16-accumulator", triton_fp16_accumulator, broken=True,
-          bug="the state accumulates in the input dtype (float16 sums of N products)",
-          caught_by=("reference",), **_SPEC),
     Entry("triton-last-block-skipped", triton_last_block_skipped, broken=True,
           bug="the block loop stops one block short: the last block's rows are never written",
           caught_by=("contract",), **_SPEC),
