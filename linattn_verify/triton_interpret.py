@@ -14,6 +14,9 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
 - bfloat16 is held as raw uint16 bits, and tl.dot, arithmetic and reductions act on the bits
   (triton-lang/triton#11584): bfloat16 values are carried as float32 numbers, each a bfloat16
   value, decoded on load and rounded to nearest even on store and on every cast and result.
+- A float store whose value is not of the pointer's element type (a float64 tl.dot into a
+  float32 accumulator makes one) writes the value's bytes, garbage, where compiling the
+  kernel fails: it raises (no upstream issue found).
 - `tf32=True` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
   nearest even), what an Ampere-or-newer GPU computes with input_precision "tf32" (the
   default); without it the interpreter computes IEEE float32 products.
@@ -120,6 +123,7 @@ def _install() -> None:
     _shim_autotuner(autotuner.Autotuner)
     _shim_loop_variables(interpreter)
     _shim_bfloat16(interpreter)
+    _shim_store_types(interpreter)
     _shim_dot(interpreter)
 
 
@@ -295,6 +299,27 @@ def _shim_bfloat16(interpreter) -> None:
                  "create_fp_to_si", "create_fp_to_ui"):  # fmt: skip
         setattr(builder, name, lambda self, src, dst_type: cast_impl(self, src, dst_type))
     builder.create_int_cast = lambda self, src, dst_type, is_signed: cast_impl(self, src, dst_type)
+
+
+def _shim_store_types(interpreter) -> None:
+    """A float store whose value is not of the pointer's element type raises, as compiling
+    it does (tt.store's value must be of the pointer's element type). The interpreter
+    writes the value's bytes instead: a float64 tl.dot into a float32 accumulator yields a
+    float32 value typed float64, `.to(float64)` is then no cast, and fla's
+    chunk_fwd_kernel_o writes float32 bytes into a float64 output, garbage."""
+    builder = interpreter.InterpreterBuilder
+    store = builder.create_masked_store
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        target, given = ptrs.get_element_ty(), value.dtype.scalar
+        if target.is_floating() and given.is_floating() and target != given:
+            raise TypeError(
+                f"tl.store of a {given} value through a pointer to {target} (a compiled "
+                "kernel does not compile: the value must be of the pointer's element type)"
+            )
+        return store(self, ptrs, value, mask, cache_policy)
+
+    builder.create_masked_store = masked_store
 
 
 def _shim_dot(interpreter) -> None:

@@ -33,6 +33,22 @@ def _dot_and_loop(a, b, o, o_ieee, bf, bf_out, n, B: tl.constexpr):
     tl.store(bf_out + r, (total * 3.0).to(tl.bfloat16))
 
 
+@triton.jit
+def _float64_dot_into_float32(x, o, B: tl.constexpr):
+    r = tl.arange(0, B)
+    a = tl.load(x + r[:, None] * B + r[None, :])
+    acc = tl.dot(a, a, tl.zeros([B, B], dtype=tl.float32))  # typed float64, float32 inside
+    p_o = o + r[:, None] * B + r[None, :]
+    tl.store(p_o, acc.to(p_o.dtype.element_ty))
+
+
+def test_a_store_of_another_float_type_raises_as_compiling_it_does():
+    """The bare interpreter writes the float32 bytes into the float64 output: garbage."""
+    x, o = torch.eye(16, dtype=torch.float64), torch.zeros(16, 16, dtype=torch.float64)
+    with pytest.raises(Exception, match="fp32 value through a pointer to fp64"):
+        _float64_dot_into_float32[(1,)](x, o, B=16)
+
+
 def _run(tf32: bool):
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(16, 16, generator=gen) for _ in range(2))
