@@ -23,6 +23,32 @@ UNIT_ROUNDOFF: dict[str, float] = {
 }
 # Smallest positive subnormal of each dtype: rounding a result that small or smaller to the
 # dtype may err by half of it, whatever u says (Higham, sec. 2.1, gradual underflow).
+# TF32 (NVIDIA's tensor-core format for float32 products, Ampere and newer): float32's
+# exponent and a 10-bit mantissa, inputs rounded to nearest even, so u = 2^-11 per input
+TF32_UNIT_ROUNDOFF = 2.0**-11
+DOT_PRECISIONS = ("tf32",)  # Spec.dot_precision: how a float32 kernel's products round
+
+
+def unit_roundoff(dtype: str, spec: Spec) -> float:
+    """The unit roundoff errors of `dtype` outputs are measured and bounded in: TF32's for
+    float32 under a spec whose products are TF32 (every rounding charged at 2^-11, which
+    bounds the float32 sums as well), else the dtype's."""
+    if dtype == "float32" and spec.dot_precision == "tf32":
+        return TF32_UNIT_ROUNDOFF
+    return UNIT_ROUNDOFF[dtype]
+
+
+def round_to_tf32(t):
+    """A float32 tensor's values rounded to TF32 (10 mantissa bits, to nearest even;
+    infinities and NaN kept), as tensor cores take the inputs of a float32 product."""
+    import torch
+
+    bits = t.contiguous().view(torch.int32)
+    special = (bits & 0x7F800000) == 0x7F800000
+    rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF
+    return torch.where(special, bits, rounded).view(torch.float32).reshape(t.shape)
+
+
 SMALLEST_SUBNORMAL: dict[str, float] = {
     "float16": 2.0**-24,
     "bfloat16": 2.0**-133,

@@ -144,7 +144,9 @@ DECAY_SOURCES = {
 @dataclass(frozen=True)
 class Spec:
     """What an implementation claims: a feature map, causality, a denominator eps, whether
-    the output is normalised, a similarity scale and a decay (None, or one of DECAYS)."""
+    the output is normalised, a similarity scale, a decay (None, or one of DECAYS), and the
+    precision of its float32 products (None: IEEE float32; "tf32": their inputs rounded to
+    TF32, as GPU tensor cores do by default)."""
 
     feature_map: str
     causal: bool = False
@@ -152,6 +154,7 @@ class Spec:
     normalize: bool = True
     scale: float | str = 1.0  # a number, or RSQRT_D
     decay: str | None = None
+    dot_precision: str | None = None  # "tf32": float32 products from TF32 inputs
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
@@ -164,6 +167,8 @@ class Spec:
         if not self.normalize and (not kernel or self.eps):
             what = "eps (it is the denominator's)" if kernel else "softmax (no feature map)"
             raise SpecError(f"an unnormalised spec takes no {what}")
+        if self.dot_precision not in (None, "tf32"):
+            raise SpecError(f"dot_precision must be None or 'tf32', got {self.dot_precision!r}")
         if self.decay is None:
             return
         if self.decay not in DECAYS:
@@ -207,4 +212,5 @@ class Spec:
             self.scale != 1.0
         )
         words += [f"decay={self.decay}"] * (self.decay is not None)
+        words += [f"{self.dot_precision} products"] * (self.dot_precision is not None)
         return f"{self.feature_map} ({', '.join(words)})"

@@ -17,7 +17,7 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
 - A float store whose value is not of the pointer's element type (a float64 tl.dot into a
   float32 accumulator makes one) writes the value's bytes, garbage, where compiling the
   kernel fails: it raises (no upstream issue found).
-- `tf32=True` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
+- `tf32_products(True)` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
   nearest even), what an Ampere-or-newer GPU computes with input_precision "tf32" (the
   default); without it the interpreter computes IEEE float32 products.
 """
@@ -58,7 +58,7 @@ class _State:
 STATE = _State()
 
 
-def enable(tf32: bool = False) -> None:
+def enable() -> None:
     """Set TRITON_INTERPRET=1, import triton and install the shims (once). triton.jit reads
     the variable when it decorates a kernel, so it holds for the kernels of every module
     imported afterwards (triton's own library is converted if it came before).
@@ -77,7 +77,6 @@ def enable(tf32: bool = False) -> None:
             f"triton {triton.__version__} is installed; the interpreter shims are written for "
             f"triton {', '.join(SHIMMED_FOR)} (`pip install {INSTALL}`)"
         )
-    STATE.tf32 = tf32
     if not STATE.installed:
         _install()
         STATE.installed = True
@@ -107,6 +106,17 @@ def use_config(variant: int) -> Iterator[None]:
         yield
     finally:
         _choose(previous)
+
+
+@contextmanager
+def tf32_products(on: bool) -> Iterator[None]:
+    """float32 tl.dot inputs rounded to TF32 inside the block when `on` (an Ampere-or-newer
+    GPU's default), IEEE float32 products otherwise."""
+    previous, STATE.tf32 = STATE.tf32, on
+    try:
+        yield
+    finally:
+        STATE.tf32 = previous
 
 
 def _choose(variant: int) -> None:

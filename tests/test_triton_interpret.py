@@ -54,11 +54,8 @@ def _run(tf32: bool):
     a, b = (torch.randn(16, 16, generator=gen) for _ in range(2))
     bf = torch.randn(3, 16, generator=gen).bfloat16()
     o, o_ieee, out = torch.empty(16, 16), torch.empty(16, 16), torch.empty(16).bfloat16()
-    triton_interpret.STATE.tf32 = tf32
-    try:
+    with triton_interpret.tf32_products(tf32):
         _dot_and_loop[(1,)](a, b, o, o_ieee, bf, out, 3, B=16)
-    finally:
-        triton_interpret.STATE.tf32 = False
     return a, b, o, o_ieee, bf, out
 
 
@@ -131,3 +128,23 @@ def test_another_triton_version_is_refused_in_one_line():
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "triton 3.1.0 is installed" in lines[0], run.stderr
+
+
+def test_tf32_products_are_found_over_float32s_budget_and_pass_when_declared():
+    from linattn_verify.cases import Case
+    from linattn_verify.checks import CHECKS
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.causes import name_cause
+
+    case = Case(2, 2, 33, 8, 4, "float32", "normal", 1.0, 3, None, "cpu")
+    claim = {"feature_map": "identity", "causal": True, "normalize": False, "triton": "interpret"}
+    ieee = CHECKS["reference"](resolve(zoo.triton_chunked, **claim), case)
+    assert ieee.passed, ieee.message
+    tf32 = resolve(zoo.triton_chunked, tf32=True, **claim)
+    found = CHECKS["reference"](tf32, case)
+    assert not found.passed
+    cause = name_cause(found.to_dict(), tf32.spec)
+    assert cause is not None and cause.key == "tf32-products", found.message
+    declared = resolve(zoo.triton_chunked, tf32=True, dot_precision="tf32", **claim)
+    restored = CHECKS["reference"](declared, case)
+    assert restored.passed and "tf32 products" in restored.message, restored.message

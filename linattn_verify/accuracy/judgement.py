@@ -12,7 +12,7 @@ import torch
 
 from ..cases import Case
 from ..implementations.golden import golden_attention, golden_forms
-from ..inputs import AttentionInputs, validate
+from ..inputs import AttentionInputs, round_to_tf32, validate
 from ..reference import exact
 from ..specs import Spec
 from .bound import FEATURE_MODEL
@@ -22,7 +22,8 @@ from .verdict import AccuracyVerdict, judge
 @dataclass
 class Judgement:
     """The inputs (exact float64 copies), the exact output, the golden forms' outputs in
-    the inputs' dtype, and the bound per dtype once computed."""
+    the inputs' dtype (float32 under TF32 products: on q, k, v rounded to TF32, what a
+    careful TF32 kernel attains), and the bound per dtype once computed."""
 
     x: AttentionInputs
     spec: Spec
@@ -35,6 +36,8 @@ class Judgement:
         """Judgement of the tensors q, k, v (and W, and the decay) as given, for `spec`."""
         x = validate(q, k, v, spec, w, decay)
         forms = golden_forms(spec)
+        if spec.dot_precision == "tf32" and q.dtype == torch.float32:
+            q, k, v = (round_to_tf32(t) for t in (q, k, v))  # the products' own inputs
         golden = [golden_attention(q, k, v, spec, w, form, decay) for form in forms]
         return cls(x, spec, exact(x, spec), golden)
 

@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, AttentionInputs, dtype_name
+from ..inputs import (
+    SMALLEST_SUBNORMAL,
+    UNIT_ROUNDOFF,
+    AttentionInputs,
+    dtype_name,
+    unit_roundoff,
+)
 from ..specs import Spec, SpecError
 from .bound import scale_and_bound
 
@@ -201,7 +207,8 @@ def judge(
 ) -> AccuracyVerdict:
     """Judge `out` (same shape as ref, any float dtype) against the exact `ref`.
 
-    The unit roundoff is that of out's dtype. golden, if given, is the golden
+    The unit roundoff is that of out's dtype (TF32's for float32 under a spec with TF32
+    products, inputs.unit_roundoff). golden, if given, is the golden
     implementation's output in the same dtype, or a list of them (its forms): the budget
     is K_BUDGET times the largest of their errors, so any form as accurate as one of the
     careful ones is within budget (the feature expansion of taylor is inherently less
@@ -212,9 +219,9 @@ def judge(
     correct evaluations differ by chance beyond K_BUDGET are left to the bound.
     """
     dtype = dtype_name(out)
-    u = UNIT_ROUNDOFF.get(dtype)
-    if u is None:
+    if dtype not in UNIT_ROUNDOFF:
         raise SpecError(f"output dtype {dtype} has no unit roundoff; expected a float dtype")
+    u = unit_roundoff(dtype, spec)
     out64 = _output(out, ref.shape, "output")
     if bounds is not None and dtype in bounds:
         scale, bound = bounds[dtype]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..accuracy.bound import scale_and_bound
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, AttentionInputs
+from ..inputs import SMALLEST_SUBNORMAL, AttentionInputs, unit_roundoff
 from ..specs import Spec
 from .core import Outcome
 
@@ -32,7 +32,7 @@ class Tolerance:
 
     @classmethod
     def of(cls, x: AttentionInputs, spec: Spec) -> Tolerance:
-        u = UNIT_ROUNDOFF[x.dtype]
+        u = unit_roundoff(x.dtype, spec)
         scale, bound = scale_and_bound(x, spec, None, u, SMALLEST_SUBNORMAL[x.dtype])
         return cls(scale, bound, u)
 

@@ -178,6 +178,10 @@ CLAIM = (
         "takes log-gates g=(B, H, N), sim times exp(g_(j+1) + ... + g_i))",
         choices=DECAYS,
     ),
+    Option("dot_precision", "--dot-precision", str | None, None,
+           "its float32 products are TF32 by design (tf32: inputs rounded to a 10-bit "
+           "mantissa): float32 outputs are bounded and budgeted in TF32's unit, 2^-11",
+           choices=("tf32",)),
     Option("layout", "--layout", str, "bhnd",
            "the layout fn takes and returns: bhnd (B, H, N, d; the default) or bnhd",
            choices=LAYOUTS),

@@ -23,7 +23,8 @@ def command(impl: Implementation) -> str:
     if kind == "adapter":  # its spec and layout are its own
         cost = impl.cost if impl.cost != ADAPTERS[name].cost else None
         state = DECLARED if impl.state is not None else None
-        given = {"cost": cost, "state": state, "varlen": impl.varlen, **_triton(impl)}
+        given = {"cost": cost, "state": state, "varlen": impl.varlen, **_triton(impl),
+                 "dot_precision": impl.spec.dot_precision}  # fmt: skip
         return shlex.join(["--impl", name, *words(CLAIM, given)])
     if kind == "form":
         source = words(SOURCE, {"form": name, "chunk_size": impl.source.chunk_size})

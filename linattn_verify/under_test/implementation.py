@@ -109,7 +109,7 @@ class Implementation:
             return self
         kind, name = self.source.kind, self.source.name
         if self.triton == "interpret":
-            triton_interpret.enable(self.tf32)  # before the target imports triton
+            triton_interpret.enable()  # before the target imports triton
         if kind == "adapter":
             adapter = ADAPTERS[name]
             fn = (adapter.load_state if self.state else adapter.load)()
@@ -148,6 +148,9 @@ class Implementation:
             raise SpecError(f"{self.name} is declared, not loaded: call load() first")
         kwargs = self._keywords(projection, decay) | extra
         try:
+            if self.triton == "interpret":
+                with triton_interpret.tf32_products(self.tf32):
+                    return self.fn(q, k, v, **kwargs)
             return self.fn(q, k, v, **kwargs)
         except OutOfBounds as err:
             raise ImplementationFailure(str(err)) from None

@@ -98,7 +98,8 @@ def from_options(
 def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
     """A third-party library behind an adapter: its spec and layout are its claim."""
     adapter = ADAPTERS[name]
-    fixed = [n for n in (*SPEC_FIELDS, "layout") if values[n] != _CLAIM[n].default]
+    claimed = (n for n in (*SPEC_FIELDS, "layout") if n != "dot_precision")
+    fixed = [n for n in claimed if values[n] != _CLAIM[n].default]
     if fixed:
         flag = _CLAIM[fixed[0]].flag
         raise SpecError(f"{name} is an adapter: its spec and layout are its claim (drop {flag})")
@@ -111,8 +112,9 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
         raise SpecError(f"{name} takes no packed batch (no cu_seqlens)")
     if values["triton"] is not None and not adapter.triton:
         raise SpecError(f"{name} is not Triton code: drop --triton")
+    spec = replace(adapter.spec, dot_precision=values["dot_precision"])  # how it runs
     return Implementation(
-        None, adapter.spec, Source("adapter", name), adapter.layout,
+        None, spec, Source("adapter", name), adapter.layout,
         values["cost"] or adapter.cost, state=adapter.state if state is not None else None,
         varlen=values["varlen"], triton=values["triton"] or automatic_triton(adapter),
         tf32=values["tf32"],

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from ..accuracy.verdict import K_BUDGET, percent
 from ..cases import Case
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, round_to_tf32
 from ..regimes import ELU_ROW_FLOOR
 from ..specs import Spec
 
@@ -343,7 +343,11 @@ NAMERS: dict[str, Callable[[_Element], Cause | None]] = {
 def name_cause(row: Row, spec: Spec | None) -> Cause | None:
     """The named cause of a failed row (module docstring), or None."""
     figures = row.get("figures") or {}
-    if spec is None or spec.feature_map not in NAMERS or not row.get("case"):
+    if spec is None or not row.get("case"):
+        return None
+    if "max_error" in figures and (tf32 := _tf32(spec, row["case"], _float(figures["max_error"]))):
+        return tf32
+    if spec.feature_map not in NAMERS:
         return None
     if spec.decay is not None or not spec.normalize or spec.eps:
         return None
@@ -359,6 +363,37 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
         _float(figures.get("max_error")),
         figures.get("budget"),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _tf32(spec: Spec, case_json: str, error: float) -> Cause | None:
+    """"tf32-products": a float32 output of a spec with IEEE products, over its budget by an
+    error within a factor EXPLAINS of the golden forms' on q, k, v rounded to TF32 (what
+    tensor cores multiply; inputs.round_to_tf32), itself over the budget."""
+    from ..accuracy.judgement import Judgement
+    from ..implementations.golden import golden_attention, golden_forms
+
+    case = dataclasses.replace(Case.from_json(case_json), device="cpu")
+    if case.dtype != "float32" or spec.dot_precision is not None or not math.isfinite(error):
+        return None
+    judgement = Judgement.of_case(case, spec)
+    q, k, v, w = case.tensors()
+    rounded = [round_to_tf32(t) for t in (q, k, v)]
+    decay = case.decay(spec.decay)
+    tf32 = max(
+        judgement(golden_attention(*rounded, spec, w, form, decay)).max_error
+        for form in golden_forms(spec)
+    )
+    budget = judgement(judgement.golden[0]).budget  # the float32 budget of this case
+    if not (budget and tf32 > budget and tf32 / EXPLAINS <= error <= tf32 * EXPLAINS):
+        return None
+    short = "float32 products in TF32 (2^-11 per product, --dot-precision tf32 if by design)"
+    detail = (
+        f"its error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' on q, k, v "
+        f"rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}: its "
+        "products take TF32 inputs, as tensor cores do by default"
+    )
+    return Cause("tf32-products", "inaccurate", "float32", short, detail, {"tf32_error": tf32})
 
 
 def _float(x: Any) -> float:
