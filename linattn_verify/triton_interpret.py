@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,6 +78,9 @@ def enable() -> None:
             f"triton {triton.__version__} is installed; the interpreter shims are written for "
             f"triton {', '.join(SHIMMED_FOR)} (`pip install {INSTALL}`)"
         )
+    # numpy's overflow and invalid-value warnings of the interpreter's casts and products:
+    # what the kernel computes is judged by the checks, not announced on stderr
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime")
     if not STATE.installed:
         _install()
         STATE.installed = True

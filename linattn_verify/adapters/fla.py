@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -126,13 +127,21 @@ def _load_fla_naive_chunk_based() -> Fn:
     return fla_naive_chunk_based
 
 
+def _triton_ops(module: str) -> ModuleType:
+    """fla.ops.<module>, without fla's warning that Triton "is not supported on current
+    platform" (true of CUDA here: its kernels run in Triton's interpreter)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+        return import_library(f"fla.ops.{module}", INSTALL_TRITON)
+
+
 def _fla_triton(module: str, function: str, returns_state: bool, **kwargs) -> Callable[[], Fn]:
     """A loader for fla.ops.<module>.<function>, called as function(q, k, v, **kwargs) on
     (B, T, H, K) tensors; the linear_attn kernels take mapped features (relu_features) and
     return (o, final_state)."""
 
     def load() -> Fn:
-        kernel = getattr(import_library(f"fla.ops.{module}", INSTALL_TRITON), function)
+        kernel = getattr(_triton_ops(module), function)
 
         def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             out = kernel(q, k, v, **kwargs)
@@ -150,7 +159,7 @@ def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], F
     -> (o, S), S [B, H, K, V] as ours (output_final_state=True)."""
 
     def load() -> Fn:
-        kernel = getattr(import_library("fla.ops.simple_gla", INSTALL_TRITON), function)
+        kernel = getattr(_triton_ops("simple_gla"), function)
 
         def fla_simple_gla(q, k, v, initial_state=None, cu_seqlens=None, **values):
             if decay == "constant":

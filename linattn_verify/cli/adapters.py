@@ -19,15 +19,18 @@ def add(sub) -> None:
         "adapters",
         "the third-party adapters: their claims, which are installed, their verdicts",
         "List every adapter with the spec it claims, its layout, and whether its library "
-        "is installed here (and CUDA, for the GPU-only kernels). --table prints the "
+        "is installed here (Triton kernels: in Triton's interpreter without CUDA). --table "
+        "prints the "
         "expected verdicts (linattn_verify/adapters/expected.txt, checked by the test "
         "suite) as a Markdown table; --readme writes it into a page (docs/adapters.md) between "
-        f"the lines {BEGIN} and {END}; --record vets every installed adapter and rewrites "
-        "expected.txt from the verdicts (a minute or two).",
+        f"the lines {BEGIN} and {END}; --record vets every installed adapter (or those "
+        "named) and rewrites expected.txt from the verdicts (minutes; a Triton kernel's "
+        "default plan in the interpreter takes a few).",
         [
             "python -m linattn_verify adapters",
             "python -m linattn_verify adapters --table",
             "python -m linattn_verify adapters --readme docs/adapters.md",
+            "python -m linattn_verify adapters --record fla.linear-attn-chunk",
         ],
     )
     what = parser.add_mutually_exclusive_group()
@@ -35,8 +38,10 @@ def add(sub) -> None:
     what.add_argument("--readme", metavar="PATH", help="write the verdict table into PATH")
     what.add_argument(
         "--record",
-        action="store_true",
-        help="vet every installed adapter and write expected.txt from what vet finds",
+        nargs="*",
+        metavar="NAME",
+        help="vet every installed adapter (or the NAMEs) and write expected.txt from what vet "
+        "finds; the others keep their lines",
     )
     parser.set_defaults(func=run)
 
@@ -66,7 +71,7 @@ def list_adapters() -> int:
     return 0
 
 
-def record() -> int:
+def record(names: list[str]) -> int:
     """Vet every adapter that loads here and rewrite expected.txt (reasons kept); adapters
     that do not load keep their old lines. One torch thread, as the test suite runs
     (conftest.py): a matmul's rounding depends on how many threads split it, and a figure at
@@ -81,7 +86,13 @@ def record() -> int:
     torch.set_num_threads(1)
     old = load_expected()
     measured = {}
+    if unknown := sorted(set(names) - set(ADAPTERS)):
+        raise options.UsageError(f"no adapter {unknown[0]!r}; `adapters` lists them")
     for name in ADAPTERS:
+        if names and name not in names:
+            if name in old:
+                measured[name] = old[name]
+            continue
         try:
             measured[name], report = measured_verdict(name)
             print(f"{name}: {report.verdict}", flush=True)
@@ -100,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
     from ..adapters import ADAPTERS
     from ..adapters.expected import load_expected, verdict_table
 
-    if not (args.table or args.readme or args.record):
+    if not (args.table or args.readme or args.record is not None):
         return list_adapters()
-    if args.record:
-        return record()
+    if args.record is not None:
+        return record(args.record)
     table = verdict_table(ADAPTERS, load_expected())
     if args.table:
         print(table)

@@ -44,6 +44,9 @@ class VetOptions:
     strict: bool = False  # every regime, and elu features held to relative accuracy
     envelope: bool = True  # the operating envelope per dtype
     longest: int = LONGEST  # the long-context check to this N (and N + 1); 0: not run
+    # every check on one typical case per dtype, no search (tasks.smallest_cases): what CI
+    # checks of kernels whose every call takes seconds (Triton's interpreter)
+    smallest: bool = False
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -113,18 +116,19 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     forward = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
     backward = THOROUGH_EXAMPLES if options.thorough else VET_GRADIENT_EXAMPLES
     where = {"device": options.device, "dtypes": options.dtypes}
+    cases = {**where, "smallest": True} if options.smallest else where
 
     def search(name: str) -> dict[str, Any]:
-        return {"name": name, "examples": backward if name in GRAD_CHECKS else forward, **where}
+        return {"name": name, "examples": backward if name in GRAD_CHECKS else forward, **cases}
 
     steps = [
         (name, "check", search(name))
         for name in [*CHECKS, *(GRAD_CHECKS if options.grad else ())]
         if name not in description["not_applicable"]
     ]
-    steps.append(("accuracy", "accuracy", {"device": options.device, "dtypes": options.dtypes}))
+    steps.append(("accuracy", "accuracy", cases))
     if description.get("triton") == "interpret":
-        steps.append((AUTOTUNE_CONFIGS, AUTOTUNE_CONFIGS, where))
+        steps.append((AUTOTUNE_CONFIGS, AUTOTUNE_CONFIGS, cases))
     expected = description["cost"]
     steps.append(("scaling", "scaling", {"device": options.device, "expected": expected}))
     if options.longest:

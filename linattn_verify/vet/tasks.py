@@ -46,6 +46,17 @@ def vet_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
     ]
 
 
+SMALLEST_SHAPE = (2, 2, 33, 8, 4)  # (B, H, N, d, dv): ragged for chunks of 16 to 64, d != dv
+
+
+def smallest_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
+    """The smallest plan's cases (VetOptions.smallest): one typical case per dtype, of
+    SMALLEST_SHAPE, for kernels whose every call takes seconds (Triton's interpreter)."""
+    b, h, n, d, dv = SMALLEST_SHAPE
+    m = d if spec.info.needs_projection else None
+    return [Case(b, h, n, d, dv, t, "normal", 1.0, 7, m, device) for t in dtypes]
+
+
 def planned_cases(task: str, spec: Spec, options: dict[str, Any]) -> int | None:
     """About how many cases `task` runs a check on (a search's shrinking adds a few), for
     progress; None for the tasks that run none through a check."""
@@ -54,6 +65,8 @@ def planned_cases(task: str, spec: Spec, options: dict[str, Any]) -> int | None:
     if task not in ("check", "accuracy"):
         return None
     device, dtypes = options["device"], options["dtypes"]
+    if options.get("smallest"):
+        return len(dtypes)
     if task == "accuracy":  # its panel per dtype
         return sum(len(accuracy_panel(spec, dtype, device)) for dtype in dtypes)
     fixed = len(corner_cases(spec, dtypes, device)) + len(vet_cases(spec, dtypes, device))
@@ -85,14 +98,18 @@ def property_check(
     examples: dict[str, int],
     dtypes: tuple[str, ...],
     past_contract: str | None = None,
+    smallest: bool = False,
 ) -> list[Row]:
     """Check `name` in each regime in turn, the mildest first (`examples` cases searched per
     regime, after its corner cases and vet_cases): the first failure, shrunk, in the
     mildest regime that has one. past_contract (the regime of the contract check's failure):
     the failures it stands for are passed over (ContractCovered), so that a failure is the
-    check's own; with none and some passed over, the row depends on the contract."""
-    extra = vet_cases(impl.spec, dtypes, device)
+    check's own; with none and some passed over, the row depends on the contract. smallest:
+    smallest_cases alone, no search."""
     covered = None if past_contract is None else ContractCovered(impl, past_contract)
+    if smallest:
+        return _on_smallest_cases(impl, name, device, dtypes, covered)
+    extra = vet_cases(impl.spec, dtypes, device)
     found, searched = search_regimes(
         name, impl, examples, device, shrink=True, dtypes=dtypes, extra_cases=extra,
         pass_over=covered,
@@ -108,6 +125,20 @@ def property_check(
     return [CheckResult(name, True, detail).to_dict()]
 
 
+def _on_smallest_cases(impl, name: str, device: str, dtypes, covered) -> list[Row]:
+    """property_check's row on smallest_cases: the first failure of the check's own."""
+    from ..checks import ALL_CHECKS
+
+    for case in smallest_cases(impl.spec, dtypes, device):
+        result = ALL_CHECKS[name](impl, case)
+        if not result.passed and not result.by_nature and not (covered and covered(result)):
+            return [result.to_dict()]
+    if covered is not None and covered.count:
+        return [depending(name, covered.count)]
+    detail = f"no failure on one typical case per dtype ({', '.join(dtypes)}; the smallest plan)"
+    return [CheckResult(name, True, detail).to_dict()]
+
+
 DEPENDS = "depends"  # the status of a check whose only failures the failed contract covers
 
 
@@ -118,15 +149,22 @@ def depending(name: str, covered: int) -> Row:
     return {"name": name, "status": DEPENDS, "detail": detail}
 
 
-def accuracy_panel(spec: Spec, dtype: str, device: str) -> list[Case]:
-    """The cases of the accuracy task in one dtype: vet_cases and the corner cases."""
+def accuracy_panel(spec: Spec, dtype: str, device: str, smallest: bool = False) -> list[Case]:
+    """The cases of the accuracy task in one dtype: vet_cases and the corner cases (the
+    smallest plan: smallest_cases)."""
     from ..strategies import corner_cases
 
+    if smallest:
+        return smallest_cases(spec, (dtype,), device)
     return [*vet_cases(spec, (dtype,), device), *corner_cases(spec, (dtype,), device)]
 
 
 def accuracy(
-    impl: Implementation, device: str, dtypes: tuple[str, ...], past_contract: str | None = None
+    impl: Implementation,
+    device: str,
+    dtypes: tuple[str, ...],
+    past_contract: str | None = None,
+    smallest: bool = False,
 ) -> list[Row]:
     """Per dtype, the reference check on vet_cases and the corner cases of that dtype: the
     first failure in the mildest regime that has one, else the largest error on typical
@@ -135,9 +173,8 @@ def accuracy(
 
     rows = []
     for dtype in dtypes:
-        results = [
-            CHECKS["reference"](impl, case) for case in accuracy_panel(impl.spec, dtype, device)
-        ]
+        panel = accuracy_panel(impl.spec, dtype, device, smallest)
+        results = [CHECKS["reference"](impl, case) for case in panel]
         covered = None if past_contract is None else ContractCovered(impl, past_contract)
         kept = [r for r in results if r.passed or covered is None or not covered(r)]
         if not kept or (len(kept) < len(results) and all(r.passed for r in kept)):
@@ -164,15 +201,18 @@ AUTOTUNE_CONFIGS = "autotune-configs"
 MAX_VARIANTS = 8  # autotune config variants judged (of a Triton kernel in the interpreter)
 
 
-def autotune_configs(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
+def autotune_configs(
+    impl: Implementation, device: str, dtypes: tuple[str, ...], smallest: bool = False
+) -> list[Row]:
     """A Triton kernel in the interpreter, in each autotune config variant besides the one the
     other checks ran (triton_interpret.variants: variant i runs config i of every autotuned
     kernel, configs that differ only in num_warps or num_stages being one), at most
-    MAX_VARIANTS of them: the reference check on vet_cases, a failure counted where variant
+    MAX_VARIANTS of them: the reference check on vet_cases (the smallest plan:
+    smallest_cases), a failure counted where variant
     0 passes the same case (its own failures are the other checks')."""
     from .. import triton_interpret
 
-    cases = vet_cases(impl.spec, dtypes, device)
+    cases = (smallest_cases if smallest else vet_cases)(impl.spec, dtypes, device)
     first = [CHECKS["reference"](impl, case).passed for case in cases]
     count = triton_interpret.variants()
     judged = min(count, MAX_VARIANTS)

@@ -13,12 +13,14 @@ from .runner import VetOptions, VetReport, vet_in_process
 ENVELOPE_DTYPE = "float32"
 
 
-def measured_verdict(name: str) -> tuple[Expected, VetReport]:
-    """What expected.txt would say of adapter `name`, and the report it comes from;
-    AdapterUnavailable when its library is missing (TritonUnavailable: triton)."""
+def measured_verdict(name: str, smallest: bool = False) -> tuple[Expected, VetReport]:
+    """What expected.txt would say of adapter `name`, and the report it comes from (with
+    smallest: of vet's smallest plan, VetOptions.smallest); AdapterUnavailable when its
+    library is missing (TritonUnavailable: triton)."""
     impl = resolve(name)
     device = "cuda" if ADAPTERS[name].triton and impl.triton is None else "cpu"
-    report = vet_in_process(impl, VetOptions(kat=True, device=device, envelope=False, longest=0))
+    options = VetOptions(kat=True, device=device, envelope=False, longest=0, smallest=smallest)
+    report = vet_in_process(impl, options)
     found = report.findings
     top = None if not found else (found[0].severity, found[0].regime, found[0].relative_error)
     (row,) = envelope(impl, device, (ENVELOPE_DTYPE,))
