@@ -10,9 +10,13 @@ time limit, writing every log under --out:
 2. `report --device cuda` in float16, bfloat16 and float32, once with TF32 off and once on
    (torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32; the report's environment
    block records the flags);
-3. `vet` of every CUDA adapter (fla's Triton kernels) with its known-answer vectors.
+3. `vet --smallest` of every Triton adapter (fla's kernels) natively, with its known-answer
+   vectors, once with TF32 off (TRITON_F32_DEFAULT=ieee: float32 tl.dot in IEEE) and once
+   on (Triton's default on Ampere and newer).
 
-summary.md and summary.json list each step: its command, exit code, seconds and log. On a
+summary.md and summary.json list each step: its command, exit code, seconds and log, and
+the Triton adapters' verdicts side by side: in Triton's interpreter (expected.txt, the CPU's
+default plan), natively with TF32 off and on. On a
 machine without CUDA it says so in one line and exits 0. `--device cpu` is the dry run of
 the same plumbing on the CPU, small: a slice of the property suite, a one-spec report with
 the TF32 flags set either way, and vet of a built-in form in place of the CUDA adapters.
@@ -37,8 +41,12 @@ TF32_PRELUDE = (
 )
 
 
-def steps(device: str, out: Path) -> list[tuple[str, list[str]]]:
-    """(name, argv) of each step for `device` ("cuda", or "cpu" for the dry run)."""
+TF32_OFF = {"TRITON_F32_DEFAULT": "ieee"}  # Triton's switch of tl.dot's float32 default
+
+
+def steps(device: str, out: Path) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(name, argv, environment) of each step for `device` ("cuda", or "cpu" for the dry
+    run)."""
     python = sys.executable
     if device == "cuda":
         tests = ["-m", "pytest", "-q", "-n", "8", "-m", "not scaling", "-k", "cuda", "tests",
@@ -49,23 +57,51 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str]]]:
                  "-k", "elu-causal-chunked-cpu"]  # fmt: skip
         report_args = ["--form", "chunked", "--feature-map", "elu", "--causal", "--dtypes",
                        "float32", "--no-grad"]  # fmt: skip
-    plan = [("tests", [python, *tests, "-p", "no:cacheprovider"])]
+    plan = [("tests", [python, *tests, "-p", "no:cacheprovider"], {})]
     for on in (False, True):
         name = f"report-tf32-{'on' if on else 'off'}"
         code = TF32_PRELUDE.format(on=on)
         argv = ["report", "--device", device, *report_args, "--out", str(out / name), "--quiet"]
-        plan.append((name, [python, "-c", code, *argv]))
+        plan.append((name, [python, "-c", code, *argv], {}))
     for name in vetted(device):
         target = (
             ["--form", "chunked", "--feature-map", "relu", "--causal"] if name == "-" else [name]
         )
-        json_path = out / f"vet-{name if name != '-' else 'builtin'}.json"
         # the dry run tests the plumbing: no long context, one dtype
         dry = [] if device == "cuda" else ["--long", "0", "--dtypes", "float32", "--no-envelope"]
-        argv = ["-m", "linattn_verify", "vet", *target, "--device", device, "--kat", *dry,
-                "--quiet", "--json", str(json_path)]  # fmt: skip
-        plan.append((f"vet {name if name != '-' else 'built-in chunked relu'}", [python, *argv]))
+        for tf32, env in (("off", TF32_OFF), ("on", {})):
+            json_path = out / f"vet-{name if name != '-' else 'builtin'}-tf32-{tf32}.json"
+            argv = ["-m", "linattn_verify", "vet", *target, "--device", device, "--kat",
+                    "--smallest", *dry, "--quiet", "--json", str(json_path)]  # fmt: skip
+            step = f"vet {name if name != '-' else 'built-in chunked relu'} tf32 {tf32}"
+            plan.append((step, [python, *argv], env))
     return plan
+
+
+def side_by_side(out: Path, device: str) -> list[str]:
+    """The Triton adapters' verdicts as a table: in the interpreter (expected.txt), natively
+    with TF32 off and on (the vet JSONs of this run)."""
+    from linattn_verify.adapters.expected import load_expected
+
+    expected = load_expected()
+    lines = ["| adapter | interpreter (expected.txt) | native, TF32 off | native, TF32 on |",
+             "|---|---|---|---|"]  # fmt: skip
+    for name in vetted(device):
+        file = name if name != "-" else "builtin"
+        entry = expected.get(name)
+        interpreted = "-" if name == "-" else _verdict(entry.failing if entry else set())
+        native = []
+        for tf32 in ("off", "on"):
+            path = out / f"vet-{file}-tf32-{tf32}.json"
+            found = json.loads(path.read_text()) if path.is_file() else None
+            failing = found and {r["name"] for r in found["checks"] if r["status"] == "fail"}
+            native.append("not run" if found is None else _verdict(failing or set()))
+        lines.append(f"| {name} | {interpreted} | {native[0]} | {native[1]} |")
+    return lines
+
+
+def _verdict(failing: set[str]) -> str:
+    return f"fail: {', '.join(sorted(failing))}" if failing else "pass"
 
 
 def vetted(device: str) -> list[str]:
@@ -77,13 +113,13 @@ def vetted(device: str) -> list[str]:
     return [name for name, adapter in ADAPTERS.items() if adapter.triton]
 
 
-def run(name: str, argv: list[str], log: Path) -> dict:
+def run(name: str, argv: list[str], env: dict[str, str], log: Path) -> dict:
     """One step, its output to `log`; its figures for the summary."""
     start = time.perf_counter()
     with log.open("w") as sink:
         try:
             code = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, timeout=STEP_LIMIT,
-                                  env={**os.environ, "CI": "true"}).returncode  # fmt: skip
+                                  env={**os.environ, "CI": "true", **env}).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             code = "timeout"
     seconds = time.perf_counter() - start
@@ -106,9 +142,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
-    for index, (name, argv) in enumerate(steps(args.device, out)):
+    for index, (name, argv, env) in enumerate(steps(args.device, out)):
         log = out / f"{index:02d}-{name.replace(' ', '-')}.log"
-        results.append(run(name, argv, log))
+        results.append(run(name, argv, env, log))
     summary = {
         "device": args.device,
         "name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
@@ -119,6 +155,7 @@ def main() -> int:
     lines = [f"# device check ({summary['name']}, torch {summary['torch']})", "",
              "| step | exit | seconds | log |", "|---|---|---:|---|"]  # fmt: skip
     lines += [f"| {r['step']} | {r['exit']} | {r['seconds']:.0f} | {r['log']} |" for r in results]
+    lines += ["", "## Triton kernels: verdicts side by side", "", *side_by_side(out, args.device)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print(f"device-check: {out / 'summary.md'}")
     return 0 if all(r["exit"] == 0 for r in results) else 1

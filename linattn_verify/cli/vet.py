@@ -33,6 +33,7 @@ def add(sub) -> None:
             "python -m linattn_verify vet mypkg.ops:favor --feature-map performer-positive \\",
             "    --sampler mypkg.ops:draw_w --claim orthogonal --json vet.json",
             "python -m linattn_verify vet fla.based-naive --kat",
+            "python -m linattn_verify vet fla.linear-attn-chunk --smallest",
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal --grad",
             "python -m linattn_verify vet --form chunked --feature-map elu --causal",
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --long 1048576",
@@ -57,6 +58,12 @@ def add(sub) -> None:
         + "; the gradient checks "
         + ", ".join(f"{n} {r}" for r, n in VET_GRADIENT_EXAMPLES.items())
         + ")",
+    )
+    parser.add_argument(
+        "--smallest",
+        action="store_true",
+        help="every check on one typical case per dtype, no search: for kernels whose every "
+        "call takes seconds (Triton's interpreter); the default plan is the verdict",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")
@@ -118,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         strict=args.strict,
         envelope=not args.no_envelope,
         longest=run_values["longest"],
+        smallest=args.smallest,
     )
     report = vet(
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)

@@ -367,7 +367,7 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
 
 @functools.lru_cache(maxsize=64)
 def _tf32(spec: Spec, case_json: str, error: float) -> Cause | None:
-    """"tf32-products": a float32 output of a spec with IEEE products, over its budget by an
+    """ "tf32-products": a float32 output of a spec with IEEE products, over its budget by an
     error within a factor EXPLAINS of the golden forms' on q, k, v rounded to TF32 (what
     tensor cores multiply; inputs.round_to_tf32), itself over the budget."""
     from ..accuracy.judgement import Judgement
