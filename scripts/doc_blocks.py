@@ -234,6 +234,25 @@ def bench_vet() -> str:
     return _run([PYTHON, "benchmarks/bench_vet.py"]).rstrip()
 
 
+TRITON_KERNEL = (
+    "vet tests.zoo.triton_kernels:triton_chunked --feature-map identity --causal "
+    "--no-normalize --triton interpret --smallest --dtypes float32 --tf32"
+)
+
+
+def triton_tf32(declared: bool) -> str:
+    """The README's Triton example: the zoo's chunk kernel in Triton's interpreter with TF32
+    products, undeclared (the finding names them) and declared (seconds)."""
+    command = TRITON_KERNEL + " --dot-precision tf32" * declared
+    out = _run([PYTHON, "-m", "linattn_verify", *shlex.split(command), "--quiet"])
+    return _console(f"python -m linattn_verify {command}", out)
+
+
+def bench_triton() -> str:
+    """benchmarks/bench_triton.py's table (some 40 minutes: nothing else running)."""
+    return _run([PYTHON, "benchmarks/bench_triton.py"]).rstrip()
+
+
 _walkthrough = functools.cache(vet_walkthrough)
 TIME = r"in \d+(\.\d+)?s"  # pytest's summary line ends with the run's time
 
@@ -244,6 +263,17 @@ BLOCKS = {
         Block("pytest-example", "README.md", True, pytest_example, volatile=(TIME,)),
         Block("vet-example", "README.md", False, vet_example, volatile=(r"time: .*",)),
         Block("bench-vet", "README.md", False, bench_vet),
+        Block(
+            "triton-tf32", "README.md", False, lambda: triton_tf32(False), volatile=(r"time: .*",)
+        ),
+        Block(
+            "triton-tf32-declared",
+            "README.md",
+            False,
+            lambda: triton_tf32(True),
+            volatile=(r"time: .*",),
+        ),
+        Block("bench-triton", "README.md", False, bench_triton),
         Block("report-excerpt", "docs/report.md", True, lambda: report_summary(EXCERPT_ROWS)),
         Block("report-gradients", "docs/gradients.md", True, report_gradients),
         Block("report-figure", "docs/report.md", False, report_figure),
