@@ -17,7 +17,7 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
 - A float store whose value is not of the pointer's element type (a float64 tl.dot into a
   float32 accumulator makes one) writes the value's bytes, garbage, where compiling the
   kernel fails: it raises (no upstream issue found).
-- `tf32_products(True)` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
+- `running(tf32=True)` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
   nearest even), what an Ampere-or-newer GPU computes with input_precision "tf32" (the
   default); without it the interpreter computes IEEE float32 products.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 import ast
 import os
 import sys
-import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,9 +77,6 @@ def enable() -> None:
             f"triton {triton.__version__} is installed; the interpreter shims are written for "
             f"triton {', '.join(SHIMMED_FOR)} (`pip install {INSTALL}`)"
         )
-    # numpy's overflow and invalid-value warnings of the interpreter's casts and products:
-    # what the kernel computes is judged by the checks, not announced on stderr
-    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime")
     if not STATE.installed:
         _install()
         STATE.installed = True
@@ -113,12 +109,17 @@ def use_config(variant: int) -> Iterator[None]:
 
 
 @contextmanager
-def tf32_products(on: bool) -> Iterator[None]:
-    """float32 tl.dot inputs rounded to TF32 inside the block when `on` (an Ampere-or-newer
-    GPU's default), IEEE float32 products otherwise."""
-    previous, STATE.tf32 = STATE.tf32, on
+def running(tf32: bool) -> Iterator[None]:
+    """One call of a kernel in the interpreter: float32 tl.dot inputs rounded to TF32 when
+    `tf32` (an Ampere-or-newer GPU's default), IEEE float32 products otherwise; numpy's
+    floating-point warnings off (an overflow in a cast is the kernel's result, for the
+    checks to judge, not a line on stderr)."""
+    import numpy as np
+
+    previous, STATE.tf32 = STATE.tf32, tf32
     try:
-        yield
+        with np.errstate(all="ignore"):
+            yield
     finally:
         STATE.tf32 = previous
 

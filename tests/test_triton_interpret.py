@@ -54,7 +54,7 @@ def _run(tf32: bool):
     a, b = (torch.randn(16, 16, generator=gen) for _ in range(2))
     bf = torch.randn(3, 16, generator=gen).bfloat16()
     o, o_ieee, out = torch.empty(16, 16), torch.empty(16, 16), torch.empty(16).bfloat16()
-    with triton_interpret.tf32_products(tf32):
+    with triton_interpret.running(tf32):
         _dot_and_loop[(1,)](a, b, o, o_ieee, bf, out, 3, B=16)
     return a, b, o, o_ieee, bf, out
 

@@ -69,7 +69,12 @@ def _spec_order(entry: Entry) -> tuple:
 
 @pytest.mark.parametrize("entry", sorted(ZOO, key=_spec_order), ids=lambda e: e.name)
 def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
-    options = VetOptions(grad=entry.grad, envelope=False, longest=LONGEST if entry.long else 0)
+    options = VetOptions(
+        grad=entry.grad,
+        envelope=False,
+        longest=LONGEST if entry.long else 0,
+        smallest=entry.triton,  # seconds a call in Triton's interpreter (tests/zoo/triton_kernels)
+    )
     report = vet_in_process(implementation(entry), options)
     found = report.findings
     killers = [row["name"] for row in report.failed]

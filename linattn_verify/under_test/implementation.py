@@ -149,7 +149,7 @@ class Implementation:
         kwargs = self._keywords(projection, decay) | extra
         try:
             if self.triton == "interpret":
-                with triton_interpret.tf32_products(self.tf32):
+                with triton_interpret.running(self.tf32):
                     return self.fn(q, k, v, **kwargs)
             return self.fn(q, k, v, **kwargs)
         except OutOfBounds as err:

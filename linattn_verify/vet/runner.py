@@ -69,6 +69,7 @@ class VetReport:
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per plan step
     max_rss: dict[str, int] = field(default_factory=dict)  # peak resident bytes per process
     claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
+    runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
 
     @property
     def findings(self) -> list[Finding]:
@@ -97,6 +98,7 @@ class VetReport:
             "target": self.target,
             "implementation": self.implementation,
             "spec": self.spec,
+            "runs_in": self.runs_in or None,
             "failing_regimes": list(self.failing_regimes),
             "findings": [f.to_dict() for f in self.findings],
             "counts": {s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
@@ -162,6 +164,9 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     report = VetReport(
         target, description["name"], str(spec), [], options.failing_regimes, claimed=spec
     )
+    if description.get("triton") == "interpret":
+        products = "TF32 (--tf32)" if description.get("tf32") else "IEEE"
+        report.runs_in = f"Triton's interpreter on CPU tensors, float32 products {products}"
     rows = report.rows
     for name, reason in description["not_applicable"].items():
         if options.grad or name not in GRAD_CHECKS:

@@ -37,7 +37,8 @@ def summary(report: VetReport, verbose: bool = False) -> str:
 
 def _title(report: VetReport) -> str:
     name = "" if report.implementation == report.target else f"{report.implementation} "
-    return f"vet {report.target}: {name}claiming {report.spec}"
+    runs = f"; in {report.runs_in}" if report.runs_in else ""
+    return f"vet {report.target}: {name}claiming {report.spec}{runs}"
 
 
 def _count(n: int, what: str) -> str:

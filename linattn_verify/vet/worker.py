@@ -47,6 +47,7 @@ def describe(impl: Implementation) -> dict[str, Any]:
         "spec": impl.spec,
         "cost": impl.cost,
         "triton": impl.triton,
+        "tf32": impl.tf32,
         "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
 
