@@ -6,13 +6,16 @@ chunks of 64 and raises unless N % 64 == 0; padding the sequence would be more t
 translating, and naive_recurrent_linear_attn in the same file computes the same thing for
 every N. The unnormalised kernels are the simple-GLA ones (identity features, gates);
 linear_attn's normalize=False is that with gates of 0, and naive_retention fixes its gammas
-inside its body (1 - 2^(-5-h)), where no suite's gamma can reach them: not adapted.
+inside its body (1 - 2^(-5-h)), where no suite's gamma can reach them: not adapted. The
+Triton retention functions build the same gammas from torch.arange in their own module,
+where the adapter gives the suite's (_HeadIndices).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -175,6 +178,45 @@ def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], F
     return load
 
 
+class _HeadIndices:
+    """`torch` inside one of fla's retention functions for a call: arange(H), from which fla
+    builds its gammas as 1 - 2^(-5 - h), gives h = -log2(1 - gamma) - 5 for the suite's
+    gamma (in float32, as fla's arange); every other name is torch's."""
+
+    def __init__(self, gamma: torch.Tensor) -> None:
+        self.gamma = gamma
+
+    def arange(self, n: int, dtype=None, device=None) -> torch.Tensor:
+        return (-torch.log2(1 - self.gamma.double()) - 5).to(dtype=dtype, device=device)
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+def _retention(function: str, state: bool) -> Callable[[], Fn]:
+    """A loader for fla.ops.retention.<function> (Triton) on (B, T, H, K) tensors, its
+    fixed gammas 1 - 2^(-5 - h) replaced by the suite's gamma (H,) for the call (_HeadIndices:
+    every line of the function is fla's); packed batches by cu_seqlens; with `state`,
+    fn(..., initial_state=None) -> (o, S) (output_final_state=True)."""
+
+    def load() -> Fn:
+        kernel = getattr(_triton_ops("retention"), function)
+        module = sys.modules[kernel.__module__]
+
+        def fla_retention(q, k, v, gamma, initial_state=None, cu_seqlens=None):
+            carried = {"initial_state": initial_state, "output_final_state": True} if state else {}
+            module.torch = _HeadIndices(gamma)
+            try:
+                o, s = kernel(q, k, v, cu_seqlens=cu_seqlens, **carried)
+            finally:
+                module.torch = torch
+            return (o, s) if state else o
+
+        return fla_retention
+
+    return load
+
+
 _FLA_LINEAR = (
     "fla's kernels take features already mapped (its layers apply the feature map first); "
     "the adapter maps q and k with relu, so the spec is relu. With normalize=True "
@@ -275,6 +317,31 @@ ADAPTERS = (
             ("fused-recurrent", "fused_recurrent_simple_gla", "recurrent kernel"),
         )
         for decay in ("gates", "constant")
+    ),
+    *(
+        Adapter(
+            f"fla.retention-{short}",
+            "fla-core",
+            f"fla.ops.retention.{function}",
+            replace(SIMPLE_GLA_SPEC, decay="constant"),
+            "bnhd",
+            "Retention (Sun et al. 2023): o_i = K^-1/2 sum_{j<=i} gamma_h^(i-j) (q_i . k_j) v_j, "
+            "the identity spec, unnormalised, scale d^-0.5, constant decay; fla fixes gamma_h "
+            "= 1 - 2^(-5-h), the adapter gives its formula h = -log2(1 - gamma) - 5 for the "
+            f"suite's gamma. Triton {how}.",
+            _retention(function, False),
+            INSTALL_TRITON,
+            triton=True,
+            cost=cost,
+            state="S" if state else None,
+            load_state=_retention(function, True) if state else None,
+            varlen=True,
+        )
+        for short, function, how, state, cost in (
+            ("chunk", "chunk_retention", "chunk kernel (chunk_simple_gla)", True, "linear"),
+            ("fused-recurrent", "fused_recurrent_retention", "recurrent kernel", True, "linear"),
+            ("parallel", "parallel_retention", "parallel kernel, quadratic", False, "quadratic"),
+        )
     ),
     _based("fla.based-parallel", "fla.ops.based.parallel_based", "bnhd",
            " Triton kernel, fp32 accumulation; asserts d <= 128.",
