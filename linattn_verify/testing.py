@@ -32,29 +32,35 @@ def assert_linear_attention(
     normalize: bool = True,
     scale: float | str = 1.0,
     decay: str | None = None,
+    dot_precision: str | None = None,
     layout: str = "bhnd",
     cost: str | None = None,
     state: str | None = None,
     varlen: bool = False,
+    triton: str | None = None,
+    tf32: bool = False,
     grad: bool = False,
     longest: int = LONGEST,
     dtypes: tuple[str, ...] = DTYPES,
     device: str = "cpu",
     thorough: bool = False,
+    smallest: bool = False,
     fail_on: str = "typical",
     strict: bool = False,
 ) -> VetReport:
     """Every applicable check of vet on fn (docs/contract.md) claiming the spec; the report
     when the verdict passes, AssertionError with the summary when it fails, SpecError (a
     ValueError) naming an option whose value does not fit. Besides the options below, as
-    vet's: dtypes, device, thorough (more cases a check), fail_on (the regime up to which
+    vet's: dtypes, device, thorough (more cases a check), smallest (every check on one
+    typical case per dtype, no search: for Triton's interpreter), fail_on (the regime up to which
     findings fail; default typical, the others are warnings in the report) and strict
     (every regime, elu features held to relative accuracy)."""
     given = locals()  # the parameters by name
     impl = resolve(fn, **{o.name: given[o.name] for o in CLAIM})
     run = checked(RUN, given)
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
-                         fail_on=fail_on, strict=strict, envelope=False, **run)  # fmt: skip
+                         smallest=smallest, fail_on=fail_on, strict=strict, envelope=False,
+                         **run)  # fmt: skip
     report = vet_in_process(impl, options)
     if report.failed:
         raise AssertionError(report.summary())
