@@ -161,7 +161,10 @@ def triton_check(impl: Any, device: str) -> None:
 
     kind, name = impl.source.kind, impl.source.name
     if impl.triton == "interpret" and device != "cpu":
-        raise UsageError("--triton interpret runs the kernels on CPU tensors: drop --device")
+        raise UsageError(
+            "Triton's interpreter (--triton interpret, a Triton adapter's way without a CUDA "
+            f"device) runs the kernels on CPU tensors: drop --device {device}"
+        )
     if kind == "adapter" and ADAPTERS[name].triton and impl.triton is None and device == "cpu":
         raise UsageError(f"{name} is Triton code: give --device cuda or --triton interpret")
 
