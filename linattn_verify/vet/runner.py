@@ -44,8 +44,8 @@ class VetOptions:
     strict: bool = False  # every regime, and elu features held to relative accuracy
     envelope: bool = True  # the operating envelope per dtype
     longest: int = LONGEST  # the long-context check to this N (and N + 1); 0: not run
-    # every check on one typical case per dtype, no search (tasks.smallest_cases): what CI
-    # checks of kernels whose every call takes seconds (Triton's interpreter)
+    # every check on one typical case per dtype, no search (tasks.smallest_cases), scaling
+    # to N = 1024: what CI checks of kernels whose every call takes seconds (the interpreter)
     smallest: bool = False
 
     def __post_init__(self) -> None:
@@ -132,7 +132,8 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if description.get("triton") == "interpret":
         steps.append((AUTOTUNE_CONFIGS, AUTOTUNE_CONFIGS, cases))
     expected = description["cost"]
-    steps.append(("scaling", "scaling", {"device": options.device, "expected": expected}))
+    scaling = {"device": options.device, "expected": expected}
+    steps.append(("scaling", "scaling", scaling | ({"max_n": 1024} if options.smallest else {})))
     if options.longest:
         long = {"longest": options.longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
