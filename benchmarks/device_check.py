@@ -84,7 +84,8 @@ def side_by_side(out: Path, device: str) -> list[str]:
     from linattn_verify.adapters.expected import load_expected
 
     expected = load_expected()
-    lines = ["| adapter | interpreter (expected.txt) | native, TF32 off | native, TF32 on |",
+    lines = ["| adapter | interpreter (expected.txt, default plan) | native, TF32 off (--smallest) "
+             "| native, TF32 on (--smallest) |",
              "|---|---|---|---|"]  # fmt: skip
     for name in vetted(device):
         file = name if name != "-" else "builtin"

@@ -23,10 +23,18 @@ UNIT_ROUNDOFF: dict[str, float] = {
 }
 # Smallest positive subnormal of each dtype: rounding a result that small or smaller to the
 # dtype may err by half of it, whatever u says (Higham, sec. 2.1, gradual underflow).
+SMALLEST_SUBNORMAL: dict[str, float] = {
+    "float16": 2.0**-24,
+    "bfloat16": 2.0**-133,
+    "float32": 2.0**-149,
+    "float64": 2.0**-1074,
+}
+
 # TF32 (NVIDIA's tensor-core format for float32 products, Ampere and newer): float32's
-# exponent and a 10-bit mantissa, inputs rounded to nearest even, so u = 2^-11 per input
+# exponent and a 10-bit mantissa, u = 2^-11 per input rounded to nearest even, as Triton's
+# interpreter rounds TMA loads (a GPU that truncates raw float32 registers instead would err
+# by up to 2^-10: make device-check's native TF32 run shows which)
 TF32_UNIT_ROUNDOFF = 2.0**-11
-DOT_PRECISIONS = ("tf32",)  # Spec.dot_precision: how a float32 kernel's products round
 
 
 def unit_roundoff(dtype: str, spec: Spec) -> float:
@@ -47,14 +55,6 @@ def round_to_tf32(t):
     special = (bits & 0x7F800000) == 0x7F800000
     rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF
     return torch.where(special, bits, rounded).view(torch.float32).reshape(t.shape)
-
-
-SMALLEST_SUBNORMAL: dict[str, float] = {
-    "float16": 2.0**-24,
-    "bfloat16": 2.0**-133,
-    "float32": 2.0**-149,
-    "float64": 2.0**-1074,
-}
 
 
 @dataclass(frozen=True)

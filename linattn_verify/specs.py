@@ -184,9 +184,10 @@ class Spec:
 
     @property
     def plain(self) -> bool:
-        """Normalised, unscaled and without a decay: the specs the certified engine, the fast
-        bound and the long-context check cover."""
-        return self.normalize and self.scale == 1.0 and self.decay is None
+        """Normalised, unscaled, without a decay and with IEEE products: the specs the certified
+        engine, the fast bound, the long-context check and the known-answer vectors cover."""
+        plain = self.normalize and self.scale == 1.0 and self.decay is None
+        return plain and self.dot_precision is None
 
     def scale_for(self, d: int) -> float:
         """The similarity scale at head dimension d (rounded to float64 for RSQRT_D)."""

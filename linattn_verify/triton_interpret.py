@@ -82,6 +82,16 @@ def enable() -> None:
         STATE.installed = True
 
 
+def forget_configs() -> None:
+    """Forget the autotuned kernels seen so far (another implementation's), and the configs
+    their autotuners cached, so that variants() and describe() count the next calls' alone
+    (a cached config skips prune_configs, where they are recorded)."""
+    _choose(0)
+    STATE.configs.clear()
+    for tuner in list(STATE.tuners):
+        tuner.cache.clear()
+
+
 def variants() -> int:
     """How many config variants the autotuned kernels seen so far have: variant i runs
     config i (mod its count) of every kernel, so every distinct config runs in some variant."""
@@ -93,7 +103,8 @@ def describe(variant: int) -> str:
     parts = []
     for kernel, configs in sorted(STATE.configs.items()):
         kwargs = configs[variant % len(configs)]
-        parts.append(" ".join([kernel, *(f"{k}={v}" for k, v in kwargs.items())]))
+        short = kernel.rsplit(".", 1)[-1]  # the kernel's name; the key keeps its module
+        parts.append(" ".join([short, *(f"{k}={v}" for k, v in kwargs.items())]))
     return "; ".join(parts) or "no autotuned kernel"
 
 
@@ -167,7 +178,7 @@ def _shim_autotuner(tuner_class: type) -> None:
         distinct: dict[tuple, object] = {}
         for config in pruned:
             distinct.setdefault(tuple(sorted(config.kwargs.items())), config)
-        name = self.base_fn.__name__
+        name = f"{self.base_fn.__module__}.{self.base_fn.__qualname__}"
         STATE.configs[name] = [dict(k) for k in distinct]
         STATE.tuners.add(self)
         configs = list(distinct.values())
@@ -220,10 +231,13 @@ def _shim_loop_variables(interpreter) -> None:
 
 
 def _bfloat16_bits(data):
-    """float32 numbers (each already a bfloat16 value) as bfloat16's uint16 bits."""
+    """float32 numbers (each already a bfloat16 value) as bfloat16's uint16 bits; a NaN
+    whose payload is in the low bits alone keeps its quiet bit (not +-inf)."""
     import numpy as np
 
-    return (np.ascontiguousarray(data, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return ((bits >> 16) | np.where(nan, np.uint32(0x40), np.uint32(0))).astype(np.uint16)
 
 
 def _to_bfloat16(data):
@@ -329,8 +343,8 @@ def _shim_store_types(interpreter) -> None:
         target, given = ptrs.get_element_ty(), value.dtype.scalar
         if target.is_floating() and given.is_floating() and target != given:
             raise TypeError(
-                f"tl.store of a {given} value through a pointer to {target} (a compiled "
-                "kernel does not compile: the value must be of the pointer's element type)"
+                f"tl.store of a {given} value through a pointer to {target} (Triton does not "
+                "compile this: the value must be of the pointer's element type)"
             )
         return store(self, ptrs, value, mask, cache_policy)
 

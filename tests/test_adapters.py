@@ -22,7 +22,13 @@ LIBRARY_LIMITS = {
     **{
         (name, torch.float64): "fla's chunk_fwd_kernel_o takes a float64 tl.dot into a float32 "
         "accumulator and stores the result through a float64 pointer: it does not compile"
-        for name in ("fla.linear-attn-chunk", "fla.simple-gla-chunk", "fla.simple-gla-chunk-gamma")
+        for name in (
+            "fla.linear-attn-chunk",
+            "fla.simple-gla-chunk",
+            "fla.simple-gla-chunk-gamma",
+            "fla.retention-chunk",
+            "fla.retention-parallel",
+        )
     },
     **{
         (name, torch.float64): "fast_transformers' causal_product CPU kernel is float32-only"

@@ -187,6 +187,8 @@ class _HeadIndices:
         self.gamma = gamma
 
     def arange(self, n: int, dtype=None, device=None) -> torch.Tensor:
+        if n != self.gamma.numel():
+            raise ValueError(f"arange({n}) for {self.gamma.numel()} heads' gammas")
         return (-torch.log2(1 - self.gamma.double()) - 5).to(dtype=dtype, device=device)
 
     def __getattr__(self, name: str):

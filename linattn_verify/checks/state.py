@@ -27,7 +27,7 @@ import torch
 
 from ..accuracy.bound import state_bound
 from ..cases import Case
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
+from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff, validate
 from ..reference.certified import float_features
 from ..reference.state import exact_state
 from ..under_test import Implementation
@@ -125,7 +125,8 @@ def _by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> 
 def _bounds(impl: Implementation, x, times: float) -> tuple[np.ndarray, np.ndarray]:
     """times x the state bound in the inputs' precision. taylor's bound is the largest over
     its features: the spec fixes their number, not their order."""
-    s, z = state_bound(x, impl.spec, UNIT_ROUNDOFF[x.dtype], SMALLEST_SUBNORMAL[x.dtype])
+    u = unit_roundoff(x.dtype, impl.spec)  # TF32's for float32 under declared TF32 products
+    s, z = state_bound(x, impl.spec, u, SMALLEST_SUBNORMAL[x.dtype])
     if impl.spec.feature_map == "taylor":
         s, z = (np.broadcast_to(t.max(axis=2, keepdims=True), t.shape) for t in (s, z))
     return (times * s, times * z)[: 1 + impl.spec.normalize]

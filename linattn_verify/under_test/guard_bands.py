@@ -54,6 +54,8 @@ def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
 def _band(name: str, shape, stride, dtype, device, fill: float) -> _Band:
     """A buffer of guard + span + guard elements filled with `fill`, and the strided view at
     its middle."""
+    if any(s == 0 and n > 1 for n, s in zip(shape, stride, strict=True)):
+        stride = torch.empty(tuple(shape), device="meta").stride()  # an expanded input: dense
     span = _span(tuple(shape), tuple(stride))
     guard = max(GUARD_MIN, span)
     buffer = torch.full((span + 2 * guard,), fill, dtype=dtype, device=device)
@@ -141,25 +143,31 @@ def _call(fn: Callable, args: tuple, kwargs: dict, fills: dict[str, float], pois
     return result, bands, mode.bands
 
 
-def _first_output(result: Any) -> torch.Tensor | None:
-    out = result[0] if isinstance(result, tuple | list) and result else result
-    return out if isinstance(out, torch.Tensor) and out.is_floating_point() else None
+def _nans(result: Any) -> list[torch.Tensor]:
+    """Where each floating tensor of fn's result (the output, a final state's parts) is NaN."""
+    if isinstance(result, torch.Tensor):
+        return [torch.isnan(result.detach())] if result.is_floating_point() else []
+    if isinstance(result, tuple | list):
+        return [m for item in result for m in _nans(item)]
+    return []
 
 
-def _nan_at(out: torch.Tensor | None) -> tuple[int, ...] | None:
-    """The index of the first NaN of `out`, or None."""
-    if out is None:
-        return None
-    found = torch.isnan(out.detach()).nonzero()
-    return None if found.numel() == 0 else tuple(int(i) for i in found[0])
+def _more(first: list[torch.Tensor], again: list[torch.Tensor]) -> tuple[int, ...] | None:
+    """The index (in fn's output's first tensor that has one) of a NaN of `first` that is
+    not one of `again`, or None: a NaN the guard bands or poisoned buffers put there."""
+    for ours, theirs in zip(first, again, strict=False):
+        found = (ours & ~theirs).nonzero()
+        if found.numel():
+            return tuple(int(i) for i in found[0])
+    return None
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn called on guarded inputs with poisoned allocations; OutOfBounds when it writes past
-    an input's or a buffer's end, or when a NaN of its output comes from a guard band or a
-    poisoned buffer: found by calling it again with finite bands (0), all of them (a NaN that
-    stays is the kernel's own, for the checks to judge), then all but the allocations, then
-    all but one input's."""
+    an input's or a buffer's end, or when a NaN of its result (the output, a final state)
+    comes from a guard band or a poisoned buffer: found by calling it again with finite bands
+    (0), all of them (the NaN that stay are the kernel's own, for the checks to judge), then
+    all but the allocations, then all but one input's."""
 
     def call(*args, **kwargs):
         names = [
@@ -171,22 +179,27 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         for band in inputs + allocated:
             if not band.intact(math.nan):
                 raise OutOfBounds(f"writes past the end of {band.name}")
-        where = _nan_at(_first_output(result))
+        first = _nans(result)
+        if not any(bool(m.any()) for m in first):
+            return result
+
+        def again(fills: dict[str, float], poison: float) -> list[torch.Tensor]:
+            with torch.no_grad():
+                return _nans(_call(fn, args, kwargs, fills, poison)[0])
+
+        own = again(zero, 0.0)  # the kernel's own NaN stay with finite bands
+        where = _more(first, own)
         if where is None:
             return result
-
-        def nan_again(fills: dict[str, float], poison: float) -> bool:
-            with torch.no_grad():
-                return _nan_at(_first_output(_call(fn, args, kwargs, fills, poison)[0])) is not None
-
-        if nan_again(zero, 0.0):
-            return result
-        if nan_again(zero, math.nan):
+        if _more(again(zero, math.nan), own) is not None:
             raise OutOfBounds(
                 f"NaN in the output at {where} from memory it allocated and never wrote "
                 "(finite when its allocations start at 0)"
             )
-        read = next((n for n in names if nan_again({**zero, n: math.nan}, 0.0)), "its inputs")
+        read = next(
+            (n for n in names if _more(again({**zero, n: math.nan}, 0.0), own) is not None),
+            "its inputs",
+        )
         raise OutOfBounds(f"reads past the end of {read}: NaN in the output at {where}")
 
     call.__wrapped__ = fn

@@ -112,12 +112,14 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
         raise SpecError(f"{name} takes no packed batch (no cu_seqlens)")
     if values["triton"] is not None and not adapter.triton:
         raise SpecError(f"{name} is not Triton code: drop --triton")
+    triton = values["triton"] or automatic_triton(adapter)
+    if values["tf32"] and triton != "interpret":
+        raise SpecError(f"--tf32 is for Triton's interpreter; {name} runs natively here")
     spec = replace(adapter.spec, dot_precision=values["dot_precision"])  # how it runs
     return Implementation(
         None, spec, Source("adapter", name), adapter.layout,
         values["cost"] or adapter.cost, state=adapter.state if state is not None else None,
-        varlen=values["varlen"], triton=values["triton"] or automatic_triton(adapter),
-        tf32=values["tf32"],
+        varlen=values["varlen"], triton=triton, tf32=values["tf32"],
     )  # fmt: skip
 
 

@@ -30,8 +30,14 @@ q_i, the keys k_j it attends to and their values v_jc; each namer below rebuilds
   exactly 0 for every key, so the output must be NaN (a kernel that adds an eps to its
   denominator declares it).
 
+Any spec, first: "tf32-products", a float32 forward row (reference, associativity,
+accuracy) over its budget whose error is within EXPLAINS of the golden forms' on q, k, v
+rounded to TF32, itself over the budget: consistent with products of TF32 inputs (what
+tensor cores take by default; --dot-precision tf32 declares them).
+
 Anything else is not named: its failures are grouped by their inputs (findings.py). Only
-normalised specs without a decay or an eps are named (the re-evaluation is theirs).
+normalised specs without a decay or an eps, with IEEE products, get the feature namers above
+(the re-evaluation is theirs).
 """
 
 from __future__ import annotations
@@ -345,9 +351,15 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
     figures = row.get("figures") or {}
     if spec is None or not row.get("case"):
         return None
-    if "max_error" in figures and (tf32 := _tf32(spec, row["case"], _float(figures["max_error"]))):
+    name = str(row.get("name", ""))
+    forward = name in ("reference", "associativity") or name.startswith("accuracy ")
+    if (
+        forward
+        and "max_error" in figures
+        and (tf32 := _tf32(spec, row["case"], _float(figures["max_error"])))
+    ):
         return tf32
-    if spec.feature_map not in NAMERS:
+    if spec.feature_map not in NAMERS or spec.dot_precision is not None:
         return None
     if spec.decay is not None or not spec.normalize or spec.eps:
         return None
@@ -387,11 +399,11 @@ def _tf32(spec: Spec, case_json: str, error: float) -> Cause | None:
     budget = judgement(judgement.golden[0]).budget  # the float32 budget of this case
     if not (budget and tf32 > budget and tf32 / EXPLAINS <= error <= tf32 * EXPLAINS):
         return None
-    short = "float32 products in TF32 (2^-11 per product, --dot-precision tf32 if by design)"
+    short = "float32 errors of TF32 products (2^-11 per product; --dot-precision tf32 if by design)"
     detail = (
         f"its error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' on q, k, v "
-        f"rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}: its "
-        "products take TF32 inputs, as tensor cores do by default"
+        f"rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}: "
+        "consistent with products of TF32 inputs, as tensor cores take them by default"
     )
     return Cause("tf32-products", "inaccurate", "float32", short, detail, {"tf32_error": tf32})
 

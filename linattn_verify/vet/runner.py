@@ -45,7 +45,8 @@ class VetOptions:
     envelope: bool = True  # the operating envelope per dtype
     longest: int = LONGEST  # the long-context check to this N (and N + 1); 0: not run
     # every check on one typical case per dtype, no search (tasks.smallest_cases), scaling
-    # to N = 1024: what CI checks of kernels whose every call takes seconds (the interpreter)
+    # to N = 1024, no long context: what CI checks of kernels whose every call takes seconds
+    # (Triton's interpreter)
     smallest: bool = False
 
     def __post_init__(self) -> None:
@@ -134,7 +135,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     expected = description["cost"]
     scaling = {"device": options.device, "expected": expected}
     steps.append(("scaling", "scaling", scaling | ({"max_n": 1024} if options.smallest else {})))
-    if options.longest:
+    if options.longest and not options.smallest:
         long = {"longest": options.longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
     if options.kat and not kat_not_applicable(spec):
@@ -184,8 +185,8 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
         for name in GRAD_CHECKS:
             if name not in description["not_applicable"]:
                 skipped(name, "without --grad")
-    if not options.longest:
-        skipped("long-context", "--long 0")
+    if not options.longest or options.smallest:
+        skipped("long-context", "--smallest" if options.smallest else "--long 0")
     if not options.kat and not kat_not_applicable(spec):
         skipped("known-answers", "without --kat")
     if spec.info.needs_projection and not options.sampler:

@@ -46,7 +46,9 @@ def vet_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
     ]
 
 
-SMALLEST_SHAPE = (2, 2, 33, 8, 4)  # (B, H, N, d, dv): ragged for chunks of 16 to 64, d != dv
+# (B, H, N, d, dv): ragged for chunks of 16 to 64 and past a chunk of 32, two heads, d != dv;
+# d = 4: a row of q with every relu feature 0 is common (1 in 16)
+SMALLEST_SHAPE = (1, 2, 33, 4, 3)
 
 
 def smallest_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Case]:
@@ -213,6 +215,7 @@ def autotune_configs(
     from .. import triton_interpret
 
     cases = (smallest_cases if smallest else vet_cases)(impl.spec, dtypes, device)
+    triton_interpret.forget_configs()  # the calls below find this kernel's configs afresh
     first = [CHECKS["reference"](impl, case).passed for case in cases]
     count = triton_interpret.variants()
     judged = min(count, MAX_VARIANTS)
@@ -228,9 +231,11 @@ def autotune_configs(
                         f"not in config 0 ({triton_interpret.describe(0)}): {result.message}"
                     )
                     return [row]
+    if not triton_interpret.STATE.configs:
+        return [CheckResult(AUTOTUNE_CONFIGS, True, "no autotuned kernel ran").to_dict()]
     sample = f"{judged} of {count}" if judged < count else f"all {count}"
     detail = (
-        f"{sample} autotune config variants agree with the reference on vet's cases "
+        f"{sample} autotune config variants agree with the reference on the cases "
         f"({triton_interpret.describe(0)}, ...)"
     )
     return [CheckResult(AUTOTUNE_CONFIGS, True, detail).to_dict()]
