@@ -6,7 +6,13 @@ assert_linear_attention's keywords and vet's reproduce line all come from OPTION
 from __future__ import annotations
 
 from .checks import GRAD_CHECKS
-from .checks.long_context import LONGEST, lengths, memory_problem
+from .checks.long_context import (
+    INTERPRETED_LONGEST,
+    LONGEST,
+    SMALLEST_LONGEST,
+    lengths,
+    memory_problem,
+)
 from .under_test.claim import CLAIM, Option
 
 
@@ -21,9 +27,10 @@ def _long_problem(longest: int, label: str) -> str | None:
 RUN = (
     Option("grad", "--grad", bool, False,
            "also the checks of its backward: " + ", ".join(GRAD_CHECKS)),
-    Option("longest", "--long", int, LONGEST,
+    Option("longest", "--long", int | None, None,
            f"the long-context check at N = 2^10, 2^12, ... up to N and N + 1 (default "
-           f"{LONGEST}; 0 skips it); an N beyond this machine's memory is refused up front",
-           metavar="N", check=_long_problem),
+           f"{LONGEST}; in Triton's interpreter {INTERPRETED_LONGEST}, with --smallest "
+           f"{SMALLEST_LONGEST}; 0 skips it); an N beyond this machine's memory is refused up "
+           "front", metavar="N", check=_long_problem),
 )  # fmt: skip
 OPTIONS = (*CLAIM, *RUN)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from .checks.long_context import LONGEST
 from .options import OPTIONS, RUN
 from .strategies import DTYPES
 from .under_test import resolve
@@ -40,7 +39,7 @@ def assert_linear_attention(
     triton: str | None = None,
     tf32: bool = False,
     grad: bool = False,
-    longest: int = LONGEST,
+    longest: int | None = None,
     dtypes: tuple[str, ...] = DTYPES,
     device: str = "cpu",
     thorough: bool = False,

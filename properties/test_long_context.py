@@ -6,13 +6,14 @@ every dtype and d = 64 too."""
 
 import pytest
 
-from linattn_verify.checks.long_context import long_context, not_applicable
+from linattn_verify.checks.long_context import LONGEST, long_context, not_applicable
 from linattn_verify.pytest_plugin import run_values
 
 
 @pytest.mark.check(None, impls_filter=lambda impl: not not_applicable(impl, ("float32",)))
 def test_long_context(impl, device, request):
     longest = run_values(request.config)["longest"]
+    longest = LONGEST if longest is None else longest
     if longest == 0:
         pytest.skip("--long 0")
     result = long_context(impl, ("float32",), device, longest, dims=(16,))

@@ -62,6 +62,8 @@ from .core import as_array
 
 NAME = "long-context"
 LONGEST = 2**16
+INTERPRETED_LONGEST = 2**14  # vet's default in Triton's interpreter (seconds a call there)
+SMALLEST_LONGEST = 2**12  # vet's smallest plan (every check once per dtype)
 DIMS = (16, 64)  # the long panel's d, the wide panel's d
 WIDE_LONGEST = 2**12  # the wide panel (B = H = 2, d = 64) up to here
 MAX_FEATURES = 1024  # head dimensions whose feature vector is longer are left out (taylor)

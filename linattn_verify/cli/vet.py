@@ -9,6 +9,7 @@ from . import options
 
 
 def add(sub) -> None:
+    from ..checks.long_context import SMALLEST_LONGEST
     from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
     from ..options import RUN
     from ..vet.runner import DEFAULT_TIMEOUT
@@ -62,8 +63,9 @@ def add(sub) -> None:
     parser.add_argument(
         "--smallest",
         action="store_true",
-        help="every check on one typical case per dtype, no search: for kernels whose every "
-        "call takes seconds (Triton's interpreter); the default plan is the verdict",
+        help="every check on one typical case per dtype, no search, long context to N = "
+        f"{SMALLEST_LONGEST}: for kernels whose every call takes seconds (Triton's "
+        "interpreter); the default plan is the verdict",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-feature draws")
     parser.add_argument("--no-envelope", action="store_true", help="skip the envelope per dtype")

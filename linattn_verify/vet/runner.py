@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cases import Case
-from ..checks.long_context import LONGEST
+from ..checks.long_context import INTERPRETED_LONGEST, LONGEST, SMALLEST_LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..regimes import REGIMES
 from ..specs import Spec, SpecError
@@ -43,11 +43,22 @@ class VetOptions:
     fail_on: str = "typical"  # the verdict fails on findings in this regime and milder ones
     strict: bool = False  # every regime, and elu features held to relative accuracy
     envelope: bool = True  # the operating envelope per dtype
-    longest: int = LONGEST  # the long-context check to this N (and N + 1); 0: not run
+    # the long-context check to this N (and N + 1); 0: not run; None: the plan's, long_n()
+    longest: int | None = None
     # every check on one typical case per dtype, no search (tasks.smallest_cases), scaling
-    # to N = 1024, no long context: what CI checks of kernels whose every call takes seconds
-    # (Triton's interpreter)
+    # to N = 1024, long context to SMALLEST_LONGEST: what CI checks of kernels whose every
+    # call takes seconds (Triton's interpreter)
     smallest: bool = False
+
+    def long_n(self, interpreted: bool) -> int:
+        """The long-context check's longest N: the one given, else LONGEST natively,
+        INTERPRETED_LONGEST in Triton's interpreter (a Triton kernel's default plan in
+        minutes: benchmarks/bench_triton.py), SMALLEST_LONGEST for the smallest plan."""
+        if self.longest is not None:
+            return self.longest
+        if self.smallest:
+            return SMALLEST_LONGEST
+        return INTERPRETED_LONGEST if interpreted else LONGEST
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -135,8 +146,8 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     expected = description["cost"]
     scaling = {"device": options.device, "expected": expected}
     steps.append(("scaling", "scaling", scaling | ({"max_n": 1024} if options.smallest else {})))
-    if options.longest and not options.smallest:
-        long = {"longest": options.longest, "seed": options.seed}
+    if longest := options.long_n(description.get("triton") == "interpret"):
+        long = {"longest": longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
     if options.kat and not kat_not_applicable(spec):
         kat = {"device": options.device, "dtypes": options.dtypes}
@@ -185,8 +196,8 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
         for name in GRAD_CHECKS:
             if name not in description["not_applicable"]:
                 skipped(name, "without --grad")
-    if not options.longest or options.smallest:
-        skipped("long-context", "--smallest" if options.smallest else "--long 0")
+    if not options.long_n(description.get("triton") == "interpret"):
+        skipped("long-context", "--long 0")
     if not options.kat and not kat_not_applicable(spec):
         skipped("known-answers", "without --kat")
     if spec.info.needs_projection and not options.sampler:
@@ -225,10 +236,10 @@ def _without_case_after_contract(rows: list[Row]) -> list[Row]:
     ]
 
 
-def _timeout(task: str, options: VetOptions) -> float:
+def _timeout(task: str, task_options: dict[str, Any], options: VetOptions) -> float:
     """Seconds the task may take: the long-context check's grows with its longest N."""
     if task == "long-context":
-        return options.timeout * max(1.0, options.longest / LONGEST)
+        return options.timeout * max(1.0, task_options["longest"] / LONGEST)
     return options.timeout
 
 
@@ -283,7 +294,8 @@ def vet(
             task_options = _options_after(report.rows, task, task_options)
             start = time.monotonic()
             try:
-                rows = worker.run(task, task_options, _timeout(task, options), on_case)
+                limit = _timeout(task, task_options, options)
+                rows = worker.run(task, task_options, limit, on_case)
                 report.seconds[name] = time.monotonic() - start
                 say(f"{step} done in {report.seconds[name]:.1f} s")
                 report.max_rss["worker"] = max(report.max_rss.get("worker", 0), worker.max_rss)

@@ -1,11 +1,13 @@
-"""Triton kernels of our own, run in Triton's interpreter (--triton interpret): causal,
-unnormalised linear attention with identity features, out_i = sum_(j<=i) (q_i . k_j) v_j, in
-chunks of BT tokens (the chunk form: an intra-chunk masked q k^T, plus q times the state S =
-sum of k_j v_j^T over the earlier chunks), one program per (batch x head, block of BV value
-columns). BT is autotuned over AUTOTUNED; the broken ones each carry one bug of a class only
-raw-pointer code has. test_zoo vets them with the smallest plan (VetOptions.smallest: every
-check on one typical case per dtype), as CI vets fla's Triton kernels: each of their bugs
-shows on typical inputs, and a call takes a tenth of a second to seconds in the interpreter.
+"""Triton kernels of our own, run in Triton's interpreter (--triton interpret), in chunks of BT
+tokens (the chunk form: an intra-chunk masked q k^T, plus q times the state S = sum of
+k_j v_j^T over the earlier chunks), one program per (batch x head, block of BV value columns):
+causal, unnormalised linear attention with identity features, out_i = sum_(j<=i) (q_i . k_j)
+v_j, with BT autotuned over AUTOTUNED; and causal elu + 1 attention, normalised (the
+normaliser z = sum of phi(k_j) carried beside S), for the long-context check. The broken ones
+each carry one bug of a class only raw-pointer code has, or a state held in the input's dtype.
+test_zoo vets them with the smallest plan (VetOptions.smallest: every check on one typical
+case per dtype, long context to SMALLEST_LONGEST for the long entries), as CI vets fla's
+Triton kernels: a call takes a tenth of a second to seconds in the interpreter.
 """
 
 from __future__ import annotations
@@ -59,6 +61,48 @@ def _chunk_kernel(q, k, v, o, T, K, V,
         state += tl.dot(tl.trans(b_k), b_v).to(acc)
 
 
+@triton.jit
+def _elu1(x):
+    return tl.where(x > 0, x + 1.0, tl.exp(x))
+
+
+@triton.jit
+def _elu_kernel(q, k, v, o, T, K, V,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                STATE_IN_INPUT_DTYPE: tl.constexpr):  # fmt: skip
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    rows = tl.arange(0, BT)
+    acc = q.dtype.element_ty  # float64 stays float64; half precision computes in float32
+    if acc != tl.float64:
+        acc = tl.float32
+    held = q.dtype.element_ty if STATE_IN_INPUT_DTYPE else acc  # S and z between chunks
+    state = tl.zeros([BK, BV], dtype=held)
+    norm = tl.zeros([BK], dtype=held)
+    for i_t in range(0, tl.cdiv(T, BT)):
+        t = i_t.to(tl.int64) * BT + rows
+        mask_k = (t[:, None] < T) & (cols_k[None, :] < K)
+        mask_v = (t[:, None] < T) & (cols_v[None, :] < V)
+        b_q = tl.load(q + (i_bh * T + t[:, None]) * K + cols_k[None, :], mask=mask_k, other=0.0)
+        b_k = tl.load(k + (i_bh * T + t[:, None]) * K + cols_k[None, :], mask=mask_k, other=0.0)
+        b_v = tl.load(v + (i_bh * T + t[:, None]) * V + cols_v[None, :], mask=mask_v, other=0.0)
+        f_q = tl.where(mask_k, _elu1(b_q.to(acc)), 0.0)
+        f_k = tl.where(mask_k, _elu1(b_k.to(acc)), 0.0)
+        b_v = b_v.to(acc)
+        scores = tl.dot(f_q, tl.trans(f_k))
+        scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0)
+        num = tl.dot(scores, b_v) + tl.dot(f_q, state.to(acc))
+        den = tl.sum(scores, axis=1) + tl.sum(f_q * norm.to(acc)[None, :], axis=1)
+        store = (t[:, None] < T) & (cols_v[None, :] < V)
+        b_o = num / tl.where(t < T, den, 1.0)[:, None]
+        tl.store(o + (i_bh * T + t[:, None]) * V + cols_v[None, :], b_o.to(o.dtype.element_ty),
+                 mask=store)  # fmt: skip
+        state = (state.to(acc) + tl.dot(tl.trans(f_k), b_v)).to(held)
+        norm = (norm.to(acc) + tl.sum(f_k, axis=0)).to(held)
+
+
 _TUNED = triton.autotune(AUTOTUNED, key=["T", "K", "V"])(_chunk_kernel)
 
 
@@ -79,12 +123,34 @@ def _attention(mask_last=True, skip_last=False, state_rows=False):
     return attention
 
 
+def _elu_attention(state_in_input_dtype=False):
+    """fn(q, k, v) -> out, causal elu + 1 attention, normalised, through _elu_kernel (BT =
+    16)."""
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, h, n, d = q.shape
+        dv = v.shape[-1]
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        o = torch.empty_like(v)
+        bk, bv = max(16, triton.next_power_of_2(d)), max(16, min(64, triton.next_power_of_2(dv)))
+        grid = (b * h, triton.cdiv(dv, bv))
+        _elu_kernel[grid](q, k, v, o, n, d, dv, BT=16, BK=bk, BV=bv,
+                          STATE_IN_INPUT_DTYPE=state_in_input_dtype)  # fmt: skip
+        return o
+
+    return attention
+
+
 triton_chunked = _attention()
 triton_unmasked_last_block = _attention(mask_last=False)
 triton_last_block_skipped = _attention(skip_last=True)
 triton_state_of_16_rows = _attention(state_rows=True)
 
+triton_elu_chunked = _elu_attention()
+triton_elu_state_in_input_dtype = _elu_attention(state_in_input_dtype=True)
+
 _SPEC = {"feature_map": "identity", "causal": True, "normalize": False, "triton": True}
+_LONG = {"feature_map": "elu", "causal": True, "triton": True, "long": True}
 
 ENTRIES = (
     Entry("triton-chunked", triton_chunked, broken=False,
@@ -99,4 +165,11 @@ ENTRIES = (
     Entry("triton-state-of-16-rows", triton_state_of_16_rows, broken=True,
           bug="the state takes the first 16 rows of each chunk: right with BT = 16, wrong in the "
               "autotune config BT = 32 only", caught_by=("autotune-configs",), **_SPEC),
+    Entry("triton-elu-chunked", triton_elu_chunked, broken=False,
+          bug="a correct normalised Triton chunk kernel: S and z carried in float32 (float64 "
+              "for float64 inputs)", **_LONG),
+    Entry("triton-elu-state-in-input-dtype", triton_elu_state_in_input_dtype, broken=True,
+          bug="S and z carried from chunk to chunk in the input's dtype: in float16 and "
+              "bfloat16 each chunk's sum is rounded into a growing state, an error that grows "
+              "with N (within budget at N <= 65)", caught_by=("long-context",), **_LONG),
 )  # fmt: skip
