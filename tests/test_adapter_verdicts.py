@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
-from linattn_verify.adapters.expected import EXPECTED_FILE, Expected, load_expected, verdict_table
+from linattn_verify.adapters.expected import (
+    EXPECTED_FILE,
+    Expected,
+    keys,
+    load_expected,
+    verdict_table,
+)
+from linattn_verify.cli.adapters import verdict_of
 from linattn_verify.vet.envelope import SPAN, STEPS
 from linattn_verify.vet.verdicts import measured_verdict
 
@@ -70,6 +77,35 @@ def test_a_triton_kernel_fails_no_check_the_file_does_not_expect(name: str):
     expected = EXPECTED.get(name, Expected())
     unexpected = sorted(measured.failing - expected.failing)
     assert not unexpected, f"{name} fails {unexpected}, not expected:\n{report.summary()}"
+    assert bool(measured.failing) == bool(expected.failing), report.summary()
+    assert (measured.top or ())[:2] == (expected.top or ())[:2], (measured.top, expected.top)
+
+
+VARIANTS = [k for k in keys(ADAPTERS) if " " in k]
+
+
+def test_every_variant_is_recorded():
+    """A variant's verdict is in the file (its reason line at least) once recorded: absent,
+    it would read as a pass."""
+    missing = [k for k in VARIANTS if k not in EXPECTED]
+    assert not missing, f"not in {EXPECTED_FILE.name}: {missing} (adapters --record 'KEY')"
+
+
+@pytest.mark.parametrize("key", VARIANTS)
+def test_a_triton_variant_fails_what_the_file_expects(key: str):
+    """A variant of a Triton kernel (`vet NAME OPTIONS`): one recorded at the smallest plan
+    fails exactly the checks expected.txt names; one recorded at the default plan (--tf32)
+    is run at the smallest and held to it as test_a_triton_kernel_fails_no_check_... holds
+    the default verdict."""
+    smallest = "--smallest" in key.split()
+    try:
+        measured, report = verdict_of(key if smallest else f"{key} --smallest")
+    except AdapterUnavailable as err:
+        pytest.skip(f"{key}: {err}")
+    expected = EXPECTED.get(key, Expected())
+    unexpected = sorted(measured.failing - expected.failing)
+    missed = sorted(expected.failing - measured.failing) if smallest else []
+    assert not unexpected + missed, f"{key}: {unexpected} fail, {missed} pass:\n{report.summary()}"
     assert bool(measured.failing) == bool(expected.failing), report.summary()
     assert (measured.top or ())[:2] == (expected.top or ())[:2], (measured.top, expected.top)
 

@@ -148,3 +148,32 @@ def test_tf32_products_are_found_over_float32s_budget_and_pass_when_declared():
     declared = resolve(zoo.triton_chunked, tf32=True, dot_precision="tf32", **claim)
     restored = CHECKS["reference"](declared, case)
     assert restored.passed and "tf32 products" in restored.message, restored.message
+
+
+def _tf32_products(q, k, v, g):
+    """A decayed form whose q, k, v are rounded to TF32 first: what tensor cores multiply."""
+    from linattn_verify import attention
+    from linattn_verify.inputs import round_to_tf32
+
+    q, k, v = (round_to_tf32(t) for t in (q, k, v))
+    return attention(q, k, v, "identity", causal=True, normalize=False, decay="gates", g=g)
+
+
+def test_tf32_products_are_named_in_the_decay_check():
+    """The decay check judges a case at a rate of its own: the cause re-evaluates it there."""
+    from linattn_verify.cases import Case
+    from linattn_verify.checks import CHECKS
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.causes import name_cause
+
+    impl = resolve(_tf32_products, feature_map="identity", causal=True, normalize=False,
+                   decay="gates")  # fmt: skip
+    failed = 0
+    for seed in range(3):  # the case's CRC picks the rate: near 1, near 0, wide decay sums
+        case = Case(2, 2, 9, 8, 2, "float32", "normal", 1.0, seed, None, "cpu")
+        found = CHECKS["decay"](impl, case)
+        if not found.passed:
+            failed += 1
+            cause = name_cause(found.to_dict(), impl.spec)
+            assert cause is not None and cause.key == "tf32-products", found.message
+    assert failed

@@ -7,10 +7,12 @@ array-api-tests style, one fact a line:
     ADAPTER envelope: LOW .. HIGH           float32 holds for LOW <= sigma <= HIGH
     # ADAPTER: text                         why, for the README's table
 
-An adapter without a line passes with no finding. tests/test_adapter_verdicts.py vets every
-installed adapter (`vet ADAPTER --kat`) and compares; `python -m linattn_verify adapters
---record` writes the facts from such a run (keeping the reasons), `--readme README.md` the
-README's table.
+An adapter without a line passes with no finding. ADAPTER is an adapter's name or, for a
+verdict with vet options besides the default plan (variants()), the name and the options:
+"fla.simple-gla-chunk --tf32 --dtypes float32::reference"; a variant has a reason line
+once recorded. tests/test_adapter_verdicts.py vets every installed adapter (`vet ADAPTER
+--kat`) and its variants and compares; `python -m linattn_verify adapters --record` writes
+the facts from such a run (keeping the reasons), `--readme docs/adapters.md` the table.
 """
 
 from __future__ import annotations
@@ -28,10 +30,28 @@ HEADER = """\
 # tests/test_adapter_verdicts.py checks it on every installed adapter, and
 # `python -m linattn_verify adapters --record` writes it (the reasons are kept).
 """
-_FAILING = re.compile(r"^(?P<adapter>[\w.-]+)::(?P<check>\S.*?)\s*$")
-_TOP = re.compile(r"^(?P<adapter>[\w.-]+) top: (?P<severity>\w+), (?P<regime>\w+), (?P<share>\S+)$")
-_ENVELOPE = re.compile(r"^(?P<adapter>[\w.-]+) envelope: (?P<low>\S+) \.\. (?P<high>\S+)$")
-_REASON = re.compile(r"^#\s*(?P<adapter>[\w.-]+):\s+(?P<text>.*)$")
+_KEY = r"(?P<adapter>[\w.-]+(?: --[\w-]+(?: [\w.]+)?)*)"  # a name, then vet options
+_FAILING = re.compile(rf"^{_KEY}::(?P<check>\S.*?)\s*$")
+_TOP = re.compile(rf"^{_KEY} top: (?P<severity>\w+), (?P<regime>\w+), (?P<share>\S+)$")
+_ENVELOPE = re.compile(rf"^{_KEY} envelope: (?P<low>\S+) \.\. (?P<high>\S+)$")
+_REASON = re.compile(rf"^#\s*{_KEY}:\s+(?P<text>.*)$")
+
+
+def variants(adapter: Adapter) -> tuple[str, ...]:
+    """The vet options besides the default plan whose verdicts the file records: for a Triton
+    kernel, --tf32 on float32 (TF32 rounds float32 products alone) at the default plan, and
+    at the smallest plan its backward (--grad, with --state where it carries one) and,
+    where it takes them, packed batches (--varlen)."""
+    if not adapter.triton:
+        return ()
+    backward = "--state --grad --smallest" if adapter.state else "--grad --smallest"
+    return ("--tf32 --dtypes float32", backward, *(["--varlen --smallest"] * adapter.varlen))
+
+
+def keys(adapters: dict[str, Adapter]) -> list[str]:
+    """Every verdict the file may hold, in the registry's order: each adapter's default
+    plan, then its variants ("NAME OPTIONS")."""
+    return [k for a in adapters.values() for k in (a.name, *(f"{a.name} {v}" for v in variants(a)))]
 
 
 @dataclass
@@ -68,7 +88,7 @@ def load_expected(path: Path = EXPECTED_FILE) -> dict[str, Expected]:
 
 
 def record(measured: dict[str, Expected], old: dict[str, Expected]) -> str:
-    """expected.txt for `measured` (by adapter, in registry order), the reasons kept from
+    """expected.txt for `measured` (by key, in the order given), the reasons kept from
     `old`."""
     out = [HEADER]
     for name, entry in measured.items():
@@ -89,7 +109,8 @@ def record(measured: dict[str, Expected], old: dict[str, Expected]) -> str:
 
 def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -> str:
     """The README's table: per adapter its claim, the default verdict, the checks that fail
-    it, the top finding, the float32 envelope, and why."""
+    it, the top finding, the float32 envelope, and why; then a row for each of its variants
+    the file records (the verdict of `vet NAME OPTIONS`)."""
     rows = [
         "| adapter (library function) | claimed spec | verdict | failing checks | top finding "
         "| float32 envelope (sigma) | why |",
@@ -98,15 +119,25 @@ def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -
     for name, adapter in adapters.items():
         entry = expected.get(name, Expected())
         verdict = "fail" if entry.failing else "pass"
-        if adapter.triton and name not in expected:
-            verdict = "not yet vetted (Triton)"
         envelope = "-" if entry.envelope is None else "{:.2g} to {:.2g}".format(*entry.envelope)
-        why = (entry.reason or adapter.note).replace("|", "\\|")  # a cell holds no bare |
         rows.append(
             f"| `{name}` (`{adapter.function}`) | {adapter.spec} | {verdict} | "
-            f"{_checks(entry.failing) or '-'} | {_top(entry.top)} | {envelope} | {why} |"
+            f"{_checks(entry.failing) or '-'} | {_top(entry.top)} | {envelope} | "
+            f"{_cell(entry.reason or adapter.note)} |"
         )
+        for key in (f"{name} {v}" for v in variants(adapter)):
+            if key in expected:
+                entry = expected[key]
+                rows.append(
+                    f"| `{key}` | as above | {'fail' if entry.failing else 'pass'} | "
+                    f"{_checks(entry.failing) or '-'} | {_top(entry.top)} | - | "
+                    f"{_cell(entry.reason)} |"
+                )
     return "\n".join(rows)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a cell holds no bare |
 
 
 def _top(top: tuple[str, str, float | None] | None) -> str:

@@ -27,12 +27,11 @@ EXTREMES = (("decay next to 1", None), ("decay next to 0", 20.0), ("wide decay s
 NEAR_ONE = 4.0
 
 
-@check("decay")
-def decay(impl: Implementation, case: Case) -> Outcome:
-    """The reference judgement of `case` at one decay rate of EXTREMES, the case's own (its
-    description's CRC: a search over cases reaches all three, each case costs one
-    judgement), or at the rate the case gives when it is not the default (a reproduced
-    failure)."""
+def judged_case(case: Case) -> tuple[str, Case]:
+    """The extreme of EXTREMES the decay check judges `case` at, and the case at its rate:
+    the case's own (its description's CRC: a search over cases reaches all three, each case
+    costs one judgement), or the rate the case gives when it is not the default (a
+    reproduced failure)."""
     near_one = NEAR_ONE * UNIT_ROUNDOFF[case.dtype]
     rates = {what: near_one if rate is None else rate for what, rate in EXTREMES}
     if case.decay_rate != DECAY_RATE:
@@ -41,7 +40,15 @@ def decay(impl: Implementation, case: Case) -> Outcome:
     else:
         what = EXTREMES[zlib.crc32(case.to_json().encode()) % len(EXTREMES)][0]
         rate = rates[what]
-    result = reference_agreement(impl, replace(case, decay_rate=rate))
+    return what, replace(case, decay_rate=rate)
+
+
+@check("decay")
+def decay(impl: Implementation, case: Case) -> Outcome:
+    """The reference judgement of `case` at the decay rate judged_case gives it."""
+    what, case = judged_case(case)
+    rate = case.decay_rate
+    result = reference_agreement(impl, case)
     message = f"{what} (decay_rate {rate:g}): {result.message}"
     return Outcome(result.passed, message, result.figures, result.by_nature, result.severity,
                    result.worst)  # fmt: skip

@@ -31,6 +31,8 @@ def add(sub) -> None:
             "python -m linattn_verify adapters --table",
             "python -m linattn_verify adapters --readme docs/adapters.md",
             "python -m linattn_verify adapters --record fla.linear-attn-chunk",
+            "python -m linattn_verify adapters --record 'fla.linear-attn-chunk --tf32 --dtypes "
+            "float32'",
         ],
     )
     what = parser.add_mutually_exclusive_group()
@@ -40,8 +42,9 @@ def add(sub) -> None:
         "--record",
         nargs="*",
         metavar="NAME",
-        help="vet every installed adapter (or the NAMEs) and write expected.txt from what vet "
-        "finds; the others keep their lines",
+        help="vet every installed adapter (or the NAMEs: an adapter, with its variants, or "
+        "'NAME OPTIONS', one variant) and write expected.txt from what vet finds; the others "
+        "keep their lines",
     )
     parser.set_defaults(func=run)
 
@@ -72,39 +75,53 @@ def list_adapters() -> int:
 
 
 def record(names: list[str]) -> int:
-    """Vet every adapter that loads here and rewrite expected.txt (reasons kept); adapters
-    that do not load keep their old lines. One torch thread, as the test suite runs
-    (conftest.py): a matmul's rounding depends on how many threads split it, and a figure at
-    the edge of a budget must come out the same in both."""
+    """Vet the named verdicts (an adapter's NAME: its default plan and its variants; "NAME
+    OPTIONS": that variant alone; none named: every one) of the adapters that load here,
+    and rewrite expected.txt with them; the other lines stay as the file has them when it
+    is written, reasons kept. One torch thread, as the test suite runs (conftest.py): a
+    matmul's rounding depends on how many threads split it, and a figure at the edge of a
+    budget must come out the same in both."""
     import torch
 
     from ..adapters import ADAPTERS, AdapterUnavailable
-    from ..adapters.expected import EXPECTED_FILE, load_expected
+    from ..adapters.expected import EXPECTED_FILE, keys, load_expected
     from ..adapters.expected import record as render
-    from ..vet.verdicts import measured_verdict
 
     torch.set_num_threads(1)
-    old = load_expected()
+    every = keys(ADAPTERS)
+    if unknown := sorted(set(names) - set(every)):
+        raise options.UsageError(f"no adapter or variant {unknown[0]!r}; `adapters` lists them")
+    chosen = [k for k in every if not names or k in names or k.split(" ", 1)[0] in names]
     measured = {}
-    if unknown := sorted(set(names) - set(ADAPTERS)):
-        raise options.UsageError(f"no adapter {unknown[0]!r}; `adapters` lists them")
-    for name in ADAPTERS:
-        if names and name not in names:
-            if name in old:
-                measured[name] = old[name]
-            continue
+    for key in chosen:
         try:
-            measured[name], report = measured_verdict(name)
-            print(f"{name}: {report.verdict}", flush=True)
+            measured[key], report = verdict_of(key)
+            print(f"{key}: {report.verdict}", flush=True)
         except AdapterUnavailable as err:
-            print(f"{name}: kept as it was ({err})", flush=True)
-            if name in old:
-                measured[name] = old[name]
-    staged = EXPECTED_FILE.with_name(".expected.txt.staged")
-    staged.write_text(render(measured, old))
+            print(f"{key}: kept as it was ({err})", flush=True)
+    old = load_expected()  # as the file is now: another --record may have written it
+    lines = {k: measured.get(k, old.get(k)) for k in every}
+    staged = EXPECTED_FILE.with_name(f".expected.txt.{os.getpid()}.staged")
+    staged.write_text(render({k: e for k, e in lines.items() if e is not None}, old))
     os.replace(staged, EXPECTED_FILE)
-    print(f"{EXPECTED_FILE}: {len(measured)} adapters")
+    print(f"{EXPECTED_FILE}: {len(measured)} verdicts recorded")
     return 0
+
+
+def verdict_of(key: str):
+    """expected.txt's facts for `key` (an adapter's name, or "NAME OPTIONS") and the report
+    they come from: the default plan as vet.verdicts.measured_verdict runs it, a variant as
+    `vet NAME OPTIONS --kat --no-envelope --long 0` does."""
+    from ..vet.verdicts import judged, measured_verdict
+    from . import build_parser
+    from .vet import planned
+
+    name, _, variant = key.partition(" ")
+    if not variant:
+        return measured_verdict(name)
+    argv = ["vet", name, *variant.split(), "--kat", "--no-envelope", "--long", "0"]
+    impl, vet_options = planned(build_parser().parse_args(argv), load=True)
+    return judged(impl, vet_options)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -85,21 +85,19 @@ def add(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..environment import environment
+def planned(args: argparse.Namespace, load: bool = False):
+    """The implementation vet's arguments name and the VetOptions they give (UsageError for
+    arguments that do not fit); `load`: the implementation loaded here, for vet_in_process."""
     from ..options import RUN
     from ..target import load_target
-    from ..under_test.claim import checked, words
-    from ..vet import VetOptions, vet
-    from .adapters import list_adapters
+    from ..under_test.claim import checked
+    from ..vet import VetOptions
 
-    if args.list:
-        return list_adapters()
     if args.target is None and args.form is None:
         raise options.UsageError(
             "vet needs TARGET (module:function, path.py:function or an adapter)"
         )
-    declared = options.implementation(args, load=False)
+    declared = options.implementation(args, load=load)
     options.triton_check(declared, args.device)
     options.cuda_check(args.device)
     if args.timeout <= 0:
@@ -129,6 +127,20 @@ def run(args: argparse.Namespace) -> int:
         longest=run_values["longest"],
         smallest=args.smallest,
     )
+    return declared, vet_options
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..environment import environment
+    from ..options import RUN
+    from ..under_test.claim import checked, words
+    from ..vet import vet
+    from .adapters import list_adapters
+
+    if args.list:
+        return list_adapters()
+    declared, vet_options = planned(args)
+    run_values = checked(RUN, vars(args), from_text=True)
     report = vet(
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)
     )

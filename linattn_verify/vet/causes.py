@@ -30,7 +30,7 @@ q_i, the keys k_j it attends to and their values v_jc; each namer below rebuilds
   exactly 0 for every key, so the output must be NaN (a kernel that adds an eps to its
   denominator declares it).
 
-Any spec, first: "tf32-products", a float32 forward row (reference, associativity,
+Any spec, first: "tf32-products", a float32 forward row (reference, associativity, decay,
 accuracy) over its budget whose error is within EXPLAINS of the golden forms' on q, k, v
 rounded to TF32, itself over the budget: consistent with products of TF32 inputs (what
 tensor cores take by default; --dot-precision tf32 declares them).
@@ -352,11 +352,11 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
     if spec is None or not row.get("case"):
         return None
     name = str(row.get("name", ""))
-    forward = name in ("reference", "associativity") or name.startswith("accuracy ")
+    forward = name in ("reference", "associativity", "decay") or name.startswith("accuracy ")
     if (
         forward
         and "max_error" in figures
-        and (tf32 := _tf32(spec, row["case"], _float(figures["max_error"])))
+        and (tf32 := _tf32(spec, row["case"], _float(figures["max_error"]), name == "decay"))
     ):
         return tf32
     if spec.feature_map not in NAMERS or spec.dot_precision is not None:
@@ -378,14 +378,18 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _tf32(spec: Spec, case_json: str, error: float) -> Cause | None:
+def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause | None:
     """ "tf32-products": a float32 output of a spec with IEEE products, over its budget by an
     error within a factor EXPLAINS of the golden forms' on q, k, v rounded to TF32 (what
-    tensor cores multiply; inputs.round_to_tf32), itself over the budget."""
+    tensor cores multiply; inputs.round_to_tf32), itself over the budget; decay_check: the
+    case at the decay rate the decay check judged it at."""
     from ..accuracy.judgement import Judgement
+    from ..checks.decay import judged_case
     from ..implementations.golden import golden_attention, golden_forms
 
     case = dataclasses.replace(Case.from_json(case_json), device="cpu")
+    if decay_check:
+        case = judged_case(case)[1]
     if case.dtype != "float32" or spec.dot_precision is not None or not math.isfinite(error):
         return None
     judgement = Judgement.of_case(case, spec)

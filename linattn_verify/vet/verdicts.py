@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..adapters import ADAPTERS
 from ..adapters.expected import Expected
-from ..under_test import resolve
+from ..under_test import Implementation, resolve
 from .envelope import envelope
 from .runner import VetOptions, VetReport, vet_in_process
 
@@ -20,12 +20,19 @@ def measured_verdict(name: str, smallest: bool = False) -> tuple[Expected, VetRe
     impl = resolve(name)
     device = "cuda" if ADAPTERS[name].triton and impl.triton is None else "cpu"
     options = VetOptions(kat=True, device=device, envelope=False, longest=0, smallest=smallest)
+    measured, report = judged(impl, options)
+    if not smallest:
+        measured.envelope = _envelope(impl, device)
+    return measured, report
+
+
+def judged(impl: Implementation, options: VetOptions) -> tuple[Expected, VetReport]:
+    """expected.txt's facts of vet's report on `impl` under `options` (no envelope), and the
+    report."""
     report = vet_in_process(impl, options)
     found = report.findings
     top = None if not found else (found[0].severity, found[0].regime, found[0].relative_error)
-    bounds = None if smallest else _envelope(impl, device)
-    failing = {r["name"] for r in report.failed}
-    return Expected(failing=failing, top=top, envelope=bounds), report
+    return Expected(failing={r["name"] for r in report.failed}, top=top), report
 
 
 def _envelope(impl, device: str) -> tuple[float, float] | None:
