@@ -177,3 +177,35 @@ def test_tf32_products_are_named_in_the_decay_check():
             cause = name_cause(found.to_dict(), impl.spec)
             assert cause is not None and cause.key == "tf32-products", found.message
     assert failed
+
+
+class _SeesTf32(torch.autograd.Function):
+    """Identity attention's stand-in whose forward and backward record the interpreter's TF32
+    setting at the time they run."""
+
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, v):
+        _SeesTf32.seen.append(("forward", triton_interpret.STATE.tf32))
+        return v.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _SeesTf32.seen.append(("backward", triton_interpret.STATE.tf32))
+        return g
+
+
+def test_the_backward_runs_with_the_forwards_tf32_setting():
+    """--tf32 rounds a kernel's backward products too, as a GPU does for both passes."""
+    from linattn_verify.cases import Case
+    from linattn_verify.checks.gradients import autograd_gradients
+    from linattn_verify.under_test import resolve
+
+    impl = resolve(lambda q, k, v: _SeesTf32.apply(v), feature_map="identity", causal=True,
+                   normalize=False, triton="interpret", tf32=True)  # fmt: skip
+    q, k, v, w = Case(1, 1, 3, 2, 2, "float32", "normal", 1.0, 0, None, "cpu").tensors()
+    _SeesTf32.seen.clear()
+    autograd_gradients(impl, q, k, v, w, torch.ones_like(v))
+    assert _SeesTf32.seen == [("forward", True), ("backward", True)]
+    assert triton_interpret.STATE.tf32 is False  # restored after the call

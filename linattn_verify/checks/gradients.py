@@ -17,6 +17,7 @@ decay (Case.decay) given to the kernel; a gates spec's log-gates are a leaf too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 
@@ -66,8 +67,10 @@ def autograd_gradients(fn, q, k, v, w, g: torch.Tensor, decay=None, gates: bool 
         out = fn(*leaves[:3], w, decay=decay)
         if not out.requires_grad:
             raise ImplementationFailure("returned an output with no backward (requires_grad off)")
+        running = fn.running() if isinstance(fn, Implementation) else contextlib.nullcontext()
         try:
-            grads = torch.autograd.grad(out, leaves, grad_outputs=g, allow_unused=True)
+            with running:  # a Triton kernel's backward in the interpreter, as its forward
+                grads = torch.autograd.grad(out, leaves, grad_outputs=g, allow_unused=True)
         except Exception as err:  # the backward's failure is a finding
             raise ImplementationFailure(
                 f"backward raised {type(err).__name__}: {err}"

@@ -49,7 +49,8 @@ def _backward(impl: Implementation, q, k, v, w, decay, initial, cotangents, g_ou
         if not loss.requires_grad:
             raise ImplementationFailure("returned a final state with no backward")
         try:
-            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            with impl.running():  # a Triton kernel's backward in the interpreter too
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
         except Exception as err:  # the backward's failure is a finding
             raise ImplementationFailure(f"backward raised {type(err).__name__}: {err}") from None
     return [np.zeros(t.shape) if d is None else as_array(d) for t, d in zip(leaves, grads)]

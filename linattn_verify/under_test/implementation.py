@@ -6,6 +6,7 @@ packed batches checked, the implementation's exceptions turned into Implementati
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -141,6 +142,13 @@ class Implementation:
             decay = decay.transpose(1, 2).contiguous()
         return kwargs | {DECAY_ARGUMENTS[self.spec.decay]: decay}
 
+    def running(self) -> contextlib.AbstractContextManager:
+        """Where fn's kernels run, its backward included: Triton's interpreter with this
+        implementation's TF32 setting (triton_interpret.running), else nothing to set."""
+        if self.triton == "interpret":
+            return triton_interpret.running(self.tf32)
+        return contextlib.nullcontext()
+
     def _run(self, q, k, v, projection, decay, **extra) -> Any:
         """What fn returns for q, k, v in its layout and its keywords (_keywords, extra); any
         exception it raises becomes ImplementationFailure."""
@@ -148,10 +156,8 @@ class Implementation:
             raise SpecError(f"{self.name} is declared, not loaded: call load() first")
         kwargs = self._keywords(projection, decay) | extra
         try:
-            if self.triton == "interpret":
-                with triton_interpret.running(self.tf32):
-                    return self.fn(q, k, v, **kwargs)
-            return self.fn(q, k, v, **kwargs)
+            with self.running():
+                return self.fn(q, k, v, **kwargs)
         except OutOfBounds as err:
             raise ImplementationFailure(str(err)) from None
         except Exception as err:  # the implementation's failure is a finding, not a crash
