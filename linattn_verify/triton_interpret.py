@@ -9,8 +9,11 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
   to skip benchmarking; PR #8691 open).
 - A `for i in range(...)` loop variable is a Python int in the interpreter and a tensor in
   compiled code, so `i.to(tl.int64)` fails: loop variables of range/tl.range become tensors
-  (the interpreter's AST rewriting already does so for assignments); no upstream issue
-  found (searched triton-lang/triton, 2026-12).
+  of the bounds' promoted integer type, as the compiler types them (int64 when a bound is);
+  and builtin min/max on tensors are Python's in the interpreter (one operand, its own
+  type) and tl.minimum/tl.maximum compiled (the promoted type): they call triton's
+  builtin_min/builtin_max. No upstream issue found for either (searched
+  triton-lang/triton, 2026-12). Both matter to int32 offsets only (watching_offsets).
 - bfloat16 is held as raw uint16 bits, and tl.dot, arithmetic and reductions act on the bits
   (triton-lang/triton#11584): bfloat16 values are carried as float32 numbers, each a bfloat16
   value, decoded on load and rounded to nearest even on store and on every cast and result.
@@ -20,11 +23,15 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
 - `running(tf32=True)` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
   nearest even), what an Ampere-or-newer GPU computes with input_precision "tf32" (the
   default); without it the interpreter computes IEEE float32 products.
+
+And one instrument: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
+per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import sys
 import weakref
@@ -53,6 +60,27 @@ class _State:
     configs: dict[str, list[dict]] = field(default_factory=dict)
     tuners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     installed: bool = False
+    offsets: Int32Offsets | None = None  # while watching_offsets()
+
+
+@dataclass
+class Int32Offsets:
+    """What watched launches did with int32 pointer offsets: the tensors each launch is given
+    (by start address: end address, element count, argument name), and per kernel and
+    tensor ("kernel's argument") the largest |offset|, in elements, added in int32 to a
+    pointer into it, with the tensor's element count."""
+
+    tensors: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    kernel: str = ""
+    largest: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, base: int, offset: int) -> None:
+        for start, (end, count, name) in self.tensors.items():
+            if start <= base < end:
+                label = f"{self.kernel}'s {name}"
+                seen = self.largest.get(label, (0, count))[0]
+                self.largest[label] = (max(offset, seen), count)
+                return
 
 
 STATE = _State()
@@ -135,6 +163,16 @@ def running(tf32: bool) -> Iterator[None]:
         STATE.tf32 = previous
 
 
+@contextmanager
+def watching_offsets() -> Iterator[Int32Offsets]:
+    """The int32 pointer offsets of the launches made inside (Int32Offsets)."""
+    STATE.offsets = Int32Offsets()
+    try:
+        yield STATE.offsets
+    finally:
+        STATE.offsets = None
+
+
 def _choose(variant: int) -> None:
     if variant != STATE.variant:
         STATE.variant = variant
@@ -151,6 +189,7 @@ def _install() -> None:
     _shim_bfloat16(interpreter)
     _shim_store_types(interpreter)
     _shim_dot(interpreter)
+    _watch_offsets(interpreter)
 
 
 def _reinterpret_library() -> None:
@@ -187,9 +226,22 @@ def _shim_autotuner(tuner_class: type) -> None:
     tuner_class.prune_configs = chosen_config
 
 
+LOOP_VARIABLE = "_linattn_loop_variable"  # the name the rewritten loops call
+BUILTINS = {"min": "_linattn_builtin_min", "max": "_linattn_builtin_max"}  # and min, max
+
+
 class _LoopVariables(ast.NodeTransformer):
-    """`for i in range(...)` / `tl.range(...)`: i = to_tensor(i) first in the body, as the
-    compiler makes it a tensor; static_range's stays an int."""
+    """`for i in range(a, b, c)` / `tl.range(...)`: i = LOOP_VARIABLE(interpreter_semantic, i,
+    a, b, c) first in the body, a tensor of the bounds' promoted integer type, as the
+    compiler types it (int64 when a bound is); static_range's stays an int. And min(a, b)
+    and max(a, b) call triton's builtin_min and builtin_max, as compiled code does
+    (tl.minimum: the operands' promoted type), not Python's (one operand, its own type)."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in BUILTINS:
+            node.func = ast.copy_location(ast.Name(BUILTINS[node.func.id], ast.Load()), node.func)
+        return node
 
     def visit_For(self, node: ast.For) -> ast.For:
         self.generic_visit(node)
@@ -204,20 +256,31 @@ class _LoopVariables(ast.NodeTransformer):
             )
         )
         if name == "range" and isinstance(node.target, ast.Name):
+            given = list(call.args)
+            bounds = [ast.Constant(0), given[0], ast.Constant(1)] if len(given) == 1 else given
+            bounds += [ast.Constant(1)] * (3 - len(bounds))
             convert = ast.Assign(
                 targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
                 value=ast.Call(
-                    func=ast.Attribute(
-                        value=ast.Name(id="interpreter_semantic", ctx=ast.Load()),
-                        attr="to_tensor",
-                        ctx=ast.Load(),
-                    ),
-                    args=[ast.Name(id=node.target.id, ctx=ast.Load()), ast.Constant(value=False)],
+                    func=ast.Name(id=LOOP_VARIABLE, ctx=ast.Load()),
+                    args=[
+                        ast.Name(id="interpreter_semantic", ctx=ast.Load()),
+                        ast.Name(id=node.target.id, ctx=ast.Load()),
+                        *bounds,
+                    ],
                     keywords=[],
                 ),
             )
             node.body.insert(0, ast.copy_location(convert, node))
         return node
+
+
+def _loop_variable(semantic, value: int, *bounds):
+    """The loop variable `value` as a tensor of the promoted integer type of its bounds
+    (triton's code generator, visit_For: integer_promote_impl of lb, ub and step)."""
+    types = [semantic.to_tensor(bound).dtype for bound in bounds]
+    dtype = functools.reduce(semantic.integer_promote_impl, types)
+    return semantic.scalar_constant(value, dtype=dtype)
 
 
 def _shim_loop_variables(interpreter) -> None:
@@ -226,6 +289,12 @@ def _shim_loop_variables(interpreter) -> None:
     class Transformer(_LoopVariables, base):
         pass
 
+    from triton.language import core
+
+    setattr(interpreter, LOOP_VARIABLE, _loop_variable)  # rewritten kernels see its globals
+    for name, builtin in (("min", core.builtin_min), ("max", core.builtin_max)):
+        semantic = interpreter.interpreter_semantic
+        setattr(interpreter, BUILTINS[name], functools.partial(builtin, _semantic=semantic))
     interpreter.FunctionRewriter.ast_transformer = Transformer()
     interpreter.InterpretedFunction.rewritten_fn.clear()
 
@@ -368,3 +437,33 @@ def _shim_dot(interpreter) -> None:
         return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     builder.create_dot = create_dot
+
+
+def _watch_offsets(interpreter) -> None:
+    """An instrument, not a fix: while watching_offsets(), each launch registers the tensors it
+    is given and each int32 offset added to a pointer is recorded against the tensor the
+    pointer is in (the interpreter adds it in 64 bits; a GPU wraps it at 2^31)."""
+    import numpy as np
+    import torch
+
+    tl, launch = interpreter.tl, interpreter.GridExecutor.__call__
+    addptr = interpreter.InterpreterBuilder.create_addptr
+
+    def call(self, *args, **kwargs):
+        if (seen := STATE.offsets) is not None:
+            seen.kernel, seen.tensors = self.fn.__name__, {}
+            for name, arg in (*zip(self.arg_names, args), *kwargs.items()):
+                if isinstance(arg, torch.Tensor) and arg.numel():
+                    end = arg.data_ptr() + arg.numel() * arg.element_size()
+                    seen.tensors[arg.data_ptr()] = (end, arg.numel(), name)
+        return launch(self, *args, **kwargs)
+
+    def create_addptr(self, ptr, offset):
+        seen = STATE.offsets
+        if seen is not None and offset.dtype.scalar == tl.int32 and offset.data.size:
+            largest = int(np.max(np.abs(offset.data.astype(np.int64))))
+            seen.add(int(np.min(ptr.data)), largest)
+        return addptr(self, ptr, offset)
+
+    interpreter.GridExecutor.__call__ = call
+    interpreter.InterpreterBuilder.create_addptr = create_addptr

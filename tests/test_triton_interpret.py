@@ -42,6 +42,27 @@ def _float64_dot_into_float32(x, o, B: tl.constexpr):
     tl.store(p_o, acc.to(p_o.dtype.element_ty))
 
 
+@triton.jit
+def _integer_types(o, n):
+    """The bit widths of loop variables and of builtin min/max, as compiled code types them."""
+    wide = tl.program_id(0).to(tl.int64) + n
+    for i in range(n):
+        tl.store(o + 0, i.dtype.primitive_bitwidth)
+    for i in range(0, wide):
+        tl.store(o + 1, i.dtype.primitive_bitwidth)
+    tl.store(o + 2, min(wide, n).dtype.primitive_bitwidth)
+    tl.store(o + 3, max(n, wide).dtype.primitive_bitwidth)
+    tl.store(o + 4, min(n, n + 1).dtype.primitive_bitwidth)
+
+
+def test_loop_variables_and_builtin_min_max_have_the_compilers_integer_types():
+    """A loop over int64 bounds has an int64 variable, min(int64, int32) is int64 (tl.minimum's
+    promotion), where the bare interpreter gives int32 and the int32 operand itself."""
+    o = torch.zeros(5, dtype=torch.int32)
+    _integer_types[(1,)](o, 2)
+    assert o.tolist() == [32, 64, 64, 64, 32]
+
+
 def test_a_store_of_another_float_type_raises_as_compiling_it_does():
     """The bare interpreter writes the float32 bytes into the float64 output: garbage."""
     x, o = torch.eye(16, dtype=torch.float64), torch.zeros(16, 16, dtype=torch.float64)
@@ -179,20 +200,21 @@ def test_tf32_products_are_named_in_the_decay_check():
     assert failed
 
 
+_SEEN: list[tuple[str, bool]] = []  # what _SeesTf32 saw
+
+
 class _SeesTf32(torch.autograd.Function):
     """Identity attention's stand-in whose forward and backward record the interpreter's TF32
     setting at the time they run."""
 
-    seen: list = []
-
     @staticmethod
     def forward(ctx, v):
-        _SeesTf32.seen.append(("forward", triton_interpret.STATE.tf32))
+        _SEEN.append(("forward", triton_interpret.STATE.tf32))
         return v.clone()
 
     @staticmethod
     def backward(ctx, g):
-        _SeesTf32.seen.append(("backward", triton_interpret.STATE.tf32))
+        _SEEN.append(("backward", triton_interpret.STATE.tf32))
         return g
 
 
@@ -205,7 +227,7 @@ def test_the_backward_runs_with_the_forwards_tf32_setting():
     impl = resolve(lambda q, k, v: _SeesTf32.apply(v), feature_map="identity", causal=True,
                    normalize=False, triton="interpret", tf32=True)  # fmt: skip
     q, k, v, w = Case(1, 1, 3, 2, 2, "float32", "normal", 1.0, 0, None, "cpu").tensors()
-    _SeesTf32.seen.clear()
+    _SEEN.clear()
     autograd_gradients(impl, q, k, v, w, torch.ones_like(v))
-    assert _SeesTf32.seen == [("forward", True), ("backward", True)]
+    assert _SEEN == [("forward", True), ("backward", True)]
     assert triton_interpret.STATE.tf32 is False  # restored after the call

@@ -20,7 +20,7 @@ from ..specs import Spec, SpecError
 from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Finding, Row, findings
-from .tasks import AUTOTUNE_CONFIGS, DEPENDS, planned_cases
+from .tasks import AUTOTUNE_CONFIGS, DEPENDS, INT32_OFFSETS, planned_cases
 from .worker import Running, Worker, WorkerDied, WorkerHung, describe, max_rss, run_task
 
 # a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
@@ -143,6 +143,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     steps.append(("accuracy", "accuracy", cases))
     if description.get("triton") == "interpret":
         steps.append((AUTOTUNE_CONFIGS, AUTOTUNE_CONFIGS, cases))
+        steps.append((INT32_OFFSETS, INT32_OFFSETS, {"device": options.device}))
     expected = description["cost"]
     scaling = {"device": options.device, "expected": expected}
     steps.append(("scaling", "scaling", scaling | ({"max_n": 1024} if options.smallest else {})))

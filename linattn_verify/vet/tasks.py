@@ -241,6 +241,59 @@ def autotune_configs(
     return [CheckResult(AUTOTUNE_CONFIGS, True, detail).to_dict()]
 
 
+INT32_OFFSETS = "int32-offsets"
+# (B, H) of its two calls, N = 33, d = 4, dv = 3: an offset that grows with the batch or the
+# heads is larger in the second
+OFFSET_PROBES = ((1, 1), (2, 4))
+
+
+def int32_offsets(impl: Implementation, device: str) -> list[Row]:
+    """A Triton kernel in the interpreter, two float32 calls differing in B and H
+    (OFFSET_PROBES), its pointer offsets watched (triton_interpret.watching_offsets): an
+    int32 offset into a tensor that grows with the batch or the heads (at least twice as
+    large in the second call) and reaches past one (batch, head) slice of it (a B H-th of
+    its elements) spans the tensor: it wraps at 2^31 once the tensor holds about 2^31 times
+    its share of elements, where a GPU then reads and writes other memory, silently (fla
+    #1080: B T H K > 2^31; #965, #769). Offsets within a slice (token indices, block
+    offsets) and strides that grow with H alone (a step of H dv per token) are not
+    flagged."""
+    from .. import triton_interpret
+    from ..under_test import ImplementationFailure
+
+    largest = []
+    for b, h in OFFSET_PROBES:
+        case = Case(b, h, 33, 4, 3, "float32", "normal", 1.0, 7, None, device)
+        q, k, v, w = case.tensors()
+        with triton_interpret.watching_offsets() as seen:
+            try:
+                impl(q, k, v, w, case.decay(impl.spec.decay))
+            except ImplementationFailure as err:  # the contract check reports it
+                return [CheckResult(INT32_OFFSETS, True, f"not judged: the call {err}").to_dict()]
+        largest.append(seen.largest)
+    small, large = largest
+    slices = OFFSET_PROBES[1][0] * OFFSET_PROBES[1][1]
+    grows = [
+        (offset / count, name, small.get(name, (0, 0))[0], offset, count)
+        for name, (offset, count) in large.items()
+        if offset >= 2 * max(small.get(name, (0, 0))[0], 1) and offset >= count // slices
+    ]
+    if not grows:
+        detail = "no int32 pointer offset grows with the batch or the heads"
+        return [CheckResult(INT32_OFFSETS, True, detail).to_dict()]
+    share, name, before, offset, count = max(grows)
+    (b0, h0), (b1, h1) = OFFSET_PROBES
+    message = (
+        f"{name}: pointer offsets computed in int32 grow with the batch or the heads (up to "
+        f"{before} at B = {b0}, H = {h0}; {offset} at B = {b1}, H = {h1}, where it holds "
+        f"{count} elements), so they wrap at 2^31 once it holds about {2**31 / share:.3g} "
+        "elements; a GPU then reads and writes other memory (compute the offset in int64)"
+    )
+    figures = {"offset_share": share}
+    row = CheckResult(INT32_OFFSETS, False, message, case, figures, severity="wrong",
+                      regime="typical")  # fmt: skip
+    return [{k: v for k, v in row.to_dict().items() if k != "reproduce"}]
+
+
 def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048) -> list[Row]:
     """Counted FLOPs and peak bytes over N = 256 ... max_n (float32, d = dv = 32) grow as
     `expected` ("linear" or "quadratic")."""

@@ -62,6 +62,7 @@ TASKS = {
     "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
     "envelope": envelope,
     tasks.AUTOTUNE_CONFIGS: tasks.autotune_configs,
+    tasks.INT32_OFFSETS: tasks.int32_offsets,
 }
 
 

@@ -29,8 +29,10 @@ AUTOTUNED = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32) for w in 
 def _chunk_kernel(q, k, v, o, T, K, V,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   MASK_LAST: tl.constexpr, SKIP_LAST: tl.constexpr,
-                  STATE_ROWS: tl.constexpr):  # fmt: skip
-    i_bh = tl.program_id(0).to(tl.int64)
+                  STATE_ROWS: tl.constexpr, INT32_OFFSETS: tl.constexpr):  # fmt: skip
+    i_bh = tl.program_id(0)
+    if not INT32_OFFSETS:
+        i_bh = i_bh.to(tl.int64)
     i_v = tl.program_id(1)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
@@ -41,7 +43,9 @@ def _chunk_kernel(q, k, v, o, T, K, V,
     state = tl.zeros([BK, BV], dtype=acc)
     chunks = tl.cdiv(T, BT) - SKIP_LAST
     for i_t in range(0, chunks):
-        t = i_t.to(tl.int64) * BT + rows
+        t = i_t * BT + rows
+        if not INT32_OFFSETS:
+            t = i_t.to(tl.int64) * BT + rows
         keep = t < T
         if not MASK_LAST:
             keep = t >= 0  # every row of the last block, past T too
@@ -106,7 +110,7 @@ def _elu_kernel(q, k, v, o, T, K, V,
 _TUNED = triton.autotune(AUTOTUNED, key=["T", "K", "V"])(_chunk_kernel)
 
 
-def _attention(mask_last=True, skip_last=False, state_rows=False):
+def _attention(mask_last=True, skip_last=False, state_rows=False, int32_offsets=False):
     """fn(q, k, v) -> out, (B, H, N, d) in and (B, H, N, dv) out, through the kernel."""
 
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -117,7 +121,8 @@ def _attention(mask_last=True, skip_last=False, state_rows=False):
         bk, bv = max(16, triton.next_power_of_2(d)), max(16, min(64, triton.next_power_of_2(dv)))
         grid = (b * h, triton.cdiv(dv, bv))
         _TUNED[grid](q, k, v, o, n, d, dv, BK=bk, BV=bv, MASK_LAST=mask_last,
-                     SKIP_LAST=skip_last, STATE_ROWS=state_rows)  # fmt: skip
+                     SKIP_LAST=skip_last, STATE_ROWS=state_rows,
+                     INT32_OFFSETS=int32_offsets)  # fmt: skip
         return o
 
     return attention
@@ -145,6 +150,7 @@ triton_chunked = _attention()
 triton_unmasked_last_block = _attention(mask_last=False)
 triton_last_block_skipped = _attention(skip_last=True)
 triton_state_of_16_rows = _attention(state_rows=True)
+triton_int32_offsets = _attention(int32_offsets=True)
 
 triton_elu_chunked = _elu_attention()
 triton_elu_state_in_input_dtype = _elu_attention(state_in_input_dtype=True)
@@ -165,6 +171,9 @@ ENTRIES = (
     Entry("triton-state-of-16-rows", triton_state_of_16_rows, broken=True,
           bug="the state takes the first 16 rows of each chunk: right with BT = 16, wrong in the "
               "autotune config BT = 32 only", caught_by=("autotune-configs",), **_SPEC),
+    Entry("triton-int32-offsets", triton_int32_offsets, broken=True,
+          bug="offsets (i_bh T + t) K computed in int32 (the program id not widened): past 2^31 "
+              "elements of q they wrap (fla #1080)", caught_by=("int32-offsets",), **_SPEC),
     Entry("triton-elu-chunked", triton_elu_chunked, broken=False,
           bug="a correct normalised Triton chunk kernel: S and z carried in float32 (float64 "
               "for float64 inputs)", **_LONG),
