@@ -83,6 +83,14 @@ def test_a_triton_kernel_fails_no_check_the_file_does_not_expect(name: str):
 
 
 VARIANTS = [k for k in keys(ADAPTERS) if " " in k]
+# CI checks every --tf32 variant (seconds each) and the --grad and --varlen ones of one
+# kernel (30 to 70 s each in the interpreter); `pytest -m all_variants` the others
+CI_SAMPLE = "fla.simple-gla-chunk"
+
+
+def _variant(key: str):
+    sampled = "--tf32" in key or key.split()[0] == CI_SAMPLE
+    return pytest.param(key, marks=() if sampled else pytest.mark.all_variants)
 
 
 def test_every_variant_is_recorded():
@@ -92,12 +100,13 @@ def test_every_variant_is_recorded():
     assert not missing, f"not in {EXPECTED_FILE.name}: {missing} (adapters --record 'KEY')"
 
 
-@pytest.mark.parametrize("key", VARIANTS)
+@pytest.mark.parametrize("key", [_variant(k) for k in VARIANTS])
 def test_a_triton_variant_fails_what_the_file_expects(key: str):
     """A variant of a Triton kernel (`vet NAME OPTIONS`): one recorded at the smallest plan
     fails exactly the checks expected.txt names; one recorded at the default plan (--tf32)
     is run at the smallest and held to it as test_a_triton_kernel_fails_no_check_... holds
-    the default verdict."""
+    the default verdict (the smallest plan's cases are typical: a top finding in stress
+    inputs is not expected there)."""
     smallest = "--smallest" in key.split()
     try:
         measured, report = verdict_of(key if smallest else f"{key} --smallest")
@@ -108,7 +117,8 @@ def test_a_triton_variant_fails_what_the_file_expects(key: str):
     missed = sorted(expected.failing - measured.failing) if smallest else []
     assert not unexpected + missed, f"{key}: {unexpected} fail, {missed} pass:\n{report.summary()}"
     assert bool(measured.failing) == bool(expected.failing), report.summary()
-    assert (measured.top or ())[:2] == (expected.top or ())[:2], (measured.top, expected.top)
+    top = expected.top if smallest or (expected.top or ("", ""))[1] == "typical" else None
+    assert (measured.top or ())[:2] == (top or ())[:2], (measured.top, expected.top)
 
 
 def _same_top(measured, expected) -> bool:
