@@ -83,7 +83,8 @@ def implementation_under_test(config: pytest.Config) -> Implementation | None:
 
 
 def run_values(config: pytest.Config) -> dict[str, Any]:
-    """The values of vet's run options (options.RUN: grad, longest), parsed."""
+    """The values of vet's run options (options.RUN: grad, longest), parsed; longest None
+    when --long is not given (checks.long_context.default_longest gives the plan's)."""
     return config.stash[_VALUES]
 
 

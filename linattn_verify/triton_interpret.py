@@ -66,21 +66,22 @@ class _State:
 @dataclass
 class Int32Offsets:
     """What watched launches did with int32 pointer offsets: the tensors each launch is given
-    (by start address: end address, element count, argument name), and per kernel and
-    tensor ("kernel's argument") the largest |offset|, in elements, added in int32 to a
-    pointer into it, with the tensor's element count."""
+    (start and end address of the memory it spans, element count, argument name), and per
+    kernel and tensor ("kernel's argument") the largest |offset|, in elements, added in
+    int32 to a pointer into it, with the tensor's element count."""
 
-    tensors: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    tensors: list[tuple[int, int, int, str]] = field(default_factory=list)
     kernel: str = ""
     largest: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, base: int, offset: int) -> None:
-        for start, (end, count, name) in self.tensors.items():
-            if start <= base < end:
-                label = f"{self.kernel}'s {name}"
-                seen = self.largest.get(label, (0, count))[0]
-                self.largest[label] = (max(offset, seen), count)
-                return
+        """The offset against the narrowest tensor whose memory holds `base`."""
+        holding = [t for t in self.tensors if t[0] <= base < t[1]]
+        if holding:
+            _, _, count, name = min(holding, key=lambda t: t[1] - t[0])
+            label = f"{self.kernel}'s {name}"
+            seen = self.largest.get(label, (0, count))[0]
+            self.largest[label] = (max(offset, seen), count)
 
 
 STATE = _State()
@@ -166,11 +167,11 @@ def running(tf32: bool) -> Iterator[None]:
 @contextmanager
 def watching_offsets() -> Iterator[Int32Offsets]:
     """The int32 pointer offsets of the launches made inside (Int32Offsets)."""
-    STATE.offsets = Int32Offsets()
+    previous, STATE.offsets = STATE.offsets, Int32Offsets()
     try:
         yield STATE.offsets
     finally:
-        STATE.offsets = None
+        STATE.offsets = previous
 
 
 def _choose(variant: int) -> None:
@@ -239,8 +240,9 @@ class _LoopVariables(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id in BUILTINS:
-            node.func = ast.copy_location(ast.Name(BUILTINS[node.func.id], ast.Load()), node.func)
+        name = node.func.id if isinstance(node.func, ast.Name) else None
+        if name in BUILTINS and not node.keywords:  # min(x, key=...) is host code's
+            node.func = ast.copy_location(ast.Name(BUILTINS[name], ast.Load()), node.func)
         return node
 
     def visit_For(self, node: ast.For) -> ast.For:
@@ -451,11 +453,12 @@ def _watch_offsets(interpreter) -> None:
 
     def call(self, *args, **kwargs):
         if (seen := STATE.offsets) is not None:
-            seen.kernel, seen.tensors = self.fn.__name__, {}
+            seen.kernel, seen.tensors = self.fn.__name__, []
             for name, arg in (*zip(self.arg_names, args), *kwargs.items()):
                 if isinstance(arg, torch.Tensor) and arg.numel():
-                    end = arg.data_ptr() + arg.numel() * arg.element_size()
-                    seen.tensors[arg.data_ptr()] = (end, arg.numel(), name)
+                    last = sum((n - 1) * abs(s) for n, s in zip(arg.shape, arg.stride()))
+                    end = arg.data_ptr() + (last + 1) * arg.element_size()
+                    seen.tensors.append((arg.data_ptr(), end, arg.numel(), name))
         return launch(self, *args, **kwargs)
 
     def create_addptr(self, ptr, offset):

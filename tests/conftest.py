@@ -1,4 +1,5 @@
-"""The zoo's kill table, printed at the end of a run that includes tests/test_zoo.py."""
+"""The zoo's kill table, printed at the end of a run that includes tests/test_zoo.py; the
+Triton variants besides CI's sample skipped unless asked for."""
 
 from __future__ import annotations
 
@@ -21,3 +22,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         killers = ", ".join(row["killed_by"]) or "-"
         warned = f"   warned: {', '.join(row['warned'])}" if row.get("warned") else ""
         terminalreporter.write_line(f"{verdict}  {row['name']:<38} {killers}{warned}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Triton adapters' variants besides CI's sample (marker all_variants, minutes) are
+    skipped unless the -m expression names them (pytest -m all_variants)."""
+    if "all_variants" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="a Triton variant besides CI's sample: pytest -m all_variants")
+    for item in items:
+        if item.get_closest_marker("all_variants"):
+            item.add_marker(skip)

@@ -85,6 +85,7 @@ def test_a_triton_kernel_fails_no_check_the_file_does_not_expect(name: str):
 VARIANTS = [k for k in keys(ADAPTERS) if " " in k]
 # CI checks every --tf32 variant (seconds each) and the --grad and --varlen ones of one
 # kernel (30 to 70 s each in the interpreter); `pytest -m all_variants` the others
+# (conftest.py skips them otherwise)
 CI_SAMPLE = "fla.simple-gla-chunk"
 
 
@@ -97,7 +98,10 @@ def test_every_variant_is_recorded():
     """A variant's verdict is in the file (its reason line at least) once recorded: absent,
     it would read as a pass."""
     missing = [k for k in VARIANTS if k not in EXPECTED]
-    assert not missing, f"not in {EXPECTED_FILE.name}: {missing} (adapters --record 'KEY')"
+    assert not missing, (
+        f"not in {EXPECTED_FILE.name}: {missing} (adapters --record 'KEY', then a line "
+        "'# KEY: why' for its reason)"
+    )
 
 
 @pytest.mark.parametrize("key", [_variant(k) for k in VARIANTS])

@@ -231,3 +231,43 @@ def test_the_backward_runs_with_the_forwards_tf32_setting():
     autograd_gradients(impl, q, k, v, w, torch.ones_like(v))
     assert _SEEN == [("forward", True), ("backward", True)]
     assert triton_interpret.STATE.tf32 is False  # restored after the call
+
+
+@triton.jit
+def _per_head(v, gamma, o, T, H, V: tl.constexpr, WIDE: tl.constexpr):
+    """o = gamma_h v, a program per (batch x head, token): gamma indexed by an int32 head,
+    the row by an offset in int64 (WIDE) or in int32."""
+    i_bh, i_t = tl.program_id(0), tl.program_id(1)
+    g = tl.load(gamma + i_bh % H)
+    start = i_bh * T * V
+    if WIDE:
+        start = i_bh.to(tl.int64) * T * V
+    cols = tl.arange(0, 4)
+    row = v + start
+    x = tl.load(row + i_t * V + cols, mask=cols < V, other=0.0)
+    tl.store(o + start + i_t * V + cols, x * g, mask=cols < V)
+
+
+def _scaled_by_head(wide: bool):
+    def fn(q, k, v, gamma):
+        b, h, n, dv = v.shape
+        v = v.contiguous()
+        o = torch.empty_like(v)
+        _per_head[(b * h, n)](v, gamma, o, n, h, V=dv, WIDE=wide)
+        return o
+
+    return fn
+
+
+def test_int32_offsets_are_flagged_where_they_grow_with_the_batch_or_heads():
+    """The row's start in int32 grows with B H past a slice: flagged, naming the argument;
+    in int64 the int32 offsets left (a token's, gamma's per-head index) are not."""
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.tasks import int32_offsets
+
+    claim = {"feature_map": "identity", "causal": True, "normalize": False,
+             "decay": "constant", "triton": "interpret"}  # fmt: skip
+    (wide,) = int32_offsets(resolve(_scaled_by_head(True), **claim), "cpu")
+    assert wide["status"] == "pass", wide["detail"]
+    (narrow,) = int32_offsets(resolve(_scaled_by_head(False), **claim), "cpu")
+    assert narrow["status"] == "fail" and "_per_head's v" in narrow["detail"], narrow["detail"]

@@ -90,6 +90,14 @@ PANELS_KEPT = 6
 MEMORY_ARRAYS = 32  # (N, d) float64 arrays the check holds at its peak (memory_estimate; README)
 
 
+def default_longest(interpreted: bool, smallest: bool = False) -> int:
+    """The longest N when none is given: SMALLEST_LONGEST for vet's smallest plan,
+    INTERPRETED_LONGEST in Triton's interpreter (seconds a call), else LONGEST."""
+    if smallest:
+        return SMALLEST_LONGEST
+    return INTERPRETED_LONGEST if interpreted else LONGEST
+
+
 def lengths(longest: int = LONGEST) -> tuple[int, ...]:
     """2^10, 2^12, ... below `longest`, then `longest` + 1: exact at a power of two and wrong
     one past it is a known failure (fla #906), and the powers of two below show the first."""

@@ -24,8 +24,8 @@ def add(sub) -> None:
         "expected verdicts (linattn_verify/adapters/expected.txt, checked by the test "
         "suite) as a Markdown table; --readme writes it into a page (docs/adapters.md) between "
         f"the lines {BEGIN} and {END}; --record vets every installed adapter (or those "
-        "named) and rewrites expected.txt from the verdicts (minutes; a Triton kernel's "
-        "default plan in the interpreter takes a few).",
+        "named) and rewrites expected.txt from the verdicts (minutes; in the interpreter a "
+        "Triton kernel's default plan takes a few, and its variants as many again).",
         [
             "python -m linattn_verify adapters",
             "python -m linattn_verify adapters --table",
@@ -90,7 +90,10 @@ def record(names: list[str]) -> int:
     torch.set_num_threads(1)
     every = keys(ADAPTERS)
     if unknown := sorted(set(names) - set(every)):
-        raise options.UsageError(f"no adapter or variant {unknown[0]!r}; `adapters` lists them")
+        name = unknown[0].split(" ", 1)[0]
+        known = [k for k in every if k.split(" ", 1)[0] == name]
+        hint = f"{name}'s: {', '.join(map(repr, known))}" if known else "`adapters` lists them"
+        raise options.UsageError(f"no adapter or variant {unknown[0]!r}; {hint}")
     chosen = [k for k in every if not names or k in names or k.split(" ", 1)[0] in names]
     measured = {}
     for key in chosen:
@@ -111,7 +114,8 @@ def record(names: list[str]) -> int:
 def verdict_of(key: str):
     """expected.txt's facts for `key` (an adapter's name, or "NAME OPTIONS") and the report
     they come from: the default plan as vet.verdicts.measured_verdict runs it, a variant as
-    `vet NAME OPTIONS --kat --no-envelope --long 0` does."""
+    `vet NAME OPTIONS --triton interpret --kat --no-envelope --long 0` does (the variants
+    are the Triton kernels', recorded in the interpreter, CUDA or not)."""
     from ..vet.verdicts import judged, measured_verdict
     from . import build_parser
     from .vet import planned
@@ -119,7 +123,8 @@ def verdict_of(key: str):
     name, _, variant = key.partition(" ")
     if not variant:
         return measured_verdict(name)
-    argv = ["vet", name, *variant.split(), "--kat", "--no-envelope", "--long", "0"]
+    argv = ["vet", name, *variant.split(), "--triton", "interpret", "--kat", "--no-envelope",
+            "--long", "0"]  # fmt: skip
     impl, vet_options = planned(build_parser().parse_args(argv), load=True)
     return judged(impl, vet_options)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cases import Case
-from ..checks.long_context import INTERPRETED_LONGEST, LONGEST, SMALLEST_LONGEST
+from ..checks.long_context import LONGEST, default_longest
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..regimes import REGIMES
 from ..specs import Spec, SpecError
@@ -51,14 +51,11 @@ class VetOptions:
     smallest: bool = False
 
     def long_n(self, interpreted: bool) -> int:
-        """The long-context check's longest N: the one given, else LONGEST natively,
-        INTERPRETED_LONGEST in Triton's interpreter (a Triton kernel's default plan in
-        minutes: benchmarks/bench_triton.py), SMALLEST_LONGEST for the smallest plan."""
+        """The long-context check's longest N: the one given, else the plan's
+        (long_context.default_longest)."""
         if self.longest is not None:
             return self.longest
-        if self.smallest:
-            return SMALLEST_LONGEST
-        return INTERPRETED_LONGEST if interpreted else LONGEST
+        return default_longest(interpreted, self.smallest)
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:

@@ -245,24 +245,27 @@ INT32_OFFSETS = "int32-offsets"
 # (B, H) of its two calls, N = 33, d = 4, dv = 3: an offset that grows with the batch or the
 # heads is larger in the second
 OFFSET_PROBES = ((1, 1), (2, 4))
+OFFSETS_N, OFFSETS_D = 33, 4
 
 
 def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     """A Triton kernel in the interpreter, two float32 calls differing in B and H
     (OFFSET_PROBES), its pointer offsets watched (triton_interpret.watching_offsets): an
-    int32 offset into a tensor that grows with the batch or the heads (at least twice as
-    large in the second call) and reaches past one (batch, head) slice of it (a B H-th of
-    its elements) spans the tensor: it wraps at 2^31 once the tensor holds about 2^31 times
-    its share of elements, where a GPU then reads and writes other memory, silently (fla
-    #1080: B T H K > 2^31; #965, #769). Offsets within a slice (token indices, block
-    offsets) and strides that grow with H alone (a step of H dv per token) are not
-    flagged."""
+    int32 offset into a tensor with a token axis (at least B H N elements) that grows with
+    the batch or the heads (at least twice as large in the second call) and reaches past
+    one (batch, head) slice of it (a B H-th of its elements) spans the tensor: it wraps at
+    2^31 once the tensor holds about 2^31 times its share of elements, where a GPU then
+    reads and writes other memory, silently (fla #1080: B T H K > 2^31; #965, #769).
+    Offsets within a slice (token indices, block offsets), per-token pointer steps of H dv
+    and indices into per-head parameters (gamma (H,)) are not flagged; an offset widened to
+    int64 after an int32 product has wrapped is not seen (the product is not watched)."""
     from .. import triton_interpret
     from ..under_test import ImplementationFailure
 
     largest = []
+    m = OFFSETS_D if impl.spec.info.needs_projection else None
     for b, h in OFFSET_PROBES:
-        case = Case(b, h, 33, 4, 3, "float32", "normal", 1.0, 7, None, device)
+        case = Case(b, h, OFFSETS_N, OFFSETS_D, 3, "float32", "normal", 1.0, 7, m, device)
         q, k, v, w = case.tensors()
         with triton_interpret.watching_offsets() as seen:
             try:
@@ -272,10 +275,12 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
         largest.append(seen.largest)
     small, large = largest
     slices = OFFSET_PROBES[1][0] * OFFSET_PROBES[1][1]
-    grows = [
+    grows = [  # tensors with a token axis (not gamma (H,)), offsets past one slice of them
         (offset / count, name, small.get(name, (0, 0))[0], offset, count)
         for name, (offset, count) in large.items()
-        if offset >= 2 * max(small.get(name, (0, 0))[0], 1) and offset >= count // slices
+        if count >= slices * OFFSETS_N
+        and offset >= 2 * max(small.get(name, (0, 0))[0], 1)
+        and offset >= count // slices
     ]
     if not grows:
         detail = "no int32 pointer offset grows with the batch or the heads"
