@@ -227,16 +227,19 @@ def _shim_autotuner(tuner_class: type) -> None:
     tuner_class.prune_configs = chosen_config
 
 
-LOOP_VARIABLE = "_linattn_loop_variable"  # the name the rewritten loops call
+LOOP_TYPE = "_linattn_loop_type"  # the name the rewritten loops call for their variable's type
 BUILTINS = {"min": "_linattn_builtin_min", "max": "_linattn_builtin_max"}  # and min, max
 
 
 class _LoopVariables(ast.NodeTransformer):
-    """`for i in range(a, b, c)` / `tl.range(...)`: i = LOOP_VARIABLE(interpreter_semantic, i,
-    a, b, c) first in the body, a tensor of the bounds' promoted integer type, as the
-    compiler types it (int64 when a bound is); static_range's stays an int. And min(a, b)
-    and max(a, b) call triton's builtin_min and builtin_max, as compiled code does
-    (tl.minimum: the operands' promoted type), not Python's (one operand, its own type)."""
+    """`for i in range(a, b, c)` / `tl.range(...)`: t = LOOP_TYPE(interpreter_semantic, a, b,
+    c) before the loop (its bounds' promoted integer type, as the compiler types the
+    variable: int64 when a bound is), and i = a tensor of type t first in the body;
+    static_range's stays an int. And min(a, b) and max(a, b) call triton's builtin_min and
+    builtin_max, as compiled code does (tl.minimum: the operands' promoted type), not
+    Python's (one operand, its own type)."""
+
+    loops = 0  # numbers each loop's type variable
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
@@ -245,44 +248,40 @@ class _LoopVariables(ast.NodeTransformer):
             node.func = ast.copy_location(ast.Name(BUILTINS[name], ast.Load()), node.func)
         return node
 
-    def visit_For(self, node: ast.For) -> ast.For:
+    def visit_For(self, node: ast.For) -> ast.AST | list[ast.AST]:
         self.generic_visit(node)
         call = node.iter
-        name = (
-            call.func.attr
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-            else (
-                call.func.id
-                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                else ""
-            )
+        func = call.func if isinstance(call, ast.Call) else None
+        name = getattr(func, "attr", None) or getattr(func, "id", None)
+        if name != "range" or not isinstance(node.target, ast.Name):
+            return node
+        given = list(call.args)
+        bounds = [ast.Constant(0), given[0], ast.Constant(1)] if len(given) == 1 else given
+        bounds += [ast.Constant(1)] * (3 - len(bounds))
+        self.loops += 1
+        kind = f"{LOOP_TYPE}_{self.loops}"
+        semantic = ast.Name(id="interpreter_semantic", ctx=ast.Load())
+        typed = ast.Assign(
+            targets=[ast.Name(id=kind, ctx=ast.Store())],
+            value=ast.Call(ast.Name(id=LOOP_TYPE, ctx=ast.Load()), [semantic, *bounds], []),
         )
-        if name == "range" and isinstance(node.target, ast.Name):
-            given = list(call.args)
-            bounds = [ast.Constant(0), given[0], ast.Constant(1)] if len(given) == 1 else given
-            bounds += [ast.Constant(1)] * (3 - len(bounds))
-            convert = ast.Assign(
-                targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
-                value=ast.Call(
-                    func=ast.Name(id=LOOP_VARIABLE, ctx=ast.Load()),
-                    args=[
-                        ast.Name(id="interpreter_semantic", ctx=ast.Load()),
-                        ast.Name(id=node.target.id, ctx=ast.Load()),
-                        *bounds,
-                    ],
-                    keywords=[],
-                ),
-            )
-            node.body.insert(0, ast.copy_location(convert, node))
-        return node
+        convert = ast.Assign(
+            targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
+            value=ast.Call(
+                func=ast.Attribute(value=semantic, attr="scalar_constant", ctx=ast.Load()),
+                args=[ast.Name(id=node.target.id, ctx=ast.Load())],
+                keywords=[ast.keyword(arg="dtype", value=ast.Name(id=kind, ctx=ast.Load()))],
+            ),
+        )
+        node.body.insert(0, ast.copy_location(convert, node))
+        return [ast.copy_location(typed, node), node]
 
 
-def _loop_variable(semantic, value: int, *bounds):
-    """The loop variable `value` as a tensor of the promoted integer type of its bounds
-    (triton's code generator, visit_For: integer_promote_impl of lb, ub and step)."""
+def _loop_type(semantic, *bounds):
+    """The promoted integer type of a range loop's bounds, its variable's type (triton's code
+    generator, visit_For: integer_promote_impl of lb, ub and step)."""
     types = [semantic.to_tensor(bound).dtype for bound in bounds]
-    dtype = functools.reduce(semantic.integer_promote_impl, types)
-    return semantic.scalar_constant(value, dtype=dtype)
+    return functools.reduce(semantic.integer_promote_impl, types)
 
 
 def _shim_loop_variables(interpreter) -> None:
@@ -293,7 +292,7 @@ def _shim_loop_variables(interpreter) -> None:
 
     from triton.language import core
 
-    setattr(interpreter, LOOP_VARIABLE, _loop_variable)  # rewritten kernels see its globals
+    setattr(interpreter, LOOP_TYPE, _loop_type)  # rewritten kernels see its globals
     for name, builtin in (("min", core.builtin_min), ("max", core.builtin_max)):
         semantic = interpreter.interpreter_semantic
         setattr(interpreter, BUILTINS[name], functools.partial(builtin, _semantic=semantic))

@@ -242,9 +242,10 @@ def autotune_configs(
 
 
 INT32_OFFSETS = "int32-offsets"
-# (B, H) of its two calls, N = 33, d = 4, dv = 3: an offset that grows with the batch or the
-# heads is larger in the second
+# (B, H) of its two calls, N = 33, d = 4, dv = 3: B doubles and H quadruples, so an offset
+# that grows in proportion to either is at least OFFSET_GROWTH times larger in the second
 OFFSET_PROBES = ((1, 1), (2, 4))
+OFFSET_GROWTH = min(b1 / b0 for b0, b1 in zip(*OFFSET_PROBES))
 OFFSETS_N, OFFSETS_D = 33, 4
 
 
@@ -252,7 +253,7 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     """A Triton kernel in the interpreter, two float32 calls differing in B and H
     (OFFSET_PROBES), its pointer offsets watched (triton_interpret.watching_offsets): an
     int32 offset into a tensor with a token axis (at least B H N elements) that grows with
-    the batch or the heads (at least twice as large in the second call) and reaches past
+    the batch or the heads (OFFSET_GROWTH times as large in the second call) and reaches past
     one (batch, head) slice of it (a B H-th of its elements) spans the tensor: it wraps at
     2^31 once the tensor holds about 2^31 times its share of elements, where a GPU then
     reads and writes other memory, silently (fla #1080: B T H K > 2^31; #965, #769).
@@ -279,7 +280,7 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
         (offset / count, name, small.get(name, (0, 0))[0], offset, count)
         for name, (offset, count) in large.items()
         if count >= slices * OFFSETS_N
-        and offset >= 2 * max(small.get(name, (0, 0))[0], 1)
+        and offset >= OFFSET_GROWTH * max(small.get(name, (0, 0))[0], 1)
         and offset >= count // slices
     ]
     if not grows:

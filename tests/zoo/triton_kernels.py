@@ -26,6 +26,12 @@ AUTOTUNED = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32) for w in 
 
 
 @triton.jit
+def _rows(x, i_bh, T, t, width, cols, mask):
+    """Rows t of head i_bh of x (B H, T, width), columns cols, 0 where not mask."""
+    return tl.load(x + (i_bh * T + t[:, None]) * width + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _chunk_kernel(q, k, v, o, T, K, V,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   MASK_LAST: tl.constexpr, SKIP_LAST: tl.constexpr,
@@ -51,9 +57,9 @@ def _chunk_kernel(q, k, v, o, T, K, V,
             keep = t >= 0  # every row of the last block, past T too
         mask_k = keep[:, None] & (cols_k[None, :] < K)
         mask_v = keep[:, None] & (cols_v[None, :] < V)
-        b_q = tl.load(q + (i_bh * T + t[:, None]) * K + cols_k[None, :], mask=mask_k, other=0.0)
-        b_k = tl.load(k + (i_bh * T + t[:, None]) * K + cols_k[None, :], mask=mask_k, other=0.0)
-        b_v = tl.load(v + (i_bh * T + t[:, None]) * V + cols_v[None, :], mask=mask_v, other=0.0)
+        b_q = _rows(q, i_bh, T, t, K, cols_k, mask_k)
+        b_k = _rows(k, i_bh, T, t, K, cols_k, mask_k)
+        b_v = _rows(v, i_bh, T, t, V, cols_v, mask_v)
         scores = tl.dot(b_q, tl.trans(b_k))
         scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0)
         b_o = tl.dot(scores.to(b_v.dtype), b_v) + tl.dot(b_q, state.to(b_q.dtype))
@@ -89,9 +95,9 @@ def _elu_kernel(q, k, v, o, T, K, V,
         t = i_t.to(tl.int64) * BT + rows
         mask_k = (t[:, None] < T) & (cols_k[None, :] < K)
         mask_v = (t[:, None] < T) & (cols_v[None, :] < V)
-        b_q = tl.load(q + (i_bh * T + t[:, None]) * K + cols_k[None, :], mask=mask_k, other=0.0)
-        b_k = tl.load(k + (i_bh * T + t[:, None]) * K + cols_k[None, :], mask=mask_k, other=0.0)
-        b_v = tl.load(v + (i_bh * T + t[:, None]) * V + cols_v[None, :], mask=mask_v, other=0.0)
+        b_q = _rows(q, i_bh, T, t, K, cols_k, mask_k)
+        b_k = _rows(k, i_bh, T, t, K, cols_k, mask_k)
+        b_v = _rows(v, i_bh, T, t, V, cols_v, mask_v)
         f_q = tl.where(mask_k, _elu1(b_q.to(acc)), 0.0)
         f_k = tl.where(mask_k, _elu1(b_k.to(acc)), 0.0)
         b_v = b_v.to(acc)
