@@ -49,6 +49,7 @@ KINDS = (
 )
 CANCEL_OFFSET = 1000.0
 DECAY_RATE = 1 / 16  # gamma = 0.94 (and 0.97, ...), about RetNet's 1 - 2^-5 .. 1 - 2^-9
+CHANNEL_OCTAVES = 2.0  # the ratio of the rates of neighbouring key channels' gates
 VALUE_MEAN = 4.0  # mean-values: a mean of a few standard deviations
 OUTLIER_FACTOR = 10.0  # outlier-channels: "an order of magnitude larger"
 
@@ -130,8 +131,10 @@ class Case:
         """The decay of a spec whose decay is `kind` (specs.DECAYS; None: no decay), in the
         case's dtype and device: gamma_h = exp(-decay_rate 2^-h) (H,), one rate an octave
         apart per head as RetNet's, or log-gates g = decay_rate ln U, U ~ U(0, 1] (B, H, N),
-        of mean -decay_rate, drawn from their own generator (q, k, v are unchanged). gamma
-        is kept at least the dtype's smallest normal."""
+        of mean -decay_rate, drawn from their own generator (q, k, v are unchanged); channel
+        gates (B, H, N, d) the same with key channel m's rate 2^(1 - m mod 4) decay_rate, so
+        that every head mixes gates four octaves apart. gamma is kept at least the dtype's
+        smallest normal."""
         if kind is None:
             return None
         dtype = getattr(torch, self.dtype)
@@ -140,8 +143,14 @@ class Case:
             gamma = gamma.clamp(min=torch.finfo(dtype).tiny)
             return gamma.to(device=self.device, dtype=dtype)
         gen = torch.Generator().manual_seed(self.seed * 7919 + 1)
-        uniform = 1.0 - torch.rand(self.b, self.h, self.n, generator=gen, **_F64)  # (0, 1]
-        g = (self.decay_rate * torch.log(uniform)).clamp(min=-torch.finfo(dtype).max)
+        if kind == "gates":
+            rates = torch.tensor(self.decay_rate, **_F64)
+            shape = (self.b, self.h, self.n)
+        else:
+            rates = self.decay_rate * CHANNEL_OCTAVES ** -(torch.arange(self.d, **_F64) % 4 - 1)
+            shape = (self.b, self.h, self.n, self.d)
+        uniform = 1.0 - torch.rand(*shape, generator=gen, **_F64)  # (0, 1]
+        g = (rates * torch.log(uniform)).clamp(min=-torch.finfo(dtype).max)
         return g.to(device=self.device, dtype=dtype)
 
 
@@ -151,7 +160,7 @@ def default_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
     exp(-DECAY_RATE) per head or gates of -DECAY_RATE, in q's dtype and device."""
     if kind is None:
         return None
-    shape = q.shape[1:2] if kind == "constant" else q.shape[:3]
+    shape = {"constant": q.shape[1:2], "gates": q.shape[:3], "channel-gates": q.shape}[kind]
     value = math.exp(-DECAY_RATE) if kind == "constant" else -DECAY_RATE
     return torch.full(shape, value, dtype=q.dtype, device=q.device)
 

@@ -62,7 +62,7 @@ class AttentionInputs:
     """q, k, v (and W, and the decay) as exact float64 arrays, with the dtype they came in.
 
     decay: None, or for a decayed spec (specs.DECAYS) gamma (H,) ("constant") or the
-    log-gates g (B, H, N) ("gates")."""
+    log-gates g (B, H, N) ("gates") or (B, H, N, d) ("channel-gates")."""
 
     q: np.ndarray  # (B, H, Nq, d)
     k: np.ndarray  # (B, H, Nk, d)
@@ -160,7 +160,8 @@ def decay_values(spec: Spec, gamma: Any, g: Any) -> Any:
 
 def check_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> np.ndarray | None:
     """The decay of a decayed spec as an exact float64 array: gamma (H,) in (0, 1] for
-    "constant", log-gates g (B, H, N) <= 0 for "gates" (specs.DECAY_SOURCES); SpecError
+    "constant", log-gates g <= 0, (B, H, N) for "gates" and (B, H, N, d) for
+    "channel-gates" (specs.DECAY_SOURCES); SpecError
     for a decay given to a spec without one, or one missing, misshapen or out of range."""
     if spec.decay is None:
         if decay is not None:
@@ -170,13 +171,13 @@ def check_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> np.ndarray 
     if decay is None:
         raise SpecError(f"{spec} needs its decay: {what}")
     arr, _ = as_float64(decay, what)
-    b, h, n = q_shape[:3]
-    want = (h,) if spec.decay == "constant" else (b, h, n)
+    b, h, n, d = q_shape
+    want = {"constant": (h,), "gates": (b, h, n), "channel-gates": (b, h, n, d)}[spec.decay]
     if arr.shape != want:
         raise SpecError(f"{what} must have shape {want}, got {arr.shape}")
     if spec.decay == "constant" and not np.all((arr > 0) & (arr <= 1)):
         raise SpecError(f"gamma must be in (0, 1], got {arr[~((arr > 0) & (arr <= 1))][0]!r}")
-    if spec.decay == "gates" and not np.all(arr <= 0):
+    if spec.decay != "constant" and not np.all(arr <= 0):
         bad = np.argwhere(arr > 0)[0]
         raise SpecError(f"g must be <= 0 (log-gates), got {arr[tuple(bad)]} at {tuple(bad)}")
     return arr

@@ -131,13 +131,21 @@ def feature_map(name: str) -> FeatureMap:
         raise SpecError(f"unknown feature map {name!r}; known: {known}") from None
 
 
-DECAYS = ("constant", "gates")
-DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g"}  # the keyword a kernel takes it by
+DECAYS = ("constant", "gates", "channel-gates")
+# the keyword a kernel takes it by
+DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g", "channel-gates": "g"}
+# The maps whose feature m is channel m of the key (phi(k)_m depends on k_m alone), so that a
+# gate per key channel is a gate per feature channel
+CHANNEL_GATED_MAPS = ("identity", "elu", "relu")
 RSQRT_D = "d^-0.5"  # the scale 1 / sqrt(d) of the head dimension d (fla's default)
 DECAY_SOURCES = {
     "constant": "Sun et al. 2023 (RetNet), eq. 5: w_ij = gamma^(i - j), one gamma per head",
     "gates": "Yang et al. 2024 (GLA), eq. 3 with scalar gates, and Dao & Gu 2024 (Mamba2), "
     "sec. 3: w_ij = exp(g_(j+1) + ... + g_i), a log-gate g_t <= 0 per token and head",
+    "channel-gates": "Yang et al. 2024 (GLA), sec. 4.1: S_t = diag(alpha_t) S_(t-1) + "
+    "phi(k_t) v_t^T, alpha_t = exp(g_t), and its parallel form O = ((Q . B)(K / B)^T . M) V, "
+    "B_t = alpha_1 ... alpha_t: sim_ij = sum_m phi(q_i)_m phi(k_j)_m exp(G_im - G_jm), G_i "
+    "= g_0 + ... + g_i, a log-gate g_tm <= 0 per token, head and key channel",
 }
 
 
@@ -177,6 +185,11 @@ class Spec:
             raise SpecError("a decay needs a causal spec (w_ij is defined for j <= i)")
         if not kernel or self.feature_map == "cosformer":
             raise SpecError(f"{self.feature_map} takes no decay (its weights are its own)")
+        if self.decay == "channel-gates" and self.feature_map not in CHANNEL_GATED_MAPS:
+            raise SpecError(
+                f"channel gates need a feature map whose feature m is key channel m "
+                f"({', '.join(CHANNEL_GATED_MAPS)}), not {self.feature_map}"
+            )
 
     @property
     def info(self) -> FeatureMap:
@@ -188,6 +201,12 @@ class Spec:
         engine, the fast bound, the long-context check and the known-answer vectors cover."""
         plain = self.normalize and self.scale == 1.0 and self.decay is None
         return plain and self.dot_precision is None
+
+    @property
+    def gated(self) -> bool:
+        """Whether the decay is given per token (log-gates g, sliced along N with q's
+        tokens): gates or channel gates."""
+        return self.decay in ("gates", "channel-gates")
 
     def scale_for(self, d: int) -> float:
         """The similarity scale at head dimension d (rounded to float64 for RSQRT_D)."""

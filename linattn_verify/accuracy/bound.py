@@ -45,6 +45,7 @@ from ..inputs import AttentionInputs
 from ..reference.balls import (
     Head,
     balls,
+    channel_gated,
     decay_weights,
     direct_sims,
     features,
@@ -296,6 +297,14 @@ def _decayed_sums(head: Head, spec: Spec):
     """kernel_sums with the decay: rows sum_j w_ij (fq_i . fk_j) x_j in the quadratic form,
     w_ij exact (balls.decay_weights)."""
     rows = list(range(head.q.shape[0]))
+    if spec.decay == "channel-gates":  # (fq . B)(fk / B)^T, masked (balls.channel_gated)
+
+        def gated(fq, fk, x, causal: bool) -> list[list[arb]]:
+            up, down = channel_gated(fq, fk, head)
+            sims = masked((arb_mat(up) * arb_mat(down).transpose()).tolist(), rows, True)
+            return (arb_mat(sims) * arb_mat(x)).tolist()
+
+        return gated
     weights = decay_weights(head, rows, spec.decay)
 
     def sums(fq, fk, x, causal: bool) -> list[list[arb]]:
@@ -319,8 +328,8 @@ def _decay_errors(head: Head, spec: Spec, u: float) -> np.ndarray:
     n = head.k.shape[0]
     if spec.decay == "constant":
         logs = np.arange(1, n + 1) * abs(math.log(float(head.decay)))
-    else:
-        logs = np.cumsum(np.abs(head.decay))
+    else:  # channel gates: the largest channel's
+        logs = np.cumsum(np.abs(head.decay), axis=0).reshape(n, -1).max(axis=1)
     with np.errstate(over="ignore"):
         rounds = gamma((C_LIB + 1) * n + 2 * C_LIB + 2, u)
         rel = _grow(np.expm1(gamma(n + 1, u) * (2 * logs + 1)), rounds)
@@ -329,11 +338,12 @@ def _decay_errors(head: Head, spec: Spec, u: float) -> np.ndarray:
 
 def _last_weights(head: Head, spec: Spec) -> np.ndarray:
     """w_(N-1, j) for every key j in float64 (within SAFETY): gamma^(N-1-j) or
-    exp(G_(N-1) - G_j), the suffix sums of the log-gates."""
+    exp(G_(N-1) - G_j), the suffix sums of the log-gates; (N, 1), or (N, d) per channel."""
     n = head.k.shape[0]
     if spec.decay == "constant":
-        return np.exp((n - 1 - np.arange(n)) * math.log(float(head.decay)))
-    suffix = np.concatenate([np.cumsum(head.decay[::-1])[::-1][1:], [0.0]])
+        return np.exp((n - 1 - np.arange(n)) * math.log(float(head.decay)))[:, None]
+    gates = head.decay.reshape(n, -1)
+    suffix = np.concatenate([np.cumsum(gates[::-1], axis=0)[::-1][1:], gates[:1] * 0])
     return np.exp(suffix)
 
 
@@ -546,7 +556,7 @@ def state_bound(
             if spec.decay is not None:  # each term times w_(N-1, j) <= 1, with its error
                 last = _last_weights(head, spec) * SAFETY
                 eta = _decay_errors(head, spec, u)[-1]
-                a, psi = a * last[:, None], (psi + eta * (a + psi)) * last[:, None]
+                a, psi = a * last, (psi + eta * (a + psi)) * last
             mags = np.concatenate([np.abs(head.v), np.ones((nk, 1))], 1)
             terms, errors, sizes = (a + psi).T @ mags, psi.T @ mags, a.T @ mags
             underflow = tiny * (mags.sum(0) + nk)
@@ -602,7 +612,7 @@ def state_gradient_bound(
             _, ak, psi_k = _features(head.k, positions, head.big_m, head.w, name, u, stab)
             extra = aq.shape[1] + g_out.shape[-1] + 2 if normalised is not None else 0
             g = gamma((C_LIB + 2) * n + 2 * C_LIB + 6 + extra, u)
-            into = last = np.ones(n)
+            into, last = np.ones(n), np.ones((n, 1))
             eta = np.zeros(n)
             if spec.decay is not None:
                 into = _from_start_weights(head, spec) * SAFETY
@@ -623,8 +633,8 @@ def state_gradient_bound(
             size_s = left.T @ per_row + into[-1] * gs
             errs_s = (left_err * (1 + r_den[:, None]) + left * r_den[:, None]).T @ per_row
             parts = [(size_s, errs_s + eta[-1] * into[-1] * gs, n + 1, out_s)]
-            keys = last[:, None] * ak
-            parts.append((keys @ gs, (last[:, None] * (psi_k + eta[-1] * (ak + psi_k))) @ gs,
+            keys = last * ak
+            parts.append((keys @ gs, (last * (psi_k + eta[-1] * (ak + psi_k))) @ gs,
                           ak.shape[1], out_v))  # fmt: skip
             if normalised is not None:
                 gz = np.abs(g_z[b, h])

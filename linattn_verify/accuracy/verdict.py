@@ -73,16 +73,18 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     """A chunked kernel (Yang et al. 2024, sec. 3.2) forms ln w_ij from prefix sums of the
     log-gates within a chunk of DECAY_CHUNK tokens, in its compute precision u_c: an error
     of u_c times the sums' size, |G| <= the largest sum of |ln w_t| over DECAY_CHUNK
-    consecutive tokens, relative to each weight (units of u: |G| u_c / u); 0 without a
-    decay."""
+    consecutive tokens (the largest channel's for channel gates), relative to each weight
+    (units of u: |G| u_c / u); 0 without a decay."""
     if spec.decay is None:
         return 0.0
     logs = np.abs(np.log(x.decay)) if spec.decay == "constant" else np.abs(x.decay)
     if spec.decay == "constant":
         widest = float(logs.max()) * min(DECAY_CHUNK, x.k.shape[2])
-    else:
-        sums = np.cumsum(logs, axis=-1)
-        ahead = np.pad(sums, [(0, 0)] * (sums.ndim - 1) + [(DECAY_CHUNK, 0)])[..., :-DECAY_CHUNK]
+    else:  # the token axis is 2: (B, H, N) or, for channel gates, (B, H, N, d)
+        sums = np.cumsum(logs, axis=2)
+        pad = [(0, 0)] * sums.ndim
+        pad[2] = (DECAY_CHUNK, 0)
+        ahead = np.pad(sums, pad)[:, :, :-DECAY_CHUNK]
         widest = float((sums - ahead).max())
     u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
     return widest * u_compute / u

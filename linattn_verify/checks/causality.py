@@ -41,8 +41,8 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     v_later = (v2[..., later, :].double() + LATER_OFFSET).to(v.dtype)
     v2 = torch.cat([v[..., : t + 1, :], v_later], -2)
     decay, decay2 = case.decay(spec.decay), other.decay(spec.decay)  # later gates changed too
-    if spec.decay == "gates":
-        decay2 = torch.cat([decay[..., : t + 1], decay2[..., later]], -1)
+    if spec.gated:
+        decay2 = torch.cat([decay[:, :, : t + 1], decay2[:, :, later]], 2)
     elif spec.decay is not None:
         decay2 = decay
     tol = Tolerance.of(x, spec)

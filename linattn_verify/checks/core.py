@@ -50,7 +50,8 @@ def decay_part(
     tokens: slice = slice(None),
 ) -> torch.Tensor | None:
     """The part of a decay (Case.decay) that goes with q[batch, head, tokens]: gamma (H,)
-    by head alone (batch elements and tokens share it), log-gates g (B, H, N) by all three;
+    by head alone (batch elements and tokens share it), log-gates g (B, H, N) or channel
+    gates (B, H, N, d) by all three;
     None without a decay."""
     if decay is None:
         return None

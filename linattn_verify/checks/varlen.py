@@ -5,7 +5,7 @@ drawn afresh, packed one after another, give
 what each gives run by itself: nothing leaks across a boundary (fla PR #955, #837), and a
 batch of one sequence gives the plain call's output (vllm PR #22034: batch size 1). A
 decayed spec's log-gates are drawn with each sequence and packed along N like its tokens
-(each sequence's own run gets its slice g[..., a:b]); a constant gamma is shared."""
+(each sequence's own run gets its slice g[:, :, a:b]); a constant gamma is shared."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
     empty = [*(t[:1, :, :0] for t in (q, k, v)), decay_part(decay, first, tokens=slice(0, 0))]
     parts = [_sequence(case, s, n, spec.decay) if n else empty for s, n in enumerate(lengths)]
     packed = [torch.cat([p[i] for p in parts], dim=-2) for i in range(3)]
-    packed_decay = decay if spec.decay != "gates" else torch.cat([p[3] for p in parts], -1)
+    packed_decay = torch.cat([p[3] for p in parts], 2) if spec.gated else decay
     offsets = [0, *itertools.accumulate(lengths)]
     cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
     out = as_array(impl.call_varlen(*packed, w, cu, packed_decay))

@@ -7,11 +7,14 @@ when normalised; c the spec's scale, w_ij the decay (1 without one):
 - quadratic: the weights materialised (golden.py's quadratic form);
 - linear (non-causal, no decay): phi(Q) (phi(K)^T [V, 1]), the keys at one common scale;
 - recurrent (causal): S_i = w_i S_(i-1) + phi(k_i) v_i^T, z_i = w_i z_(i-1) + phi(k_i),
-  w_i = gamma or exp(g_i), one token at a time (Sun et al. 2023, eq. 6: the recurrent
-  retention);
+  w_i = gamma or exp(g_i) (diag(exp(g_i)) for channel gates), one token at a time (Sun et
+  al. 2023, eq. 6: the recurrent retention);
 - chunked (causal): chunks of C tokens, the decay inside a chunk from the prefix sums of its
   log-gates, the state entering it decayed by the chunk's prefix and carried to the next
-  (Yang et al. 2024, "Gated linear attention", sec. 3.2, eq. 4-5, with scalar gates).
+  (Yang et al. 2024, "Gated linear attention", sec. 3.2, eq. 4-5); channel gates decay
+  each feature channel of the state by its own gate, the intra-chunk part materialised in
+  log space per channel (sec. 4.2's secondary chunking at its finest, sub-chunks of one
+  token: every factor exp(G_im - G_jm) <= 1, none overflows whatever the gates).
 
 Every map, the Performer maps included: features in shifted form where features.needs_shift
 says so, phi(x_j) = exp(l_j) body_j (l_j = 0 for the maps without a log-scale). The state
@@ -51,10 +54,13 @@ State = tuple[torch.Tensor, torch.Tensor | None]
 
 
 def log_decays(decay: torch.Tensor, spec: Spec, shape: torch.Size, dtype) -> torch.Tensor:
-    """ln w_t per token (B, H, N) of `shape`'s (B, H, N, d) in `dtype`: ln gamma for a
-    constant decay, g itself for gates."""
+    """ln w_t per token and feature channel, (B, H, N, 1) of `shape`'s (B, H, N, d) for the
+    decays of one weight per token (ln gamma for a constant decay, g for gates) and g
+    itself, (B, H, N, d), for channel gates, in `dtype`."""
     if spec.decay == "constant":
-        return torch.log(decay.to(dtype))[None, :, None].expand(*shape[:3])
+        return torch.log(decay.to(dtype))[None, :, None, None].expand(*shape[:3], 1)
+    if spec.decay == "gates":
+        return decay.to(dtype)[..., None]
     return decay.to(dtype)
 
 
@@ -100,7 +106,7 @@ def decayed_attention(
         return _finish(num_den, spec, q.shape[-1], add_shifts(scale_q, shift_k), q.dtype), None
     if scale_k is None:
         scale_k = torch.zeros_like(body_k[..., :1])
-    log_w = torch.zeros_like(vc[..., 0])
+    log_w = torch.zeros_like(vc[..., :1])
     if spec.decay is not None:
         log_w = log_decays(decay, spec, q.shape, dtype)
     state, units = _initial(initial_state, body_k, vz, spec)
@@ -109,7 +115,7 @@ def decayed_attention(
     for start in range(0, q.shape[-2], step):
         tokens = slice(start, start + step)
         pieces = (t[..., tokens, :] for t in (body_q, body_k, scale_k, vz))
-        piece, row_units, state, units = _chunk(*pieces, log_w[..., tokens], state, units)
+        piece, row_units, state, units = _chunk(*pieces, log_w[..., tokens, :], state, units)
         out.append(piece)
         rows.append(row_units)
     logs = add_shifts(scale_q, torch.cat(rows, dim=-2))
@@ -141,25 +147,32 @@ def _initial(initial: State | None, body_k, vz, spec: Spec) -> tuple[torch.Tenso
 
 def _chunk(body_q, body_k, scale_k, vz, log_w, state, units):
     """(num [| den] of one chunk in units exp(R_i) per row, R (B, H, C, 1), the state after
-    it and its units). G_i the chunk's inclusive prefix sums of ln w (Yang et al. 2024, eq.
-    4-5): key j weighs exp(l_j + G_i - G_j) at row i (j <= i), the entering state exp(U +
-    G_i); R_i the largest of them, the state after the chunk in units R_last. Each exponent
-    is a difference of nearby log-scales plus the decay's, (l_j - R_i) + (G_i - G_j) and
-    (U - R_i) + G_i: exact differences where the scales are large, and a rounded R costs
-    nothing (the factors make up for it)."""
-    prefix = torch.cumsum(log_w, dim=-1)  # G_i, i in the chunk
-    n = prefix.shape[-1]
-    keep = torch.ones(n, n, dtype=torch.bool, device=prefix.device).tril()
-    decays = (prefix[..., :, None] - prefix[..., None, :]).masked_fill(~keep, -math.inf)
+    it and its units). log_w (B, H, C, 1) or, for channel gates, (B, H, C, F). G_i the
+    chunk's inclusive prefix sums of ln w (Yang et al. 2024, eq. 4-5; per channel, sec. 4.2,
+    the intra-chunk part in log space): key j weighs exp(l_j + G_im - G_jm) in feature m at
+    row i (j <= i), the entering state exp(U + G_im); R_i the largest of them, the state
+    after the chunk in units R_last. Each exponent is a difference of nearby log-scales plus
+    the decay's, (l_j - R_i) + (G_im - G_jm) and (U - R_i) + G_im: exact differences where
+    the scales are large, and a rounded R costs nothing (the factors make up for it)."""
+    prefix = torch.cumsum(log_w, dim=-2)  # G_i, i in the chunk, (B, H, C, 1 or F)
+    n = prefix.shape[-2]
+    keep = torch.ones(n, n, dtype=torch.bool, device=prefix.device).tril()[..., None]
+    decays = (prefix[..., :, None, :] - prefix[..., None, :, :]).masked_fill(~keep, -math.inf)
     logs_k = scale_k.transpose(-2, -1)  # l_j, (B, H, 1, C)
-    rows = torch.maximum(units[..., 0] + prefix, (decays + logs_k).amax(dim=-1))
+    largest = (decays.amax(dim=-1) + logs_k).amax(dim=-1)
+    rows = torch.maximum(units[..., 0] + prefix.amax(dim=-1), largest)
     rows = rows.detach()[..., None]  # R_i, (B, H, C, 1)
-    inner = (body_q @ body_k.transpose(-2, -1)) * exp((logs_k - rows) + decays)
-    entering = exp((units - rows) + prefix[..., None])
-    out = entering * (body_q @ state) + inner @ vz
+    weights = exp((logs_k - rows)[..., None] + decays)  # (B, H, C, C, 1 or F)
+    entering = exp((units - rows) + prefix)
+    if log_w.shape[-1] == 1:
+        inner = (body_q @ body_k.transpose(-2, -1)) * weights[..., 0]
+        out = entering * (body_q @ state) + inner @ vz
+    else:
+        inner = torch.einsum("...im,...jm,...ijm->...ij", body_q, body_k, weights)
+        out = (entering * body_q) @ state + inner @ vz
     end = rows[..., -1:, :]  # R_last, (B, H, 1, 1)
-    to_end = exp((scale_k - end) + decays[..., -1, :, None])  # key j at the chunk's end
-    state = exp((units - end) + prefix[..., -1:, None]) * state
+    to_end = exp((scale_k - end) + decays[..., -1, :, :])  # key j at the chunk's end
+    state = exp((units - end) + prefix[..., -1, :, None]) * state
     return out, rows, state + (body_k * to_end).transpose(-2, -1) @ vz, end
 
 

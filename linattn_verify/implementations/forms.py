@@ -422,10 +422,11 @@ def attention_varlen(
     offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     gates = options.pop("g", None)
-    if gates is not None and tuple(gates.shape) != (1, q.shape[1], q.shape[-2]):
-        raise SpecError(f"g of a packed batch must be (1, H, T), got {tuple(gates.shape)}")
+    want = (1, q.shape[1], q.shape[-2], q.shape[-1])[: 3 + (spec.decay == "channel-gates")]
+    if gates is not None and tuple(gates.shape) != want:
+        raise SpecError(f"g of a packed batch must be {want}, got {tuple(gates.shape)}")
     for a, b in itertools.pairwise(offsets):
         if b > a:
-            piece = {} if gates is None else {"g": gates[..., a:b]}
+            piece = {} if gates is None else {"g": gates[:, :, a:b]}
             out[..., a:b, :] = attention(*(t[..., a:b, :] for t in (q, k, v)), **options, **piece)
     return out

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 GOLDEN_FORMS: tuple[str, ...] = ("quadratic", "linear")
+GATED_ELEMENTS = 2**24  # channel gates' factors exp(G_im - G_jm) held at once (128 MiB)
 # The causal linear form goes token by token up to SCAN_TOKENS (the order of a recurrent
 # kernel: the budgets the zoo and the adapters' verdicts were set with), in blocks of
 # SCAN_BLOCK beyond (a token loop at N = 2^16 is the long-context check's largest cost)
@@ -81,8 +82,11 @@ def golden_attention(
 
     # sim_ij = exp(shift_i) * (computed weight_ij): the shift cancels in num / den, not in eps
     if form == "quadratic":
-        weights, shift = quadratic_weights(qc, kc, spec, w)
-        if spec.decay is not None:
+        gates = None
+        if spec.decay == "channel-gates":  # per channel: inside the similarities
+            gates = torch.cumsum(decay.to(torch.float64), dim=-2)
+        weights, shift = quadratic_weights(qc, kc, spec, w, gates)
+        if spec.decay is not None and gates is None:
             weights = weights * decay_matrix(decay, spec, qc.shape).to(compute)
         weights = weights * spec.scale_for(q.shape[-1])
         num = weights @ vc
@@ -129,11 +133,16 @@ def _check_call(
 
 
 def quadratic_weights(
-    q: torch.Tensor, k: torch.Tensor, spec: Spec, w: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    spec: Spec,
+    w: torch.Tensor | None,
+    gates: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weights, shift): sim_ij = exp(shift_i) * weights_ij, masked (zero) where j > i.
 
-    shift is None when the weights are the similarities themselves.
+    shift is None when the weights are the similarities themselves. gates: the float64
+    prefix sums G (B, H, N, d) of a channel-gated spec's log-gates (_gated_products).
     """
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     mask = None
@@ -166,18 +175,40 @@ def quadratic_weights(
         phi_q, shift_q = golden_features(q, spec, w, max(nq, nk), shifted)
         body_k, scale_k = golden_features(k, spec, w, max(nq, nk), shifted)
         if scale_k is None:
-            weights, shift_k = phi_q @ body_k.transpose(-2, -1), None
+            weights, shift_k = _gated_products(phi_q, body_k, gates), None
         elif mask is None:
             phi_k, shift_k = at_one_scale(body_k, scale_k)
             weights = phi_q @ phi_k.transpose(-2, -1)
         else:  # each query's own scale: the largest over the keys it sees (j <= i)
             shift_k = torch.cummax(scale_k, dim=-2).values  # (B, H, N, 1)
             gap = (scale_k.transpose(-2, -1) - shift_k).masked_fill(~mask, -math.inf)
-            weights = (phi_q @ body_k.transpose(-2, -1)) * torch.exp(gap)
+            weights = _gated_products(phi_q, body_k, gates) * torch.exp(gap)
         shift = total(shift_q, shift_k)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     return weights, shift
+
+
+def _gated_products(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, gates: torch.Tensor | None
+) -> torch.Tensor:
+    """phi(q_i) . phi(k_j), or with channel gates sum_m phi(q_i)_m phi(k_j)_m exp(G_im -
+    G_jm) for j <= i (0 above the diagonal; Yang et al. 2024, sec. 4.1's parallel form in
+    log space): each factor exp(G_im - G_jm) <= 1 from the float64 prefix sums G, rounded
+    once to the compute dtype. GATED_ELEMENTS bounds the (rows, N, d) factors held at once."""
+    if gates is None:
+        return phi_q @ phi_k.transpose(-2, -1)
+    n = gates.shape[-2]
+    rows = max(1, GATED_ELEMENTS // max(1, gates[..., 0, 0].numel() * n * gates.shape[-1]))
+    keep = torch.ones(n, n, dtype=torch.bool, device=gates.device).tril()[..., None]
+    parts = []
+    for start in range(0, n, rows):
+        block = slice(start, start + rows)
+        logs = gates[..., block, None, :] - gates[..., None, :, :]
+        factors = torch.exp(logs.masked_fill(~keep[block], -math.inf)).to(phi_q.dtype)
+        rows_q = phi_q[..., block, :]
+        parts.append(torch.einsum("...im,...jm,...ijm->...ij", rows_q, phi_k, factors))
+    return torch.cat(parts, dim=-2)
 
 
 def decay_matrix(decay: torch.Tensor, spec: Spec, shape: torch.Size) -> torch.Tensor:

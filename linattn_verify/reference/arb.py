@@ -24,6 +24,7 @@ from ..specs import RSQRT_D, Spec
 from .balls import (
     Head,
     balls,
+    channel_gated,
     decay_weights,
     direct_sims,
     features,
@@ -59,10 +60,14 @@ def weighted_sums(head: Head, spec: Spec, rows: list[int], x: list[list[arb]], l
         if spec.info.kernelised and name != "taylor":
             fq = features(head.q[block], block, head, name)
             fk = features(head.k, range(head.k.shape[0]), head, name)
+            if spec.decay == "channel-gates":  # (phi(Q) . B)(phi(K) / B)^T, GLA sec. 4.1
+                every = features(head.q, range(head.q.shape[0]), head, name)
+                up, fk = channel_gated(every, fk, head)
+                fq = [up[i] for i in block]
             sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
         else:
             sims = direct_sims(head, block, name)
-        if spec.decay is not None:
+        if spec.decay in ("constant", "gates"):
             weights = decay_weights(head, block, spec.decay)
             sims = [[a * b for a, b in zip(r, w, strict=True)] for r, w in zip(sims, weights)]
         out.extend((arb_mat(masked(sims, block, spec.causal)) * xm).tolist())

@@ -43,7 +43,7 @@ class Head:
     v: np.ndarray
     w: np.ndarray | None
     big_m: int  # cosFormer's M = max(Nq, Nk)
-    decay: np.ndarray | None = None  # gamma (a 0-d array) or the head's log-gates g (N,)
+    decay: np.ndarray | None = None  # gamma (0-d) or the head's log-gates g (N,) or (N, d)
 
     @classmethod
     def of(cls, x: AttentionInputs, b: int, h: int) -> Head:
@@ -121,6 +121,27 @@ def decay_weights(head: Head, rows: list[int], kind: str) -> list[list[arb]]:
         total += g
         growth.append(total.exp())
     return [[growth[i] / growth[j] if j <= i else zero for j in range(nk)] for i in rows]
+
+
+def channel_growth(head: Head) -> list[list[arb]]:
+    """exp(G_tm) (N, d) for a channel-gated head, G the prefix sums of its log-gates per
+    channel (specs.DECAY_SOURCES): w_ijm = exp(G_im) / exp(G_jm), exact at the working
+    precision (a ball's exponent has no range to leave)."""
+    totals, out = [arb(0)] * head.decay.shape[1], []
+    for row in head.decay.tolist():
+        totals = [a + g for a, g in zip(totals, row, strict=True)]
+        out.append([t.exp() for t in totals])
+    return out
+
+
+def channel_gated(fq: list[list[arb]], fk: list[list[arb]], head: Head) -> tuple[list, list]:
+    """(fq_im exp(G_im), fk_jm / exp(G_jm)): the features whose products, over keys j <= i,
+    are a channel-gated spec's weighted similarities (GLA's parallel form, Yang et al.
+    2024, sec. 4.1: (Q . B)(K / B)^T)."""
+    growth = channel_growth(head)
+    up = [[f * e for f, e in zip(r, g, strict=True)] for r, g in zip(fq, growth, strict=True)]
+    down = [[f / e for f, e in zip(r, g, strict=True)] for r, g in zip(fk, growth, strict=True)]
+    return up, down
 
 
 def direct_sims(head: Head, rows: list[int], name: str) -> list[list[arb]]:

@@ -103,7 +103,7 @@ def _magnitudes(qi: list, fq: list | None, keys: list, key_feats: list | None, s
 def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
     """(w_ij, a bound on |ln w_ij| plus 1 for the error estimate) for every key j <= i:
     gamma^(i - j) or exp(G_i - G_j), G_i = g_0 + ... + g_i (specs.DECAY_SOURCES); decay is
-    gamma (a float) or the head's log-gates."""
+    gamma (a float) or the head's log-gates (channel gates: channel_prefix)."""
     mp = mpmath.mp
     if kind == "constant":
         gamma = mp.mpf(decay)
@@ -116,6 +116,19 @@ def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
         prefix.append(prefix[-1] + g)  # prefix[j + 1] = G_j
     spread = 2 * mp.fsum(abs(g) for g in gates) + 1
     return [mp.exp(prefix[i + 1] - prefix[j + 1]) for j in range(i + 1)], [spread] * (i + 1)
+
+
+def channel_prefix(gates) -> tuple[list[list], object]:
+    """(G_t, t = 0 .. N-1, each the d channels' g_0m + ... + g_tm, and 2 max_m sum_t |g_tm|
+    + 1, a bound on |ln w_ijm| plus 1 for the error estimate) of one head's channel gates
+    (N, d) (specs.DECAY_SOURCES); shared with grad.py."""
+    mp = mpmath.mp
+    prefix, running = [], [mp.zero] * len(gates[0])
+    for row in gates:
+        running = [a + mp.mpf(t) for a, t in zip(running, row, strict=True)]
+        prefix.append(running)
+    spread = 2 * max(mp.fsum(abs(mp.mpf(t)) for t in col) for col in zip(*gates)) + 1
+    return prefix, spread
 
 
 def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
@@ -141,18 +154,25 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
         n_features = 2 * len(w) if w else 2 * x.q.shape[3] + 1
         n_roundings = len(keys) + 2 * x.q.shape[3] + n_features + SCALAR_OPS
         rounding = mp.mpf(2) ** -prec * n_roundings
+        if spec.decay == "channel-gates":
+            prefix, spread = channel_prefix(x.decay[b, h].tolist())
         for r, i in enumerate(rows):
             qi = [mp.mpf(t) for t in x.q[b, h, i].tolist()]
             fq = None if key_feats is None else features(qi, w, spec.feature_map)
-            sims = similarities(qi, fq, i, keys, key_feats, spec, max(x.q.shape[2], len(keys)))
-            mags = _magnitudes(qi, fq, keys, key_feats, sims, spec)
             c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
-            if spec.decay is not None:
+            if spec.decay == "channel-gates":  # each feature m times exp(G_im - G_jm)
+                sims, mags = _channel_gated(fq, key_feats, prefix, i)
+                sims, mags = [s * c for s in sims], [a * c * spread for a in mags]
+            else:
+                big_m = max(x.q.shape[2], len(keys))
+                sims = similarities(qi, fq, i, keys, key_feats, spec, big_m)
+                mags = _magnitudes(qi, fq, keys, key_feats, sims, spec)
+            if spec.decay in ("constant", "gates"):
                 decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
                 wts, logs = decay_weights(decay, i, spec.decay)
                 sims = [s * t * c for s, t in zip(sims, wts)]
                 mags = [a * t * c * e for a, t, e in zip(mags, wts, logs)]
-            elif c != 1:
+            elif c != 1 and spec.decay is None:
                 sims, mags = [s * c for s in sims], [a * c for a in mags]
             js = allowed_keys(i, len(keys), spec.causal)
             den = mp.fsum(sims[j] for j in js) + spec.eps
@@ -168,6 +188,22 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
                     out[r, col] = nearest(num / den)
                     err[r, col] = nearest((num_err + abs(num / den) * den_err) / abs(den))
     return out, err
+
+
+def _channel_gated(fq: list, key_feats: list, prefix: list, i: int) -> tuple[list, list]:
+    """(sim_ij, |phi(q_i)| . |phi(k_j)| weighted alike) for keys j <= i (0 beyond) of a
+    channel-gated spec: sum_m phi(q_i)_m phi(k_j)_m exp(G_im - G_jm)."""
+    mp = mpmath.mp
+    sims, mags = [], []
+    for j, fk in enumerate(key_feats):
+        if j > i:
+            sims.append(mp.zero)
+            mags.append(mp.zero)
+            continue
+        wq = [f * mp.exp(a - z) for f, a, z in zip(fq, prefix[i], prefix[j], strict=True)]
+        sims.append(mp.fdot(wq, fk))
+        mags.append(mp.fdot([abs(t) for t in wq], [abs(t) for t in fk]))
+    return sims, mags
 
 
 def _settled(low: np.ndarray, high: np.ndarray, high_err: np.ndarray) -> np.ndarray:

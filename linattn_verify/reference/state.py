@@ -16,7 +16,15 @@ from flint import arb, arb_mat
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec, SpecError
 from .arb import DEFAULT_PREC, rounded
-from .balls import Head, balls, decay_weights, features, working_precision
+from .balls import (
+    Head,
+    balls,
+    channel_gated,
+    channel_growth,
+    decay_weights,
+    features,
+    working_precision,
+)
 from .common import MAX_PREC, ReferenceAccuracyError
 
 
@@ -25,7 +33,11 @@ def _head_state(head: Head, spec: Spec, prec: int) -> list[list[float | None]]:
     n = head.k.shape[0]
     with working_precision(prec):
         rows = features(head.k, range(n), head, spec.feature_map)
-        if spec.decay is not None:
+        if spec.decay == "channel-gates":  # phi(k_j)_m exp(G_(N-1)m - G_jm)
+            last = channel_growth(head)[-1]
+            _, rows = channel_gated(rows, rows, head)
+            rows = [[t * e for t, e in zip(row, last, strict=True)] for row in rows]
+        elif spec.decay is not None:
             last = decay_weights(head, [n - 1], spec.decay)[0]
             rows = [[t * w for t in row] for row, w in zip(rows, last, strict=True)]
         fk = arb_mat(rows)

@@ -174,8 +174,10 @@ CLAIM = (
            choices=(RSQRT_D,), metavar="C"),
     Option(
         "decay", "--decay", str | None, None,
-        "causal decay: constant (fn takes gamma=(H,), sim times gamma^(i-j)) or gates (fn "
-        "takes log-gates g=(B, H, N), sim times exp(g_(j+1) + ... + g_i))",
+        "causal decay: constant (fn takes gamma=(H,), sim times gamma^(i-j)), gates (fn "
+        "takes log-gates g=(B, H, N), sim times exp(g_(j+1) + ... + g_i)) or channel-gates "
+        "(GLA: g=(B, H, N, d), feature m times exp(g_(j+1)m + ... + g_im); identity, elu, "
+        "relu)",
         choices=DECAYS,
     ),
     Option("dot_precision", "--dot-precision", str | None, None,

@@ -130,7 +130,7 @@ class Implementation:
     def _keywords(self, projection, decay) -> dict[str, Any]:
         """fn's keyword arguments besides q, k, v: the projection of a Performer map, the
         decay of a decayed spec by its keyword (specs.DECAY_ARGUMENTS), log-gates (B, H, N)
-        in fn's layout ((B, N, H) for bnhd)."""
+        or (B, H, N, d) in fn's layout ((B, N, H) or (B, N, H, d) for bnhd)."""
         kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
         if self.spec.decay is None:
             if decay is not None:
@@ -138,7 +138,7 @@ class Implementation:
             return kwargs
         if decay is None:
             raise SpecError(f"{self.name} needs its decay ({self.spec.decay})")
-        if self.spec.decay == "gates" and self.layout == "bnhd":
+        if self.spec.gated and self.layout == "bnhd":
             decay = decay.transpose(1, 2).contiguous()
         return kwargs | {DECAY_ARGUMENTS[self.spec.decay]: decay}
 
@@ -218,7 +218,7 @@ class Implementation:
 
     def __call__(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
         """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout; decay:
-        a decayed spec's gamma (H,) or log-gates (B, H, N) (Case.decay)."""
+        a decayed spec's gamma (H,) or log-gates (B, H, N) or (B, H, N, d) (Case.decay)."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self.call_raw(*args, projection, decay)
         return self._output(out, (*q.shape[:3], v.shape[-1]))

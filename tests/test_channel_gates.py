@@ -1,0 +1,125 @@
+"""Channel gates (--decay channel-gates, GLA): the exact engines against an independent
+float64 recurrence written here, the exact state, the golden and built-in forms, the
+a-priori bound against arb's exact output, and bad inputs.
+
+Definition (specs.DECAY_SOURCES, Yang et al. 2024, sec. 4.1): S_t = diag(exp g_t) S_(t-1)
++ phi(k_t) v_t^T, z_t likewise with phi(k_t); out_t = c phi(q_t)^T S_t, divided when
+normalised by eps + c phi(q_t) . z_t.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linattn_verify.accuracy.bound import scale_and_bound, state_bound
+from linattn_verify.accuracy.verdict import error_units
+from linattn_verify.cases import Case
+from linattn_verify.implementations.decayed import decayed_attention
+from linattn_verify.implementations.forms import attention, attention_varlen
+from linattn_verify.implementations.golden import golden_attention
+from linattn_verify.inputs import UNIT_ROUNDOFF, validate
+from linattn_verify.reference.arb import arb_attention
+from linattn_verify.reference.mp import mp_attention
+from linattn_verify.reference.state import exact_state
+from linattn_verify.specs import RSQRT_D, Spec, SpecError
+
+SPECS = [
+    Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="channel-gates"),
+    Spec("elu", causal=True, decay="channel-gates"),
+    Spec("relu", causal=True, eps=1e-3, decay="channel-gates"),
+]
+PHI = {
+    "identity": lambda x: x,
+    "elu": lambda x: torch.nn.functional.elu(x) + 1,
+    "relu": torch.relu,
+}
+RATES = (0.05, 3.0)  # gates that keep most of the state, and ones that erase it in a token
+
+
+def _case(dtype: str, rate: float, n: int = 13, seed: int = 3) -> tuple:
+    case = Case(2, 2, n, 4, 3, dtype, "normal", 1.0, seed, None, "cpu", decay_rate=rate)
+    q, k, v, _ = case.tensors()
+    return q, k, v, case.decay("channel-gates")
+
+
+def _recurrence(q, k, v, g, spec: Spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, S, z) in float64, one token at a time."""
+    q, k, v, g = (t.double() for t in (q, k, v, g))
+    phi, c = PHI[spec.feature_map], spec.scale_for(q.shape[-1])
+    s = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    z = q.new_zeros(*q.shape[:2], q.shape[-1])
+    outs = []
+    for t in range(q.shape[2]):
+        decay, fk, fq = torch.exp(g[:, :, t]), phi(k[:, :, t]), phi(q[:, :, t])
+        s = decay[..., None] * s + fk[..., None] * v[:, :, t, None, :]
+        z = decay * z + fk
+        num = c * torch.einsum("bhm,bhmv->bhv", fq, s)
+        den = spec.eps + c * (fq * z).sum(-1, keepdim=True)
+        outs.append(num / den if spec.normalize else num)
+    return torch.stack(outs, 2).numpy(), s.numpy(), z.numpy()
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.feature_map)
+def test_exact_engines_and_state_match_a_float64_recurrence(spec: Spec, rate: float):
+    q, k, v, g = _case("float64", rate)
+    x = validate(q, k, v, spec, None, g)
+    out, s, z = _recurrence(q, k, v, g, spec)
+    exact_mp, exact_arb = mp_attention(x, spec), arb_attention(x, spec)
+    np.testing.assert_array_equal(exact_arb, exact_mp)  # both faithfully rounded: equal
+    scale = np.abs(out).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(exact_mp - out) <= 64 * 2.0**-53 * scale)
+    exact_s, exact_z = exact_state(x, spec)
+    assert np.all(np.abs(exact_s - s) <= 64 * 2.0**-53 * np.abs(s).max())
+    assert np.all(np.abs(exact_z - z) <= 64 * 2.0**-53 * np.abs(z).max())
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.feature_map)
+def test_golden_and_built_in_forms_within_the_bound(spec: Spec):
+    """float16 and float32 outputs of the golden quadratic form and the recurrent and chunked
+    forms (chunks of 4: ragged, a state carried) within the a-priori bound of arb's exact
+    output, and so are the forms' final states within state_bound."""
+    for dtype in ("float16", "float32"):
+        for rate in RATES:
+            q, k, v, g = _case(dtype, rate)
+            x = validate(q, k, v, spec, None, g)
+            u = UNIT_ROUNDOFF[dtype]
+            scale, bound = scale_and_bound(x, spec, arb_attention(x, spec), u)
+            s_bound, z_bound = state_bound(x, spec, u)
+            exact_s, exact_z = exact_state(x, spec)
+            outs = {"golden": golden_attention(q, k, v, spec, None, "quadratic", g)}
+            for form in ("recurrent", "chunked"):
+                out, (s, z) = decayed_attention(q, k, v, spec, form, None, 4, g)
+                outs[form] = out
+                assert np.all(np.abs(s.double().numpy() - exact_s) <= s_bound), form
+                if spec.normalize:
+                    assert np.all(np.abs(z.double().numpy() - exact_z) <= z_bound), form
+            exact = arb_attention(x, spec)
+            for form, out in outs.items():
+                err = error_units(out.double().numpy(), exact, scale, u)
+                assert np.all(err <= bound), (form, dtype, rate, np.max(err / bound))
+
+
+def test_varlen_packs_gates_with_their_tokens():
+    q, k, v, g = (t[:1] for t in _case("float32", 0.5, n=11))
+    cu = torch.tensor([0, 4, 4, 11], dtype=torch.int32)
+    options = {"feature_map": "elu", "causal": True, "decay": "channel-gates", "form": "chunked"}
+    packed = attention_varlen(q, k, v, cu, **options, chunk_size=4, g=g)
+    for a, b in ((0, 4), (4, 11)):
+        piece = (t[:, :, a:b] for t in (q, k, v))
+        own = attention(*piece, **options, chunk_size=4, g=g[:, :, a:b])
+        torch.testing.assert_close(packed[:, :, a:b], own, rtol=0, atol=0)
+
+
+def test_bad_specs_and_gates_are_named():
+    with pytest.raises(SpecError, match="channel gates need a feature map"):
+        Spec("taylor", causal=True, decay="channel-gates")
+    q, k, v, g = _case("float32", 0.5)
+    spec = SPECS[1]
+    spec = SPECS[1]
+    with pytest.raises(SpecError, match=r"g must have shape \(2, 2, 13, 4\)"):
+        validate(q, k, v, spec, None, g[..., 0])
+    with pytest.raises(SpecError, match="g must be <= 0"):
+        validate(q, k, v, spec, None, -g)
