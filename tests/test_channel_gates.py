@@ -22,7 +22,7 @@ from linattn_verify.implementations.golden import golden_attention
 from linattn_verify.inputs import UNIT_ROUNDOFF, validate
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
-from linattn_verify.reference.state import exact_state
+from linattn_verify.reference.state import exact_state, exact_state_gradients
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 SPECS = [
@@ -123,3 +123,38 @@ def test_bad_specs_and_gates_are_named():
         validate(q, k, v, spec, None, g[..., 0])
     with pytest.raises(SpecError, match="g must be <= 0"):
         validate(q, k, v, spec, None, -g)
+
+
+@pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.feature_map)
+def test_state_gradients_match_autograd_of_the_recurrence(spec: Spec):
+    """dL/dS_0, dL/dz_0 and dL_S/dv of exact_state_gradients against float64 autograd of the
+    recurrence continuing (S_0, z_0), for L = sum(out g_out) + sum(S_N g_S) (+ sum(z_N g_z))."""
+    q, k, v, g = _case("float64", 0.5)
+    gen = torch.Generator().manual_seed(5)
+    s0 = torch.rand(2, 2, 4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    z0 = torch.rand(2, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    g_out, g_s = (torch.randn(*shape, generator=gen, dtype=torch.float64)
+                  for shape in ((2, 2, 13, 3), (2, 2, 4, 3)))  # fmt: skip
+    g_z = torch.randn(2, 2, 4, generator=gen, dtype=torch.float64)
+    v = v.clone().requires_grad_(True)
+    phi, c = PHI[spec.feature_map], spec.scale_for(4)
+    s, z, outs = s0, z0, []
+    for t in range(13):
+        decay, fk, fq = torch.exp(g[:, :, t]), phi(k[:, :, t]), phi(q[:, :, t])
+        s = decay[..., None] * s + fk[..., None] * v[:, :, t, None, :]
+        z = decay * z + fk
+        num = c * torch.einsum("bhm,bhmv->bhv", fq, s)
+        den = spec.eps + c * (fq * z).sum(-1, keepdim=True)
+        outs.append(num / den if spec.normalize else num)
+    out = torch.stack(outs, 2)
+    state_loss = (s * g_s).sum() + spec.normalize * (z * g_z).sum()
+    (dv,) = torch.autograd.grad(state_loss, v, retain_graph=True)
+    ds0, dz0 = torch.autograd.grad((out * g_out).sum() + state_loss, (s0, z0), allow_unused=True)
+    x = validate(q, k, v.detach(), spec, None, g)
+    initial = (s0.detach().numpy(), z0.detach().numpy()) if spec.normalize else None
+    g_z_given = g_z.numpy() if spec.normalize else None
+    exact = exact_state_gradients(x, spec, g_out.numpy(), g_s.numpy(), g_z_given, initial)
+    np.testing.assert_allclose(exact.s0, ds0.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(exact.v, dv.numpy(), rtol=1e-12, atol=1e-12)
+    if spec.normalize:
+        np.testing.assert_allclose(exact.z0, dz0.numpy(), rtol=1e-12, atol=1e-12)

@@ -612,15 +612,15 @@ def state_gradient_bound(
             _, ak, psi_k = _features(head.k, positions, head.big_m, head.w, name, u, stab)
             extra = aq.shape[1] + g_out.shape[-1] + 2 if normalised is not None else 0
             g = gamma((C_LIB + 2) * n + 2 * C_LIB + 6 + extra, u)
-            into, last = np.ones(n), np.ones((n, 1))
+            into, last = np.ones((n, 1)), np.ones((n, 1))
             eta = np.zeros(n)
             if spec.decay is not None:
                 into = _from_start_weights(head, spec) * SAFETY
                 last = _last_weights(head, spec) * SAFETY
                 eta = _decay_errors(head, spec, u)
             go, gs = np.abs(g_out[b, h]), np.abs(g_state[b, h])
-            left = c * into[:, None] * aq  # |c W_i phi(q_i)|
-            left_err = c * into[:, None] * (psi_q + eta[:, None] * (aq + psi_q))
+            left = c * into * aq  # |c W_i phi(q_i)|
+            left_err = c * into * (psi_q + eta[:, None] * (aq + psi_q))
             den, r_den, out_abs, out_err = np.ones(n), np.zeros(n), None, None
             if normalised is not None:
                 g_z, initial, exact = normalised
@@ -630,9 +630,9 @@ def state_gradient_bound(
                 )  # fmt: skip
             with np.errstate(divide="ignore"):
                 per_row = go / den[:, None]
-            size_s = left.T @ per_row + into[-1] * gs
+            size_s = left.T @ per_row + into[-1][:, None] * gs
             errs_s = (left_err * (1 + r_den[:, None]) + left * r_den[:, None]).T @ per_row
-            parts = [(size_s, errs_s + eta[-1] * into[-1] * gs, n + 1, out_s)]
+            parts = [(size_s, errs_s + eta[-1] * into[-1][:, None] * gs, n + 1, out_s)]
             keys = last * ak
             parts.append((keys @ gs, (last * (psi_k + eta[-1] * (ak + psi_k))) @ gs,
                           ak.shape[1], out_v))  # fmt: skip
@@ -664,9 +664,9 @@ def _quotient_errors(head: Head, spec: Spec, feats, lefts, rounding, initial, ex
     s0, z0 = (np.abs(t) for t in initial)
     den_exact, out_exact = exact
     c = spec.scale_for(head.q.shape[1]) * SAFETY
-    weights = _causal_weight_matrix(head, spec) * SAFETY
-    sizes = c * (aq @ ak.T) * weights  # |c w_ij phi(q_i) . phi(k_j)|
-    grown = c * ((aq + psi_q) @ (ak + psi_k).T) * weights * (1 + eta[:, None])
+    weights = _causal_weight_matrix(head, spec) * SAFETY  # (N, N, 1 or F)
+    sizes = c * _weighted_products(aq, ak, weights)  # |c w_ij phi(q_i) . phi(k_j)|
+    grown = c * _weighted_products(aq + psi_q, ak + psi_k, weights) * (1 + eta[:, None])
     errors = grown - sizes  # the features' and the decay's errors
     mags = np.concatenate([np.abs(head.v), np.ones((head.v.shape[0], 1))], 1)
     state = np.concatenate([s0, z0[:, None]], 1)
@@ -686,25 +686,34 @@ def _quotient_errors(head: Head, spec: Spec, feats, lefts, rounding, initial, ex
     return den, r_den, out_abs, out_err
 
 
+def _weighted_products(left: np.ndarray, right: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """sum_m left_im right_jm w_ijm, the weights (N, N, 1) shared by every feature or
+    (N, N, F) per feature."""
+    if weights.shape[-1] == 1:
+        return (left @ right.T) * weights[..., 0]
+    return np.einsum("im,jm,ijm->ij", left, right, weights)
+
+
 def _causal_weight_matrix(head: Head, spec: Spec) -> np.ndarray:
-    """w_ij (N, N) in float64 (within SAFETY), 0 for j > i: 1, gamma^(i-j) or
-    exp(G_i - G_j)."""
+    """w_ij (N, N, 1), or w_ijm (N, N, d) for channel gates, in float64 (within SAFETY), 0
+    for j > i: 1, gamma^(i-j) or exp(G_i - G_j)."""
     n = head.q.shape[0]
-    gaps = np.arange(n)[:, None] - np.arange(n)[None, :]
+    gaps = (np.arange(n)[:, None] - np.arange(n)[None, :])[..., None]
     if spec.decay is None:
         return (gaps >= 0).astype(np.float64)
     if spec.decay == "constant":
         logs = gaps * math.log(float(head.decay))
     else:
-        prefix = np.cumsum(head.decay)
-        logs = prefix[:, None] - prefix[None, :]
+        prefix = np.cumsum(head.decay.reshape(n, -1), axis=0)
+        logs = prefix[:, None, :] - prefix[None, :, :]
     with np.errstate(over="ignore"):
         return np.where(gaps >= 0, np.exp(np.where(gaps >= 0, logs, 0.0)), 0.0)
 
 
 def _from_start_weights(head: Head, spec: Spec) -> np.ndarray:
-    """W_i, the decay from before the first token to token i, in float64 (within SAFETY)."""
+    """W_i, the decay from before the first token to token i, in float64 (within SAFETY):
+    (N, 1), or (N, d) per channel."""
     n = head.k.shape[0]
     if spec.decay == "constant":
-        return np.exp(np.arange(1, n + 1) * math.log(float(head.decay)))
-    return np.exp(np.cumsum(head.decay))
+        return np.exp(np.arange(1, n + 1) * math.log(float(head.decay)))[:, None]
+    return np.exp(np.cumsum(head.decay.reshape(n, -1), axis=0))

@@ -1,9 +1,9 @@
 """Exact reference gradients of attention, faithfully rounded to float64 (mpmath).
 
 For the loss L = sum_{i,c} out_ic g_out_ic (the cotangent g_out taken exactly, the shape of
-out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates spec,
-from the definition, with the projection W of the Performer maps and a constant decay's
-gamma held fixed. Derivation (reverse-mode chain rule; Baydin et al. 2018,
+out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates or
+channel-gates spec, from the definition, with the projection W of the Performer maps and a
+constant decay's gamma held fixed. Derivation (reverse-mode chain rule; Baydin et al. 2018,
 "Automatic differentiation in machine learning: a survey", sec. 3.1, or any calculus text):
 
     a_ij = sim(q_i, k_j) for the keys j that query i uses (common.allowed_keys)
@@ -26,6 +26,25 @@ The decays (causal specs; specs.DECAY_SOURCES): constant, w_ij = gamma^(i-j) (Su
 O(N^2) from the row prefix sums R_i (dL/dg_0 = 0: no key precedes token 0). Normalised with
 eps = 0, sum_j b_ij A_ij = 0 for every row (a row's common factor cancels in out_i), so the
 sums over j < t and over t <= j <= i are opposites.
+
+Channel gates (Yang et al. 2024, GLA, sec. 4.1: S_t = diag(exp g_t) S_(t-1) + phi(k_t) v_t^T,
+a log-gate g_tm per token and key channel, for the maps whose feature m is channel m:
+identity, elu, relu) decay each feature instead of the similarity:
+
+    A_ij = c sum_m phi(q_i)_m phi(k_j)_m W_ijm,   W_ijm = exp(G_im - G_jm),
+    G_im = g_0m + ... + g_im (j <= i).
+
+b_ij = dL/dA_ij is as above, and the chain rule goes on through the features: with
+p_ijm = b_ij c phi(q_i)_m phi(k_j)_m W_ijm (b_ij times A_ij's term m),
+
+    dL/dphi(q_i)_m = c sum_j b_ij W_ijm phi(k_j)_m,
+    dL/dphi(k_j)_m = c sum_i b_ij W_ijm phi(q_i)_m,
+    dL/dq_i = phi'(q_i) dL/dphi(q_i) and dL/dk_j = phi'(k_j) dL/dphi(k_j) elementwise (the
+    Jacobians of these maps are diagonal, phi' as below),
+    dL/dG_sm = sum_j p_sjm - sum_i p_ism,   dL/dg_tm = sum_{s >= t} dL/dG_sm
+             = sum_{i >= t > j} p_ijm     (the scalar gates' formula, channel by channel),
+
+so dL/dg has the gates' shape (B, H, N, d), evaluated per channel as above, and dL/dg_0m = 0.
 
 b_ij is computed as (t_ij - tbar_i) / D_i with t_ij = g_out_i . v_j and tbar_i = g_out_i .
 out_i = (sum_j A_ij t_ij) / D_i: it cancels when v_j is near out_i, which the error
@@ -57,13 +76,14 @@ specs.FEATURE_MAPS, x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
     sigma = -1, -1, +1.
 
 The similarities, features and decay weights themselves come from mp.py (`similarities`,
-`features`, `decay_weights`), and the scale is its 1/sqrt(d) or number, so the forward
-function differentiated here is exactly the one the mpmath reference evaluates.
+`features`, `decay_weights`; channel gates: the prefix sums of `channel_prefix`, and A_ij
+formed as `_channel_gated` forms it), and the scale is its 1/sqrt(d) or number, so the
+forward function differentiated here is exactly the one the mpmath reference evaluates.
 
 Zero denominators: where D_i is exactly 0 (relu or cosFormer with eps = 0 and no positive
 similarity in row i, normalised), out_i is 0/0 and L is undefined. Then dL/dq_i is NaN, and
 so are dL/dk_j and dL/dv_j (all components) for every key j that row i uses, and dL/dg_t
-for t <= i; the rest is exact.
+for t <= i (every channel of it, for channel gates); the rest is exact.
 
 Precision control, as in mp.py: each head is evaluated at p and 2p bits (p = 113 first);
 an element is accepted when the two float64 roundings are within one ulp of each other
@@ -75,7 +95,12 @@ exp(y) (1 + M(y)), sin(y) gives |sin y| + M(y)), so it grows with every cancella
 b_ij, in sign-changing (trig) features, inside exponents. A decay weight is such an
 exponential: M(w_ij) = w_ij (1 + M(ln w_ij)), M(ln w_ij) <= 2 sum_{t <= i} |g_t| when it
 is formed as G_i - G_j from prefix sums over the sequence (or (i - j) |ln gamma|), the
-bound mp.decay_weights gives; M(A_ij) = c M(w_ij) M(a_ij). n is a generous bound on the
+bound mp.decay_weights gives; M(A_ij) = c M(w_ij) M(a_ij). Channel gates alike, per
+feature: M(W_ijm) = W_ijm (1 + M(ln W_ijm)), M(ln W_ijm) <= 2 max_m sum_{t <= i} |g_tm|
+(mp.channel_prefix's spread, over the tokens row i reaches, as for scalar gates), M(A_ij) =
+c sum_m |phi(q_i)_m| |phi(k_j)_m| M(W_ijm), the coefficient of dL/dphi(q_i)_m's term
+M(b_ij) c M(W_ijm), M(p_ijm) = M(b_ij) c |phi(q_i)_m| |phi(k_j)_m| M(W_ijm) (these maps'
+M(phi) = |phi|). n is a generous bound on the
 number of roundings on any path (`roundings`). Elements not accepted are recomputed at
 4p, 8p, ... until max_prec, then ReferenceAccuracyError. Each element is accepted on its
 own, so whether dL/dk_j or dL/dv_j is accepted, and its value, depends only on the rows
@@ -86,14 +111,16 @@ The magnitude of dL/dg_t that the judgement uses (gradient_magnitudes) is that o
 evaluation autograd makes through the prefix sums, dL/dg_t = sum_{s >= t} (dL/dG_s),
 dL/dG_s = sum_j b_sj A_sj - sum_i b_is A_is: M(dg_t) = sum_{s >= t} (sum_j M(b_sj A_sj) +
 sum_i M(b_is A_is)), not 0 at t = 0, where that evaluation leaves rounding errors (a
-total-minus-prefix evaluation, which reaches rows before t, is outside it).
+total-minus-prefix evaluation, which reaches rows before t, is outside it); for channel
+gates the same per channel m, with M(p_ijm) for M(b_ij A_ij).
 
 Exact zeros settle only once n 2^-p M is below 2^-1076 (1808 bits for O(1) inputs), so the
 ones that are common are set exactly instead: with eps = 0 and normalised, a row whose keys
 all have zero weight but one, j (always so for causal row 0), has out_i = v_j exactly, so
 b_ij = 0 and tbar_i = t_ij; for relu and cosFormer normalised with eps = 0, A_ij is
 homogeneous of degree 1 in relu(q_i), so out_i depends only on its direction and dL/dq_i =
-0 when q_i has exactly one positive component; and dL/dg_0 = 0, an empty sum. Others (e.g.
+0 when q_i has exactly one positive component (with channel gates too: A_ij stays
+homogeneous of degree 1 in relu(q_i)); and dL/dg_0 = 0, an empty sum. Others (e.g.
 dL/dq with identical keys) take the long way. gradient_magnitudes' M is that of the general
 evaluation, without these shortcuts. exact_gradients_and_magnitudes (what the gradient
 checks use) gives exactly exact_gradients and gradient_magnitudes from one evaluation per
@@ -112,7 +139,7 @@ import numpy as np
 from ..inputs import AttentionInputs, as_float64, validate
 from ..specs import RSQRT_D, Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
-from .mp import DEFAULT_PREC, decay_weights, features, nearest, similarities
+from .mp import DEFAULT_PREC, channel_prefix, decay_weights, features, nearest, similarities
 
 NAMES = ("q", "k", "v")
 NON_NEGATIVE = ("elu", "relu", "cosformer")  # maps whose features are >= 0
@@ -120,9 +147,9 @@ PERFORMER_SIGN = {"performer-positive": -1, "performer-hyperbolic": -1, "perform
 
 
 def gradient_names(spec: Spec) -> tuple[str, ...]:
-    """The inputs the loss is differentiated in: q, k, v, and the log-gates g of a gates
-    spec (gamma, W and the cotangent are held fixed)."""
-    return NAMES + ("g",) * (spec.decay == "gates")
+    """The inputs the loss is differentiated in: q, k, v, and the log-gates g of a gates or
+    channel-gates spec (gamma, W and the cotangent are held fixed)."""
+    return NAMES + ("g",) * spec.gated
 
 
 def roundings(x: AttentionInputs, spec: Spec) -> int:
@@ -136,14 +163,15 @@ def roundings(x: AttentionInputs, spec: Spec) -> int:
     weight adds 3 Nk + 8 (in a recurrence, up to Nk rounded exponentials, each within 2
     units, and products; from prefix sums, Nk sums and one or two exponentials), a scale 2
     (its rounding and the product), dL/dg another Nq + Nk (the sums of the prefix sums'
-    backward: a row and a column, then the reverse cumulative sum)."""
+    backward: a row and a column, then the reverse cumulative sum; per channel for channel
+    gates, whose weight W_ijm enters each feature product as a decay weight does a_ij)."""
     _, _, nq, nk, d, dv = x.shape
     n_features = d
     if spec.info.needs_projection:
         n_features = spec.info.feature_dim(d, x.projection.shape[0])
     per_weight = (3 * nk + 8) * (spec.decay is not None) + 2 * (spec.scale != 1.0)
     n = 4 * (n_features + 2 * d + 12 + per_weight) + 4 * (nq + nk) + 2 * (d + dv) + 32
-    return n + (nq + nk) * (spec.decay == "gates")
+    return n + (nq + nk) * spec.gated
 
 
 def _abs(rows: list) -> list:
@@ -171,6 +199,8 @@ class _Kernel:
         nq, nk = len(qs), len(ks)
         big_m = max(nq, nk)
         self.dot = self.name in ("softmax", "taylor")
+        # channel gates: the coefficients e_ij are lists over the features, e_ijm
+        self.channel = spec.decay == "channel-gates"
         self.w = w
         self.x = {"q": qs, "k": ks}
         # the Performer maps' x' = x d^(-1/4) as `features` computes it, per row; c, and
@@ -265,13 +295,19 @@ class _Kernel:
 
     def gradient(self, side: str, n: int, coef: list, coef_m: list) -> tuple[list, list]:
         """dL/dq_n (side "q", coef the row e_n.) or dL/dk_n (side "k", coef the column
-        e_.n) and its magnitude (coef_m those of the coefficients)."""
+        e_.n) and its magnitude (coef_m those of the coefficients). Channel gates: each
+        coefficient is a list over the features, u_m = sum_j e_njm phi(k_j)_m (and so for
+        dL/dk_n over the queries)."""
         mp = mpmath.mp
         cols, mcols = self.cols[side], self.mcols[side]
         if self.dot:
             return [mp.fdot(coef, col) for col in cols], [mp.fdot(coef_m, col) for col in mcols]
-        u = [mp.fdot(coef, col) for col in cols]
-        um = [mp.fdot(coef_m, col) for col in mcols]
+        if self.channel:
+            u = [mp.fdot([e[m] for e in coef], col) for m, col in enumerate(cols)]
+            um = [mp.fdot([e[m] for e in coef_m], col) for m, col in enumerate(mcols)]
+        else:
+            u = [mp.fdot(coef, col) for col in cols]
+            um = [mp.fdot(coef_m, col) for col in mcols]
         return self._jt(side, n, u, um)
 
     def _jt(self, side: str, n: int, u: list, um: list) -> tuple[list, list]:
@@ -319,6 +355,47 @@ def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int
     return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
 
 
+def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
+    """(G_t, t = 0 .. N-1, mp.channel_prefix's prefix sums of head (b, h)'s channel gates,
+    and per row i the spread 2 max_m sum_{t <= i} |g_tm| + 1, a bound on 1 + M(ln W_ijm)
+    for its keys j <= i: channel_prefix's spread over the rows that row i reaches, as
+    decay_weights' for scalar gates) at the working precision."""
+    mp = mpmath.mp
+    gates = x.decay[b, h].tolist()
+    prefix, _ = channel_prefix(gates)
+    spreads, running = [], [mp.zero] * len(gates[0])
+    for row in gates:
+        running = [a + abs(mp.mpf(t)) for a, t in zip(running, row, strict=True)]
+        spreads.append(2 * max(running) + 1)
+    return prefix, spreads
+
+
+def _channel_row(kern: _Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
+    """Row i of a channel-gated spec over its keys js: A_ij = c sum_m phi(q_i)_m phi(k_j)_m
+    W_ijm (W_ijm = exp(G_im - G_jm), formed as mp._channel_gated forms it) and M(A_ij); the
+    weights c W_ijm (lists over m) that turn b_ij into e_ijm and their magnitudes c W_ijm
+    (1 + M(ln W)); and the terms A_ijm = c phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over
+    m), b_ij times which are dL/dG's p_ijm, with their magnitudes."""
+    mp = mpmath.mp
+    prefix, spreads = gated
+    spread = spreads[i]
+    fq, fqm = kern.f["q"][i], kern.fm["q"][i]
+    a, am, wt, wtm, terms, terms_m = ([] for _ in range(6))
+    for j in js:
+        fk, fkm = kern.f["k"][j], kern.fm["k"][j]
+        weights = [mp.exp(gi - gj) for gi, gj in zip(prefix[i], prefix[j], strict=True)]
+        wq = [f * t for f, t in zip(fq, weights)]
+        wqm = [f * t for f, t in zip(fqm, weights)]
+        a.append(mp.fdot(wq, fk) * c)
+        am.append(mp.fdot(wqm, fkm) * c * spread)
+        cw = [c * t for t in weights]
+        wt.append(cw)
+        wtm.append([t * spread for t in cw])
+        terms.append([c * s * t for s, t in zip(wq, fk)])
+        terms_m.append([c * spread * s * t for s, t in zip(wqm, fkm)])
+    return a, am, wt, wtm, terms, terms_m
+
+
 def _b_row(t: list, tm: list, den, den_m, tbar, tbar_m, single: int | None) -> tuple[list, list]:
     """b_ij = (t_ij - tbar_i) / D_i and its magnitude over a normalised row's keys (0 at
     the index `single`)."""
@@ -336,21 +413,32 @@ def _b_row(t: list, tm: list, den, den_m, tbar, tbar_m, single: int | None) -> t
     return bs, bms
 
 
-def _row_terms(nk: int, js: list, coefs: tuple, wt: list, wtm: list, a: list, am: list):
-    """Row i of e, em, p, pm (over all nk keys, 0 where not used) from coefs = (b_ij,
-    M(b_ij)) over its keys js: e_ij = b_ij wt_ij, p_ij = b_ij A_ij (wt: c w_ij weight_ij)."""
-    zero = mpmath.mp.zero
+def _times(s, t):
+    """s t for a scalar t, [s t_m] for a list t (channel gates' per-feature terms)."""
+    return [s * u for u in t] if isinstance(t, list) else s * t
+
+
+def _row_terms(nk: int, js: list, coefs: tuple, wt: list, wtm: list, a: list, am: list, blank):
+    """Row i of e, em, p, pm (over all nk keys, `blank` where not used) from coefs = (b_ij,
+    M(b_ij)) over its keys js: e_ij = b_ij wt_ij, p_ij = b_ij A_ij (wt: c w_ij weight_ij).
+    Channel gates: wt_ij and A_ij are lists over the features m (c W_ijm and A_ijm), and so
+    are e_ij and p_ij; blank is then a list of zeros."""
     bs, bms = coefs
-    e, em, p, pm = ([zero] * nk for _ in range(4))
+    e, em, p, pm = ([blank] * nk for _ in range(4))
     for n, j in enumerate(js):
-        e[j], em[j] = bs[n] * wt[n], bms[n] * wtm[n]
-        p[j], pm[j] = bs[n] * a[n], bms[n] * am[n]
+        e[j], em[j] = _times(bs[n], wt[n]), _times(bms[n], wtm[n])
+        p[j], pm[j] = _times(bs[n], a[n]), _times(bms[n], am[n])
     return e, em, p, pm
+
+
+def _channel(rows: list, m: int) -> list:
+    """Feature m of rows of per-feature lists (channel gates' p_ijm as p_ij)."""
+    return [[t[m] for t in row] for row in rows]
 
 
 def _gate_gradients(p: list, pm: list) -> tuple[list, list]:
     """dL/dg_t = sum_{i >= t} R_i(t), R_i(t) = sum_{j < t} p_ij (p_ij = b_ij A_ij), in
-    O(N^2), and the magnitude of this sum."""
+    O(N^2), and the magnitude of this sum (one channel m of channel gates: p_ijm)."""
     zero = mpmath.mp.zero
     n = len(p)
     dg, direct = [zero] * n, [zero] * n
@@ -364,7 +452,8 @@ def _gate_gradients(p: list, pm: list) -> tuple[list, list]:
 
 def _gate_magnitudes(pm: list) -> list:
     """The magnitude of dL/dg_t through the prefix sums' backward (the general
-    evaluation's), sum_{s >= t} (sum_j |p_sj| + sum_i |p_is|) in magnitudes pm."""
+    evaluation's), sum_{s >= t} (sum_j |p_sj| + sum_i |p_is|) in magnitudes pm (per
+    channel for channel gates)."""
     mp = mpmath.mp
     through, after = [mp.zero] * len(pm), mp.zero
     for s in reversed(range(len(pm))):
@@ -414,16 +503,31 @@ def _head(
         rounding = mp.mpf(2) ** -prec * roundings(x, spec)
         zero = mp.zero
         ags, avs = _abs(gs), _abs(vs)
+        channel = spec.decay == "channel-gates"
+        if channel:
+            gated = _channel_gates(x, b, h)
+            c = 1 / mp.sqrt(d) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
         # e_ij = b_ij c w_ij weight_ij, r_ij = A_ij / D_i and p_ij = b_ij A_ij (dL/dg's
-        # terms), 0 where key j is not used
-        e, em, r, rm, p, pm = ([[zero] * nk for _ in range(nq)] for _ in range(6))
+        # terms), 0 where key j is not used; e and p are lists over the features m for
+        # channel gates (e_ijm = b_ij c W_ijm, p_ijm = b_ij A_ijm)
+        blank = [zero] * d if channel else zero
+        e, em, p, pm = ([[blank] * nk for _ in range(nq)] for _ in range(4))
+        r, rm = ([[zero] * nk for _ in range(nq)] for _ in range(2))
         changed = {}  # row i: its (e, em, p, pm) without the shortcut, where one applies
         nan_rows, bad_rows = [], []
         for i in range(nq):
             js = list(allowed_keys(i, nk, spec.causal))
-            f, fm = _factors(x, spec, b, h, i, len(js))
-            a = [kern.a[i][j] * fj for j, fj in zip(js, f)]
-            am = [kern.am[i][j] * fj for j, fj in zip(js, fm)]
+            if channel:
+                a, am, wt, wtm, terms, terms_m = _channel_row(kern, gated, c, i, js)
+            else:
+                f, fm = _factors(x, spec, b, h, i, len(js))
+                a = [kern.a[i][j] * fj for j, fj in zip(js, f)]
+                am = [kern.am[i][j] * fj for j, fj in zip(js, fm)]
+                terms, terms_m = a, am
+                wt, wtm = f, fm
+                if kern.wt[i] is not None:
+                    wt = [fn * kern.wt[i][j] for j, fn in zip(js, f)]
+                    wtm = [fn * kern.wtm[i][j] for j, fn in zip(js, fm)]
             t = [mp.fdot(gs[i], vs[j]) for j in js]
             tm = [mp.fdot(ags[i], avs[j]) for j in js]
             den, den_m = mp.one, zero  # unnormalised: D_i = 1, b_ij = t_ij
@@ -447,16 +551,13 @@ def _head(
                 if single is not None:
                     coefs = _b_row(t, tm, den, den_m, t[single], tm[single], single)
             aden = abs(den)
-            wt, wtm = f, fm
-            if kern.wt[i] is not None:
-                wt = [fn * kern.wt[i][j] for j, fn in zip(js, f)]
-                wtm = [fn * kern.wtm[i][j] for j, fn in zip(js, fm)]
             for n, j in enumerate(js):
                 r[i][j] = a[n] / den
                 rm[i][j] = (am[n] + abs(r[i][j]) * den_m) / aden
-            e[i], em[i], p[i], pm[i] = _row_terms(nk, js, coefs, wt, wtm, a, am)
+            weights = (wt, wtm, terms, terms_m, blank)
+            e[i], em[i], p[i], pm[i] = _row_terms(nk, js, coefs, *weights)
             if general and coefs is not general_coefs:
-                changed[i] = _row_terms(nk, js, general_coefs, wt, wtm, a, am)
+                changed[i] = _row_terms(nk, js, general_coefs, *weights)
 
         rT, rmT = _transpose(r), _transpose(rm)
         gs_cols, ags_cols = _transpose(gs), _transpose(ags)
@@ -492,10 +593,18 @@ def _head(
             if general:
                 pm_general = [changed[i][3] if i in changed else row for i, row in enumerate(pm)]
                 general_mags["g"] = _nearest([_gate_magnitudes(pm_general)])[0]
+        elif channel:  # channel m's p_ijm as the scalar gates' p_ij: (N, d) rows
+            per = [_gate_gradients(_channel(p, m), _channel(pm, m)) for m in range(d)]
+            dg, dg_m = _transpose([g for g, _ in per]), _transpose([gm for _, gm in per])
+            result["g"] = _rounded(dg, dg_m, rounding)
+            if general:
+                pm_general = [changed[i][3] if i in changed else row for i, row in enumerate(pm)]
+                through = [_gate_magnitudes(_channel(pm_general, m)) for m in range(d)]
+                general_mags["g"] = _nearest(_transpose(through))
         # unresolved rows first: a key also used by a 0/0 row is NaN for certain
         for i in bad_rows + nan_rows:
             keys = list(allowed_keys(i, nk, spec.causal))
-            at = {"q": [i], "k": keys, "v": keys, "g": list(range(i + 1))}
+            at = {"q": [i], "k": keys, "v": keys, "g": list(range(i + 1))}  # g: all channels
             for name in result:
                 result[name][0][at[name]] = result[name][2][at[name]] = np.nan
                 result[name][1][at[name]] = i in nan_rows
@@ -524,7 +633,8 @@ def _refined_head(
     """Head (b, h) of exact_gradients, {name: float64 values}, starting at `prec` bits
     (compared with 2 prec first); `first`: _head's result at `prec` where already made."""
     _, _, nq, nk, d, dv = x.shape
-    shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv), "g": (nk,)}
+    g_shape = (nk, d) if spec.decay == "channel-gates" else (nk,)
+    shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv), "g": g_shape}
     shapes = {name: shapes[name] for name in gradient_names(spec)}
     out = {name: np.empty(shape) for name, shape in shapes.items()}
     done = {name: np.zeros(shape, dtype=bool) for name, shape in shapes.items()}
@@ -588,7 +698,8 @@ def exact_gradients(
 ) -> dict[str, np.ndarray]:
     """For the loss L = sum(out * g_out) (g_out of out's shape (B, H, Nq, dv), float64 taken
     exactly), the exact dL/dq, dL/dk, dL/dv, each faithfully rounded to float64 (keys "q",
-    "k", "v"), and for a gates spec dL/dg of the log-gates (key "g", (B, H, N)). The decay
+    "k", "v"), and for a gates (channel-gates) spec dL/dg of the log-gates (key "g", their
+    shape (B, H, N) ((B, H, N, d))). The decay
     is x's (validate(..., decay)); W and gamma are held fixed. NaN where a row's
     denominator is exactly 0 (see the module docstring)."""
     return _refined_gradients(x, spec, _check_g_out(x, g_out), DEFAULT_PREC, max_prec)
@@ -634,7 +745,8 @@ def reference_gradients(
     q: Any, k: Any, v: Any, g_out: Any, spec: Spec, projection: Any = None, decay: Any = None
 ) -> dict[str, np.ndarray]:
     """Like reference.reference() for the gradients: validates q, k, v (and W, g_out, and
-    the decay: gamma (H,) or the log-gates g (B, H, N), as validate takes it) for `spec`,
+    the decay: gamma (H,) or the log-gates g (B, H, N), or (B, H, N, d) for channel gates,
+    as validate takes it) for `spec`,
     then exact_gradients. Torch tensors or numpy arrays of any judged dtype, taken
     exactly."""
     return exact_gradients(validate(q, k, v, spec, projection, decay), spec, g_out)

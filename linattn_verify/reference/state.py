@@ -23,6 +23,7 @@ from .balls import (
     channel_growth,
     decay_weights,
     features,
+    masked,
     working_precision,
 )
 from .common import MAX_PREC, ReferenceAccuracyError
@@ -146,18 +147,23 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: i
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
         fq = features(head.q, range(n), head, spec.feature_map)
         fk = features(head.k, range(n), head, spec.feature_map)
-        into, last = _from_start(head, spec), [arb(1)] * n
-        if spec.decay is not None:
-            last = decay_weights(head, [n - 1], spec.decay)[0]
-        left = arb_mat([[c * into[i] * t for t in fq[i]] for i in range(n)])
-        keys = arb_mat([[last[j] * t for t in fk[j]] for j in range(n)])
+        into = _from_start(head, spec, len(fk[0]))  # W_im
+        last = [[end / t for end, t in zip(into[-1], row, strict=True)] for row in into]
+        left = arb_mat([[c * e * t for e, t in zip(into[i], fq[i])] for i in range(n)])
+        keys = arb_mat([[e * t for e, t in zip(last[j], fk[j])] for j in range(n)])
         dv = keys * arb_mat(balls(g_state))
+        carried = arb_mat([[e * t for t in row] for e, row in zip(into[-1], balls(g_state))])
         if given is None:
-            ds = left.transpose() * arb_mat(balls(g_out)) + arb_mat(balls(g_state)) * into[-1]
+            ds = left.transpose() * arb_mat(balls(g_out)) + carried
             return tuple(_rounded(m) for m in (ds, dv))
         s0, z0, g_z = given
-        weights = _causal_weights(head, spec)
-        sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
+        if spec.decay == "channel-gates":
+            up, down = channel_gated(fq, fk, head)
+            sims = masked((arb_mat(up) * arb_mat(down).transpose()).tolist(), range(n), True)
+            weights = [[arb(1)] * n] * n
+        else:
+            weights = _causal_weights(head, spec)
+            sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
         sim = arb_mat([[c * s * w for s, w in zip(r, wr)] for r, wr in zip(sims, weights)])
         vz = arb_mat([[*row, arb(1)] for row in balls(head.v)])
         s0z = arb_mat([[*row, arb(z)] for row, z in zip(balls(s0), z0.tolist())])
@@ -172,8 +178,8 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: i
         scaled = arb_mat([[t / den for t in row] for row, den in zip(gs, dens)])
         dots = arb_mat([[-sum((t * o for t, o in zip(row, out)), arb(0))]
                         for row, out in zip(scaled.tolist(), outs)])  # fmt: skip
-        ds = left.transpose() * scaled + arb_mat(balls(g_state)) * into[-1]
-        dz = left.transpose() * dots + arb_mat([[arb(t)] for t in g_z.tolist()]) * into[-1]
+        ds = left.transpose() * scaled + carried
+        dz = left.transpose() * dots + arb_mat([[e * t] for e, t in zip(into[-1], g_z.tolist())])
         columns = arb_mat([[den] for den in dens])
         return tuple(_rounded(m) for m in (ds, dv, dz, columns, arb_mat(outs)))
 
@@ -190,18 +196,21 @@ def _causal_weights(head: Head, spec: Spec) -> list[list[arb]]:
     return [[arb(1) if j <= i else arb(0) for j in range(n)] for i in range(n)]
 
 
-def _from_start(head: Head, spec: Spec) -> list:
-    """W_i: the decay from before the first token to token i (1 without a decay)."""
+def _from_start(head: Head, spec: Spec, f: int) -> list[list[arb]]:
+    """W_im: the decay from before the first token to token i, per feature channel m of f
+    (1 without a decay; one value for every channel but with channel gates, exp(G_im))."""
     n = head.q.shape[0]
     if spec.decay is None:
-        return [arb(1)] * n
+        return [[arb(1)] * f] * n
+    if spec.decay == "channel-gates":
+        return channel_growth(head)
     if spec.decay == "constant":
         gamma, out = arb(float(head.decay)), []
         for _ in range(n):
             out.append((out[-1] if out else arb(1)) * gamma)
-        return out
+        return [[t] * f for t in out]
     total, out = arb(0), []
     for g in head.decay.tolist():
         total += g
         out.append(total.exp())
-    return out
+    return [[t] * f for t in out]
