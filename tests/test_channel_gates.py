@@ -16,6 +16,7 @@ import torch
 from linattn_verify.accuracy.bound import scale_and_bound, state_bound
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import Case
+from linattn_verify.checks import GRAD_CHECKS
 from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.implementations.forms import attention, attention_varlen
 from linattn_verify.implementations.golden import golden_attention
@@ -24,6 +25,8 @@ from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 from linattn_verify.reference.state import exact_state, exact_state_gradients
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
+from linattn_verify.under_test import resolve
+from tests.zoo import gla
 
 SPECS = [
     Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="channel-gates"),
@@ -158,3 +161,37 @@ def test_state_gradients_match_autograd_of_the_recurrence(spec: Spec):
     np.testing.assert_allclose(exact.v, dv.numpy(), rtol=1e-12, atol=1e-12)
     if spec.normalize:
         np.testing.assert_allclose(exact.z0, dz0.numpy(), rtol=1e-12, atol=1e-12)
+
+
+class _ShiftedGateGradient(torch.autograd.Function):
+    """The zoo's chunked GLA, its backward through autograd but dL/dg_t replaced by
+    dL/dg_(t+1) (an exclusive reverse cumsum: backward only)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g):
+        ctx.save_for_backward(q, k, v, g)
+        return gla.gla_chunked(q, k, v, g)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        leaves = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            dq, dk, dv, dg = torch.autograd.grad(gla.gla_chunked(*leaves)[0], leaves, grad)
+        return dq, dk, dv, torch.cat([dg[:, :, 1:], torch.zeros_like(dg[:, :, :1])], 2)
+
+
+def _shifted_dg(q, k, v, g):
+    return _ShiftedGateGradient.apply(q, k, v, g)
+
+
+def test_gradient_checks_judge_dg_of_channel_gates():
+    """The gradient checks pass the zoo's correct chunked GLA kernel (dq, dk, dv, dg and the
+    carried state's gradients within their bounds) and reject a dg one token off."""
+    case = Case(1, 2, 33, 4, 3, "float32", "normal", 1.0, 7, None, "cpu")
+    claim = {"feature_map": "identity", "causal": True, "normalize": False}
+    claim["decay"] = "channel-gates"
+    correct = resolve(gla.gla_chunked, state="S", **claim)
+    for name in ("gradient", "state-gradient"):
+        assert GRAD_CHECKS[name](correct, case).passed, name
+    found = GRAD_CHECKS["gradient"](resolve(_shifted_dg, **claim), case)
+    assert not found.passed and "dg" in found.message, found.message

@@ -29,7 +29,8 @@ class Entry:
     returns (out, final_state)), or None. varlen: fn also takes packed batches
     (--varlen: fn(q, k, v, cu_seqlens=None)).
     decay: the decay of the spec it claims (specs.DECAYS: "constant", fn(q, k, v,
-    gamma=(H,)), or "gates", fn(q, k, v, g=(B, H, N))), or None. normalize: False for an
+    gamma=(H,)), "gates", fn(q, k, v, g=(B, H, N)), or "channel-gates", fn(q, k, v,
+    g=(B, H, N, d))), or None. normalize: False for an
     unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). triton: its
     kernels are Triton code, run in Triton's interpreter (--triton interpret).
     """
@@ -57,7 +58,18 @@ class Entry:
 # The entry modules import Entry from here, so they come after its definition.
 import importlib.util  # noqa: E402
 
-from . import backward, broken, correct, decay, long, state, subtle, textbook, varlen  # noqa: E402
+from . import (  # noqa: E402
+    backward,
+    broken,
+    correct,
+    decay,
+    gla,
+    long,
+    state,
+    subtle,
+    textbook,
+    varlen,
+)
 
 # the Triton kernels need triton (pyproject's `triton` extra, which CI installs)
 if importlib.util.find_spec("triton") is not None:
@@ -77,6 +89,7 @@ ZOO: tuple[Entry, ...] = (
     + state.ENTRIES
     + varlen.ENTRIES
     + decay.ENTRIES
+    + gla.ENTRIES
     + TRITON_ENTRIES
 )
 
