@@ -9,6 +9,8 @@ for decays whose rounding or range a kernel gets wrong:
   apart overflows as the prefix sums G run to -20 N: fla PR #649, executorch PR #21417);
 - decays of about e^-1 a token: prefix sums spanning tens to thousands, where accumulating
   them in a low precision loses the decay of nearby tokens.
+Channel gates take each rate at 2^(1 - m mod 4) times it in key channel m (Case.decay): strong
+and weak channels in every case.
 """
 
 from __future__ import annotations

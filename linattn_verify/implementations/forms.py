@@ -206,7 +206,8 @@ def attention(
     q, k: (B, H, N, d), v: (B, H, N, dv); any floating dtype, any strides, CPU or CUDA;
     projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype.
     normalize, scale, decay: the spec's (specs.Spec); a decay's values are gamma (H,) for
-    "constant" and the log-gates g (B, H, N) for "gates" (decayed.py's forms).
+    "constant" and the log-gates g, (B, H, N) for "gates" and (B, H, N, d) for
+    "channel-gates" (decayed.py's forms).
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay)
     check_tensors(q, k, v, spec, projection)

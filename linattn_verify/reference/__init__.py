@@ -62,7 +62,7 @@ def reference(
     float32 or float64, taken exactly as they are. Rows whose denominator is exactly zero
     (relu with eps = 0) are NaN: the definition is 0/0 there. normalize, scale and decay
     are the spec's (specs.Spec); a decay's values are gamma (H,) for "constant" and the
-    log-gates g (B, H, N) for "gates".
+    log-gates g, (B, H, N) for "gates" and (B, H, N, d) for "channel-gates".
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay)
     values = decay_values(spec, gamma, g)
