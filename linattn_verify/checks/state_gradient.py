@@ -10,7 +10,11 @@ plausible prefix, so that the normaliser stays away from 0),
   must be 0: the final state does not depend on the queries) against the exact ones of
   reference/state.py's exact_state_gradients, within accuracy/bound.py's
   state_gradient_bound (fla #1140 / PR #1141: dht and dh0 wrong for short chunks while the
-  forward is exact).
+  forward is exact);
+- dL_S/dk and, for gates and channel gates, dL_S/dg of the final state's terms alone
+  against reference/final_state.py's exact ones, within the gradient bound gamma_n M
+  (accuracy/gradient.py): a backward whose dk or dg misses dht's share is caught here (a
+  constant decay's gamma is held fixed, as RetNet fixes it: no dgamma to judge).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import numpy as np
 import torch
 
 from ..accuracy.bound import state_gradient_bound
+from ..accuracy.gradient import judge_gradients
 from ..cases import Case
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ..reference.common import ReferenceAccuracyError
+from ..reference.final_state import final_state_gradients
+from ..reference.grad import roundings
 from ..reference.state import exact_state, exact_state_gradients
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, inputs_of
@@ -36,13 +43,15 @@ def _draw(like: torch.Tensor, shape: tuple[int, ...], case: Case, salt: int) -> 
 
 
 def _backward(impl: Implementation, q, k, v, w, decay, initial, cotangents, g_out):
-    """(dq, dv, d initial...) of sum(out * g_out) + sum(final * cotangents) through the
-    kernel's autograd (g_out None: the final state's terms alone), as float64 arrays;
-    initial and cotangents: the state's parts, (S,) or (S, z)."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, v, *initial)]
-    state = leaves[2] if len(initial) == 1 else tuple(leaves[2:])
+    """(dq, dk, dv, dg (zeros without gates), d initial...) of sum(out * g_out) + sum(final *
+    cotangents) through the kernel's autograd (g_out None: the final state's terms alone),
+    as float64 arrays; initial and cotangents: the state's parts, (S,) or (S, z)."""
+    gates = decay if impl.spec.gated else torch.zeros(())
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, gates, *initial)]
+    state = leaves[4] if len(initial) == 1 else tuple(leaves[4:])
+    given_decay = leaves[3] if impl.spec.gated else decay
     with torch.enable_grad():
-        out, final = impl.call_state(leaves[0], k, leaves[1], w, state, decay=decay)
+        out, final = impl.call_state(leaves[0], leaves[1], leaves[2], w, state, decay=given_decay)
         parts = state_parts(final, impl.spec)
         loss = sum((f * c).sum() for f, c in zip(parts, cotangents, strict=True))
         loss = loss + (0 if g_out is None else (out * g_out).sum())
@@ -72,6 +81,19 @@ def _beyond(what: str, got, want: np.ndarray, bound: np.ndarray, dtype) -> str |
     )
 
 
+def _keys_and_gates(x, spec, dtype: str, exact_and_mags: tuple, grads: dict) -> str | None:
+    """dL_S/dk (and dL_S/dg of gates) judged against the exact ones (final_state.py) by
+    the a-priori gradient bound, gamma_n M (accuracy/gradient.py; n: grad.roundings, a
+    generous count for the state's shorter paths), or what goes beyond it."""
+    exact, mags = exact_and_mags
+    got = {name: grads[name] for name in exact}
+    verdict = judge_gradients(got, exact, mags, dtype, UNIT_ROUNDOFF[dtype], roundings(x, spec))
+    if verdict.passed:
+        return None
+    names = " and ".join(f"dL_S/d{name}" for name in exact)
+    return f"{names} (from the final state alone): {verdict.message}"
+
+
 def _initial(impl: Implementation, case: Case, x, like) -> tuple[torch.Tensor, ...]:
     """The initial state's parts, each in the dtype and device of the kernel's own: N(0, 1)
     for S alone, the exact state of the case's sequence for (S, z)."""
@@ -83,8 +105,8 @@ def _initial(impl: Implementation, case: Case, x, like) -> tuple[torch.Tensor, .
 
 @check("state-gradient")
 def state_gradient(impl: Implementation, case: Case) -> Outcome:
-    """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv (and dL_S/dq = 0) within their
-    bounds of the exact ones."""
+    """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv, dL_S/dk (and dL_S/dg; dL_S/dq =
+    0) within their bounds of the exact ones."""
     spec = impl.spec
     (q, k, v, w), x = inputs_of(case, spec)
     decay = case.decay(spec.decay)
@@ -99,6 +121,8 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
         exact = exact_state_gradients(
             x, spec, as_array(g_out), arrays[0], g_z, given if spec.normalize else None
         )
+        initial_parts = (given[0], given[1] if spec.normalize else None)
+        keys_and_gates = final_state_gradients(x, spec, arrays[0], g_z, initial_parts)
     except ReferenceAccuracyError as err:
         return Outcome(True, f"not judged: {err}")
     normalised = (g_z, given, exact) if spec.normalize else None
@@ -113,11 +137,12 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
             f"not judged in {case.dtype}: every bound is infinite (n u >= 1, or each row's "
             "normaliser within its error of 0)",
         )
-    d_initial = _backward(impl, q, k, v, w, decay, initial, cotangents, g_out)[2:]
-    dq, dv = _backward(impl, q, k, v, w, decay, initial, cotangents, None)[:2]
+    d_initial = _backward(impl, q, k, v, w, decay, initial, cotangents, g_out)[4:]
+    dq, dk, dv, dg = _backward(impl, q, k, v, w, decay, initial, cotangents, None)[:4]
     problems = [
         _beyond("dL/dS_0", d_initial[0], exact.s0, bound_s, own[0].dtype),
         _beyond("dL_S/dv (from the final state alone)", dv, exact.v, bound_v, v.dtype),
+        _keys_and_gates(x, spec, case.dtype, keys_and_gates, {"k": dk, "g": dg}),
     ]
     if spec.normalize:
         problems.append(_beyond("dL/dz_0", d_initial[1], exact.z0, bound_z, own[1].dtype))
@@ -130,4 +155,5 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
     names = "dL/dS_0, dL/dz_0" if spec.normalize else "dL/dS_0"
     unjudged = sum(int((~np.isfinite(b)).sum()) for b in bounds)
     rest = f" ({unjudged} element(s) not judged: their bound is infinite)" * bool(unjudged)
-    return Outcome(True, f"{names} and the final state's dL_S/dv within their bounds" + rest)
+    of_state = "dL_S/dv, dL_S/dk" + ", dL_S/dg" * spec.gated
+    return Outcome(True, f"{names} and the final state's {of_state} within their bounds" + rest)

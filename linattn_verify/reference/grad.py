@@ -187,7 +187,7 @@ def _nearest(rows: list) -> np.ndarray:
     return np.array([[nearest(t) for t in row] for row in rows])
 
 
-class _Kernel:
+class Kernel:
     """The per-map part at the working precision: a_ij and its magnitude, the weight that
     turns b_ij into the coefficient e_ij of the q/k derivative, and the sums over keys
     (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T."""
@@ -308,9 +308,9 @@ class _Kernel:
         else:
             u = [mp.fdot(coef, col) for col in cols]
             um = [mp.fdot(coef_m, col) for col in mcols]
-        return self._jt(side, n, u, um)
+        return self.jt(side, n, u, um)
 
-    def _jt(self, side: str, n: int, u: list, um: list) -> tuple[list, list]:
+    def jt(self, side: str, n: int, u: list, um: list) -> tuple[list, list]:
         """J_phi(x)^T u and its magnitude for row n of side "q" or "k", for u (and
         magnitudes um) over the features."""
         mp = mpmath.mp
@@ -370,7 +370,7 @@ def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
     return prefix, spreads
 
 
-def _channel_row(kern: _Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
+def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
     """Row i of a channel-gated spec over its keys js: A_ij = c sum_m phi(q_i)_m phi(k_j)_m
     W_ijm (W_ijm = exp(G_im - G_jm), formed as mp._channel_gated forms it) and M(A_ij); the
     weights c W_ijm (lists over m) that turn b_ij into e_ijm and their magnitudes c W_ijm
@@ -499,7 +499,7 @@ def _head(
 
         qs, ks, vs, gs = conv(x.q[b, h]), conv(x.k[b, h]), conv(x.v[b, h]), conv(g_out[b, h])
         w = None if x.projection is None else conv(x.projection)
-        kern = _Kernel(spec, qs, ks, w)
+        kern = Kernel(spec, qs, ks, w)
         rounding = mp.mpf(2) ** -prec * roundings(x, spec)
         zero = mp.zero
         ags, avs = _abs(gs), _abs(vs)
@@ -613,7 +613,7 @@ def _head(
         return result, general_mags
 
 
-def _agree(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+def agree(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Elements within one ulp of each other at p and 2p (NaN agreeing with NaN)."""
     with np.errstate(invalid="ignore"):
         close = np.abs(low - high) <= np.spacing(np.abs(high))
@@ -652,7 +652,7 @@ def _refined_head(
         high, _ = _head(x, spec, g_out, b, h, 2 * p)
         for name in shapes:
             vals, ok, _ = high[name]
-            new = ~done[name] & ok & _agree(low[name], vals)
+            new = ~done[name] & ok & agree(low[name], vals)
             out[name][new] = vals[new]
             done[name] |= new
         if all(done[name].all() for name in shapes):

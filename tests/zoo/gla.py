@@ -122,6 +122,34 @@ def gla_last_decay_missing(q, k, v, g, initial_state=None):
     return _gla_chunked(q, k, v, g, initial_state, flaw="last-decay-missing")
 
 
+class _DgWithoutState(torch.autograd.Function):
+    """gla_chunked's (out, S), its backward through autograd but dL/dg from the output's
+    cotangent alone: the final state's (dht's) share of dg dropped."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, s0):
+        ctx.save_for_backward(q, k, v, g, s0)
+        return _gla_chunked(q, k, v, g, s0)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_s):
+        leaves = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out, s = _gla_chunked(*leaves)
+            grads = torch.autograd.grad((out, s), leaves, (grad_out, grad_s), retain_graph=True)
+            (dg,) = torch.autograd.grad(out, leaves[3], grad_out)
+        return (*grads[:3], dg, grads[4])
+
+
+def gla_dg_without_state(q, k, v, g, initial_state=None):
+    """BUG (backward only): dL/dg misses the final state's cotangent (dht's share of dg:
+    every gate decays the keys before it into the final state); forward, dq, dk, dv and
+    dh0 are right."""
+    if initial_state is None:
+        initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    return _DgWithoutState.apply(q, k, v, g, initial_state)
+
+
 def _entry(name, fn, broken: bool, bug: str, caught_by=(), **kw) -> Entry:
     return Entry(name, fn, "identity", True, broken, bug, caught_by=caught_by,
                  decay="channel-gates", normalize=False, **kw)  # fmt: skip
@@ -143,4 +171,7 @@ ENTRIES = (
            "the gates' prefix sums in float16/bfloat16", ("decay",)),
     _entry("gla-last-decay-missing", gla_last_decay_missing, True,
            "the final state misses the last chunk's decay", ("final-state",), state="S"),
+    _entry("gla-dg-without-state", gla_dg_without_state, True,
+           "dg misses the final state's share (backward only)", ("state-gradient",),
+           state="S", grad=True),
 )  # fmt: skip
