@@ -22,7 +22,8 @@ share of dk and dg (fla #1140: the final state's cotangent must reach every inpu
 Magnitudes M, for the judgement (accuracy/gradient.py), by grad.py's first-order rules:
 M(r_jm) = |G_S[m]| . |v_j| + |G_z[m]|, M(u_jm) = w (1 + M(ln w)) M(r_jm) (M(ln w) <= 2
 sum_t |g_t| of the largest channel, the prefix sums'), J^T's magnitudes from grad.Kernel,
-M(dL_S/dg_t) the same sums over |terms|.
+M(dL_S/dg_t) that of the evaluation through the prefix sums' reverse cumulative sum
+(_gate_gradients).
 
 Precision control: every element at p and 2p bits (p = 113 first), accepted where the two
 roundings agree within one ulp (grad.agree), recomputed at 4p, ... until MAX_PREC
@@ -165,17 +166,28 @@ def _decays(x: AttentionInputs, spec: Spec, b: int, h: int, n: int, f: int):
 
 
 def _gate_gradients(p, p_m, into, carried, carried_m, spread):
-    """dL_S/dg_tm = W_(N-1, m) c_m + sum_(j<t) p_jm per token and feature, and magnitudes."""
+    """dL_S/dg_tm = W_(N-1, m) c_m + sum_(j<t) p_jm per token and feature, and magnitudes:
+    those of the evaluation autograd makes through the prefix sums, dL_S/dg_t = sum_(s>=t)
+    dL_S/dG_s with dL_S/dG_s = -p_s + [s = N-1] (W_(N-1) c + sum_j p_j), M = W M(c) +
+    sum_j M(p_j) + sum_(s>=t) M(p_s), no smaller than the direct sum's (grad.py's rule for
+    dL/dg)."""
     n, f = len(p), len(into)
+    total_m = [
+        into[m] * spread * carried_m[m] + mpmath.mp.fsum(r[m] for r in p_m) for m in range(f)
+    ]
     dg, dg_m = [], []
     running = [into[m] * carried[m] for m in range(f)]
-    running_m = [into[m] * spread * carried_m[m] for m in range(f)]
+    after = list(total_m)  # total_m + sum_(s>=t) M(p_s), from t = N - 1 down
+    suffix = []
+    for t in reversed(range(n)):
+        after = [a + b for a, b in zip(after, p_m[t], strict=True)]
+        suffix.append(after)
+    suffix.reverse()
     for t in range(n):
         if t:
             running = [a + b for a, b in zip(running, p[t - 1], strict=True)]
-            running_m = [a + b for a, b in zip(running_m, p_m[t - 1], strict=True)]
         dg.append(list(running))
-        dg_m.append(list(running_m))
+        dg_m.append(suffix[t])
     return dg, dg_m
 
 
