@@ -1,5 +1,6 @@
 """Time and memory to a verdict: vet's default plan (long context and envelope included) on
-small O(N) kernels in plain torch, with and without --grad, assert_linear_attention with its
+small O(N) kernels in plain torch, with and without --grad, GLA's channel gates (the zoo's
+chunked kernel and the built-in form, --state --grad), assert_linear_attention with its
 defaults, and a kernel that materialises N x N weights under a claim of linear cost.
 
     python benchmarks/bench_vet.py [--only NAME ...] [--json PATH]
@@ -26,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VET = [sys.executable, "-m", "linattn_verify", "vet"]
 ELU_CAUSAL = ["--feature-map", "elu", "--causal"]
+GLA = ["--feature-map", "identity", "--causal", "--no-normalize", "--decay", "channel-gates"]
 ASSERT = (
     "from linattn_verify.testing import assert_linear_attention\n"
     "from tests.zoo.textbook import elu_cumsum\n"
@@ -41,6 +43,10 @@ RUNS = (
                "performer-positive"], 60, 0),
     ("favor --grad", [*VET, "tests.zoo.textbook:favor_global_max", "--feature-map",
                       "performer-positive", "--grad"], 90, 0),
+    ("gla-chunked --state S --grad", [*VET, "tests.zoo.gla:gla_chunked", *GLA, "--state", "S",
+                                     "--grad"], 90, 0),
+    ("built-in chunked GLA --state --grad", [*VET, *GLA, "--scale", "d^-0.5", "--form",
+                                             "chunked", "--state", "--grad"], 90, 0),
     ("assert_linear_attention elu-cumsum", [sys.executable, "-c", ASSERT], 60, 0),
     ("N x N claiming linear", [*VET, "tests.zoo.long:quadratic_weights", *ELU_CAUSAL], 60, 1),
 )  # fmt: skip
