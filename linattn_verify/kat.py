@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -35,7 +36,7 @@ from .cases import Case
 from .inputs import UNIT_ROUNDOFF, validate
 from .reference.arb import arb_decimal
 from .regimes import magnitude_range, regime_of
-from .specs import FEATURE_MAPS, Spec, SpecError
+from .specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, RSQRT_D, Spec, SpecError
 from .under_test import Implementation, ImplementationFailure
 
 GENERATOR_VERSION = 1
@@ -148,8 +149,41 @@ def vector_cases(spec: Spec) -> list[tuple[str, Case]]:
     return cases
 
 
-# the maps with published vectors (identity, added after them, has none yet)
+def gated_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
+    """The vectors of a decayed spec: the canonical shapes, cancellation in V, a long
+    sequence, and the decay check's three rates (checks/decay.py): gates next to 1
+    (e^-(2^-22) a token), next to 0 (e^-20: the state erased in a token) and of about e^-1
+    (prefix sums spanning tens)."""
+    return [
+        ("n1-float32", Case(1, 1, 1, 4, 3, "float32", seed=1)),
+        ("ragged-float32", Case(2, 3, 7, 5, 3, "float32", seed=2)),
+        ("float16", Case(1, 2, 33, 8, 8, "float16", seed=3)),
+        ("bfloat16", Case(1, 2, 17, 4, 6, "bfloat16", seed=4)),
+        ("float64", Case(2, 1, 9, 3, 2, "float64", seed=5)),
+        ("cancel-float32", Case(1, 2, 16, 4, 4, "float32", "cancel", seed=6)),
+        ("decay-near-one-float32", Case(1, 2, 16, 4, 4, "float32", seed=7, decay_rate=2.0**-22)),
+        ("decay-near-zero-float32", Case(1, 2, 16, 4, 4, "float32", seed=8, decay_rate=20.0)),
+        ("decay-wide-float32", Case(1, 2, 64, 4, 4, "float32", seed=9, decay_rate=1.0)),
+        ("long-float32", Case(1, 1, 512, 8, 8, "float32", seed=10)),
+    ]
+
+
+# the maps with published vectors of their plain specs (identity, added after them, has none
+# yet), and the decayed specs with vectors: GLA's channel gates (the other decayed specs'
+# come with the long-context issue)
 KAT_MAPS = tuple(name for name in FEATURE_MAPS if name != "identity")
+DECAYED_KAT_SPECS = (
+    Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="channel-gates"),
+    Spec("elu", causal=True, decay="channel-gates"),
+)
+
+
+def spec_label(spec: Spec) -> str:
+    """The part of a vector's name that names its spec: map, causality, and for a decayed
+    spec unnormalised, scaled, its decay."""
+    words = [spec.feature_map, "causal" if spec.causal else "full"]
+    words += ["unnormalised"] * (not spec.normalize) + ["scaled"] * (spec.scale != 1.0)
+    return "-".join(words + [spec.decay] * (spec.decay is not None))
 
 
 def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
@@ -158,7 +192,10 @@ def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
         for causal in (False, True):
             spec = Spec(name, causal=causal)
             for label, case in vector_cases(spec):
-                yield f"{name}-{'causal' if causal else 'full'}-{label}", spec, case
+                yield f"{spec_label(spec)}-{label}", spec, case
+    for spec in DECAYED_KAT_SPECS:
+        for label, case in gated_vector_cases(spec):
+            yield f"{spec_label(spec)}-{label}", spec, case
 
 
 def _encode(t: torch.Tensor | None) -> dict[str, Any] | None:
@@ -187,22 +224,28 @@ def decode(entry: dict[str, Any] | None) -> torch.Tensor | None:
 def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
     """The vector `name`: inputs from `case`, output from the arb engine."""
     q, k, v, w = case.tensors()
-    x = validate(q, k, v, spec, w)
+    decay = case.decay(spec.decay)
+    x = validate(q, k, v, spec, w, decay)
     out = arb_decimal(x, spec, KAT_DIGITS)
+    described = {"feature_map": spec.feature_map, "causal": spec.causal, "eps": spec.eps}
+    inputs = {"q": _encode(q), "k": _encode(k), "v": _encode(v), "projection": _encode(w)}
+    if not spec.plain:  # a plain vector's bytes are those of generator version 1
+        described |= _decayed_fields(spec) | {"decay_formula": DECAY_SOURCES[spec.decay]}
+        inputs |= {DECAY_ARGUMENTS[spec.decay]: _encode(decay)}
     return {
         "format": FORMAT,
         "generator_version": GENERATOR_VERSION,
         "name": name,
-        "spec": {
-            "feature_map": spec.feature_map,
-            "causal": spec.causal,
-            "eps": spec.eps,
-            "formula": spec.info.source,
-        },
+        "spec": described | {"formula": spec.info.source},
         "case": json.loads(case.to_json()),
-        "inputs": {"q": _encode(q), "k": _encode(k), "v": _encode(v), "projection": _encode(w)},
+        "inputs": inputs,
         "output": {"shape": list(out.shape), "digits": KAT_DIGITS, "values": out.ravel().tolist()},
     }
+
+
+def _decayed_fields(spec: Spec) -> dict[str, Any]:
+    """What a vector's spec and manifest entry say beyond map, causality and eps."""
+    return {"normalize": spec.normalize, "scale": spec.scale, "decay": spec.decay}
 
 
 def _dumps(payload: Any) -> bytes:
@@ -217,6 +260,7 @@ def _entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, Any]:
         "feature_map": spec.feature_map,
         "causal": spec.causal,
         "eps": spec.eps,
+        **_decayed_fields(spec),
         "dtype": case.dtype,
         "shape_B_H_N_d_dv": [case.b, case.h, case.n, case.d, case.dv],
         "m": case.m,
@@ -329,11 +373,10 @@ def _fields_match(path: Path, entry: dict[str, Any], data: bytes) -> list[str]:
     """The vector file's own fields against its manifest entry."""
     try:
         vector = json.loads(data)
-        spec = vector["spec"]
+        spec = _spec_of(vector)
         same = (
             vector["name"] == entry["name"]
-            and (spec["feature_map"], spec["causal"], spec["eps"])
-            == (entry["feature_map"], entry["causal"], entry["eps"])
+            and spec == _spec_of({"spec": entry})
             and vector["inputs"]["q"]["dtype"] == entry["dtype"]
         )
     except (ValueError, KeyError, TypeError) as err:
@@ -341,18 +384,27 @@ def _fields_match(path: Path, entry: dict[str, Any], data: bytes) -> list[str]:
     return [] if same else [f"{path}: its spec or dtype differs from the manifest entry"]
 
 
-def _inputs(vector: dict[str, Any]) -> tuple[Spec, tuple[torch.Tensor | None, ...]]:
+def _spec_of(vector: dict[str, Any]) -> Spec:
+    """The spec a vector (or a manifest entry, as {"spec": entry}) states: a plain one where
+    it says nothing of normalisation, scale or decay."""
     s = vector["spec"]
-    spec = Spec(s["feature_map"], causal=s["causal"], eps=s["eps"])
+    extra = {key: s[key] for key in ("normalize", "scale", "decay") if key in s}
+    return Spec(s["feature_map"], causal=s["causal"], eps=s["eps"], **extra)
+
+
+def _inputs(vector: dict[str, Any]) -> tuple[Spec, tuple[torch.Tensor | None, ...]]:
+    """The vector's spec and its tensors (q, k, v, projection, decay: None where absent)."""
+    spec = _spec_of(vector)
     ins = vector["inputs"]
-    return spec, tuple(decode(ins[key]) for key in ("q", "k", "v", "projection"))
+    names = ("q", "k", "v", "projection", DECAY_ARGUMENTS.get(spec.decay))
+    return spec, tuple(decode(ins.get(key)) for key in names)
 
 
 def _recompute(path: Path) -> list[str]:
     """Problems with one vector's stored output against a fresh arb computation."""
     vector = json.loads(path.read_text())
-    spec, (q, k, v, w) = _inputs(vector)
-    fresh = arb_decimal(validate(q, k, v, spec, w), spec, KAT_DIGITS).ravel()
+    spec, (q, k, v, w, decay) = _inputs(vector)
+    fresh = arb_decimal(validate(q, k, v, spec, w, decay), spec, KAT_DIGITS).ravel()
     stored = vector["output"]["values"]
     bad = [i for i, (a, b) in enumerate(zip(fresh, stored, strict=True)) if not _agree(a, b)]
     if bad:
@@ -376,8 +428,11 @@ def not_applicable(spec: Spec) -> str | None:
     """Why the known-answer vectors do not judge a kernel of `spec`, or None."""
     if spec.eps != 0:
         return "the known-answer vectors are for eps = 0"
+    if replace(spec, dot_precision=None) in DECAYED_KAT_SPECS:
+        return None
     if not spec.plain:
-        return f"the known-answer vectors are for plain specs, not {spec}"
+        covered = ", ".join(str(s) for s in DECAYED_KAT_SPECS)
+        return f"the known-answer vectors are for plain specs and {covered}, not {spec}"
     if spec.feature_map not in KAT_MAPS:
         return f"no known-answer vectors for {spec.feature_map} yet"
     return None
@@ -392,18 +447,18 @@ def run_vectors(
     exactly; the a-priori bound there, and how many elements exceed their bound. NaN is
     required where the exact value is 0/0 (a number there is an infinite error); an output
     of the wrong type, shape, dtype or device, or an exception, is reported as `problem`."""
-    spec = Spec(impl.spec.feature_map, causal=impl.spec.causal)
+    spec = replace(impl.spec, eps=0.0, dot_precision=None)
     rows = []
     for entry in load_manifest(directory)["vectors"]:
-        if entry["feature_map"] != spec.feature_map or entry["causal"] != spec.causal:
+        if _spec_of({"spec": entry}) != spec:
             continue
         vector = json.loads((Path(directory) / entry["file"]).read_text())
         _, tensors = _inputs(vector)
-        q, k, v, w = (None if t is None else t.to(device) for t in tensors)
+        q, k, v, w, decay = (None if t is None else t.to(device) for t in tensors)
         regime = regime_of(Case(**vector["case"]), spec)
         row = {"name": entry["name"], "dtype": entry["dtype"], "regime": regime}
         try:
-            out = impl(q, k, v, w)
+            out = impl(q, k, v, w, decay)
             problem = _contract_problem(out, q, v)
         except ImplementationFailure as err:  # the implementation's failure is a finding
             problem = str(err)
@@ -413,7 +468,7 @@ def run_vectors(
         exact = np.array(vector["output"]["values"], dtype=object).reshape(tuple(out.shape))
         got = out.detach().to("cpu", torch.float64).numpy()
         u = UNIT_ROUNDOFF[entry["dtype"]]
-        scale, bound = scale_and_bound(validate(q, k, v, spec, w), spec, None, u)
+        scale, bound = scale_and_bound(validate(q, k, v, spec, w, decay), spec, None, u)
         e = _error_units(got, exact, scale, u)
         worst = np.unravel_index(int(np.argmax(e)), e.shape)
         rows.append(

@@ -34,7 +34,7 @@ def test_build_is_byte_for_byte_reproducible_and_matches_the_committed_vectors(t
     kat.build(first, only=_small)
     kat.build(second, only=_small)
     files = sorted(p.name for p in (first / "vectors").iterdir())
-    assert len(files) == 18
+    assert len(files) == 20  # elu-causal-channel-gates among them
     for name in files:
         data = (first / "vectors" / name).read_bytes()
         assert data == (second / "vectors" / name).read_bytes(), name
@@ -122,6 +122,27 @@ def test_run_reports_errors_in_roundoff_units():
     bad = kat.run_vectors(resolve(sees_every_key, feature_map="elu", causal=True), REFERENCES)
     assert max(r["max_error_units"] for r in bad) > 1e3
     assert np.isfinite([r["max_error_units"] for r in rows]).all()
+
+
+def test_channel_gated_vectors_judge_gla_kernels():
+    """The channel-gated vectors (gates next to 1, next to 0, of about e^-1 a token among
+    them) pass the zoo's chunked GLA kernel within their bound and fail one whose chunk
+    prefix sums are exclusive; a decayed spec without vectors is named."""
+    from tests.zoo import gla
+
+    claim = {"feature_map": "identity", "causal": True, "normalize": False}
+    claim["decay"] = "channel-gates"
+    assert kat.not_applicable(resolve(gla.gla_chunked, **claim).spec) is not None  # scale 1
+    claim["scale"] = "d^-0.5"
+
+    def scaled(fn):
+        return lambda q, k, v, g: fn(q * q.shape[-1] ** -0.5, k, v, g)
+
+    chunked = scaled(lambda q, k, v, g: gla.gla_chunked(q, k, v, g)[0])
+    rows = kat.run_vectors(resolve(chunked, **claim), REFERENCES)
+    assert len(rows) == 10 and all(r["outside_bound"] == 0 for r in rows), rows
+    bad = kat.run_vectors(resolve(scaled(gla.gla_exclusive), **claim), REFERENCES)
+    assert sum(r["outside_bound"] for r in bad) > 0
 
 
 def test_run_reports_a_broken_contract_instead_of_judging_it():

@@ -169,7 +169,7 @@ def arb_decimal(
                 with working_precision(prec):
                     vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
                     sums = weighted_sums(head, spec, list(range(nq)), vals, False)
-                    rows = [_decimal_row(row, spec.eps, digits) for row in sums]
+                    rows = [_decimal_row(row, spec, digits) for row in sums]
                 if all(r is not None for r in rows) or prec > max_prec:
                     break
                 prec *= 2
@@ -182,10 +182,10 @@ def arb_decimal(
     return out
 
 
-def _decimal_row(row: list[arb], eps: float, digits: int) -> list[str] | None:
-    """The row's quotients num / (eps + den) as correctly rounded decimal strings, or None
-    if some ball's two ends do not yet round to the same string."""
-    den = row[-1] + eps
+def _decimal_row(row: list[arb], spec: Spec, digits: int) -> list[str] | None:
+    """The row's quotients num / (eps + den) (unnormalised: num) as correctly rounded
+    decimal strings, or None if some ball's two ends do not yet round to the same string."""
+    den = row[-1] + spec.eps if spec.normalize else arb(1)
     if den.is_zero():
         return ["nan"] * (len(row) - 1)
     texts = []
