@@ -111,8 +111,9 @@ def test_the_autotuner_runs_the_chosen_config_and_names_it():
     for variant in (0, 1):
         with triton_interpret.use_config(variant):
             errors[variant] = float((zoo.triton_state_of_16_rows(q, k, v) - exact).abs().max())
-    assert triton_interpret.describe(0).startswith("_chunk_kernel BT=16")
-    assert triton_interpret.describe(1).startswith("_chunk_kernel BT=32")
+    # every autotuned kernel this process has run is named, fla's too when tests ran them
+    assert "_chunk_kernel BT=16" in triton_interpret.describe(0).split("; ")
+    assert "_chunk_kernel BT=32" in triton_interpret.describe(1).split("; ")
     assert errors[0] < 1e-5 < 1 < errors[1]  # its bug is BT = 32's alone
 
 
