@@ -30,6 +30,8 @@ LIBRARY_LIMITS = {
             "fla.retention-parallel",
         )
     },
+    ("fla.gla-chunk", torch.float64): "fla's chunk_gla_fwd_kernel_o does the same (a float64 "
+    "tl.dot into a float32 accumulator, stored through a float64 pointer)",
     **{
         (name, torch.float64): "fast_transformers' causal_product CPU kernel is float32-only"
         for name in (
@@ -105,7 +107,7 @@ def test_fla_naive_files_load_without_importing_fla() -> None:
     implementation(ADAPTERS["fla.linear-attn-naive"])  # skips when fla is not installed
     code = (
         "import sys; from linattn_verify.under_test import resolve; "
-        "resolve('fla.linear-attn-naive'); resolve('fla.based-naive'); "
+        "resolve('fla.linear-attn-naive'); resolve('fla.based-naive'); resolve('fla.gla-naive'); "
         "assert 'fla' not in sys.modules, sorted(m for m in sys.modules if m.startswith('fla'))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

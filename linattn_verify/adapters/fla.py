@@ -4,11 +4,14 @@ own without triton, and the Triton kernels (natively on CUDA, else in Triton's i
 Left out on purpose: fla's naive_chunk_linear_attn (fla/ops/linear_attn/naive.py) hard-codes
 chunks of 64 and raises unless N % 64 == 0; padding the sequence would be more than
 translating, and naive_recurrent_linear_attn in the same file computes the same thing for
-every N. The unnormalised kernels are the simple-GLA ones (identity features, gates);
-linear_attn's normalize=False is that with gates of 0, and naive_retention fixes its gammas
-inside its body (1 - 2^(-5-h)), where no suite's gamma can reach them: not adapted. The
+every N. The unnormalised kernels are the simple-GLA and GLA ones (identity features,
+scalar or channel gates); linear_attn's normalize=False is simple GLA with gates of 0,
+and naive_retention fixes its gammas inside its body (1 - 2^(-5-h)), where no suite's
+gamma can reach them: not adapted. The
 Triton retention functions build the same gammas from torch.arange in their own module,
-where the adapter gives the suite's (_HeadIndices).
+where the adapter gives the suite's (_HeadIndices). fla.ops.gla.fused_chunk_gla is still
+exported in 0.6.0 but is a stub (fla/ops/gla/fused_chunk.py) that raises NotImplementedError
+("deprecated. Please use `chunk_gla` instead"): not adapted.
 """
 
 from __future__ import annotations
@@ -114,6 +117,25 @@ def _load_simple_gla(function: str, state: bool) -> Callable[[], Fn]:
     return load
 
 
+def _load_gla_naive(state: bool) -> Callable[[], Fn]:
+    """fla/ops/gla/naive.py's naive_recurrent_gla(q, k, v, gk) on (B, T, H, K) tensors and
+    per-channel log-gates, the suite's g (B, T, H, K) as its gk; it takes no scale (K^-1/2
+    inside); with `state`, fn(q, k, v, g, initial_state=None) -> (o, S), S [B, H, K, V] as
+    ours (output_final_state=True)."""
+
+    def load() -> Fn:
+        naive = _fla_file("ops/gla/naive.py").naive_recurrent_gla
+        if not state:
+            return lambda q, k, v, g: naive(q, k, v, gk=g)[0]
+
+        def with_state(q, k, v, g, initial_state=None):
+            return naive(q, k, v, gk=g, initial_state=initial_state, output_final_state=True)
+
+        return with_state
+
+    return load
+
+
 def _load_fla_naive_based() -> Fn:
     """fla/ops/based/naive.py, naive_parallel_based(q, k, v) (scale=None -> d^-1/2,
     use_norm=True): (B, H, T, K) in and out."""
@@ -178,6 +200,27 @@ def _simple_gla_triton(function: str, decay: str, state: bool) -> Callable[[], F
     return load
 
 
+def _gla_triton(function: str, gates: str, state: bool) -> Callable[[], Fn]:
+    """A loader for fla.ops.gla.<function> (Triton) on (B, T, H, K) tensors, the suite's
+    per-channel log-gates g (B, T, H, K) as its keyword `gates` (chunk_gla's g,
+    fused_recurrent_gla's gk: the latter takes **kwargs, so a g= would be dropped unread and
+    the kernel run ungated); scale None (K^-1/2); packed batches by its cu_seqlens; with
+    `state`, fn(..., initial_state=None) -> (o, S), S [B, H, K, V] as ours
+    (output_final_state=True)."""
+
+    def load() -> Fn:
+        kernel = getattr(_triton_ops("gla"), function)
+
+        def fla_gla(q, k, v, g, initial_state=None, cu_seqlens=None):
+            o, s = kernel(q, k, v, **{gates: g}, initial_state=initial_state,
+                          output_final_state=True, cu_seqlens=cu_seqlens)  # fmt: skip
+            return (o, s) if state else o
+
+        return fla_gla
+
+    return load
+
+
 class _HeadIndices:
     """`torch` inside one of fla's retention functions for a call: arange(H), from which fla
     builds its gammas as 1 - 2^(-5 - h), gives h = -log2(1 - gamma) - 5 for the suite's
@@ -237,6 +280,13 @@ _SIMPLE_GLA = (
     "of the log-gates g (B, T, H): the identity spec, unnormalised, scale d^-0.5, gates; "
     "computed in float32 whatever the input dtype."
 )
+GLA_SPEC = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="channel-gates")
+_GLA = (
+    "GLA (Yang et al. 2024, sec. 4.1): o_i = K^-1/2 sum_{j<=i} sum_m q_im k_jm exp(G_im - "
+    "G_jm) v_j, G the prefix sums of the per-channel log-gates g (B, T, H, K): the identity "
+    "spec, unnormalised, scale d^-0.5, channel gates; computed in float32 whatever the input "
+    "dtype."
+)
 BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
 
 
@@ -275,6 +325,10 @@ ADAPTERS = (
             "(T padded); its output stays float32.", _load_simple_gla("naive_chunk_simple_gla",
             False), INSTALL, state="S", load_state=_load_simple_gla("naive_chunk_simple_gla",
             True)),
+    Adapter("fla.gla-naive", "fla-core", "fla/ops/gla/naive.py:naive_recurrent_gla", GLA_SPEC,
+            "bnhd", _GLA + " A Python loop over T; the output cast back, its state S float32; "
+            "its gates keyword is gk.", _load_gla_naive(False), INSTALL, state="S",
+            load_state=_load_gla_naive(True)),
     _based("fla.based-naive", "fla/ops/based/naive.py:naive_parallel_based", "bhnd",
            " Quadratic form, in the input dtype.", _load_fla_naive_based, cost="quadratic"),
     _based("fla.based-naive-chunk", "fla/ops/based/naive.py:naive_chunk_based", "bhnd",
@@ -319,6 +373,27 @@ ADAPTERS = (
             ("fused-recurrent", "fused_recurrent_simple_gla", "recurrent kernel"),
         )
         for decay in ("gates", "constant")
+    ),
+    *(
+        Adapter(
+            f"fla.gla-{short}",
+            "fla-core",
+            f"fla.ops.gla.{function}",
+            GLA_SPEC,
+            "bnhd",
+            _GLA.replace("computed in float32 whatever the input dtype", f"Triton {how}")
+            + f" The gates as its {gates}=.",
+            _gla_triton(function, gates, False),
+            INSTALL_TRITON,
+            triton=True,
+            state="S",
+            load_state=_gla_triton(function, gates, True),
+            varlen=True,
+        )
+        for short, function, gates, how in (
+            ("chunk", "chunk_gla", "g", "chunk kernel"),
+            ("fused-recurrent", "fused_recurrent_gla", "gk", "recurrent kernel"),
+        )
     ),
     *(
         Adapter(
