@@ -321,13 +321,15 @@ def check(
     directory: Path = DEFAULT_DIR,
     sample: int | None = None,
     progress: Callable[[str], None] | None = None,
+    only: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Problems with the vectors under `directory` (empty when all is well):
     - the manifest lists exactly the vectors this generator version builds, each entry as
       build would write it for its file (spec, dtype, shape, size, sha256);
     - no vector file missing or unlisted;
     - every vector (or `sample` of them, spread over the list) recomputed with the arb
-      engine agrees with its stored output to AGREE_BITS bits."""
+      engine agrees with its stored output to AGREE_BITS bits (`only`: just the vectors
+      whose name it accepts)."""
     directory = Path(directory)
     manifest = load_manifest(directory)
     problems = []
@@ -360,7 +362,7 @@ def check(
         problems += _fields_match(path, entry, data)
     if problems:
         return problems
-    entries = manifest["vectors"]
+    entries = [e for e in manifest["vectors"] if only is None or only(e["name"])]
     chosen = entries if sample is None else entries[:: max(1, len(entries) // max(sample, 1))]
     for entry in chosen[: len(entries) if sample is None else sample]:
         if progress:

@@ -85,7 +85,7 @@ def test_a_wrong_stored_output_is_found_by_recomputation(tmp_path):
     data = path.read_bytes()
     entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    problems = kat.check(copy)
+    problems = kat.check(copy, only=lambda name: name.startswith("elu-full-n"))
     assert len(problems) == 1 and problems[0].startswith(f"{path}: output 0 is 0.5")
 
 

@@ -139,7 +139,15 @@ import numpy as np
 from ..inputs import AttentionInputs, as_float64, validate
 from ..specs import RSQRT_D, Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
-from .mp import DEFAULT_PREC, channel_prefix, decay_weights, features, nearest, similarities
+from .mp import (
+    DEFAULT_PREC,
+    channel_factors,
+    channel_prefix,
+    decay_weights,
+    features,
+    nearest,
+    similarities,
+)
 
 NAMES = ("q", "k", "v")
 NON_NEGATIVE = ("elu", "relu", "cosformer")  # maps whose features are >= 0
@@ -356,10 +364,10 @@ def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int
 
 
 def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
-    """(G_t, t = 0 .. N-1, mp.channel_prefix's prefix sums of head (b, h)'s channel gates,
-    and per row i the spread 2 max_m sum_{t <= i} |g_tm| + 1, a bound on 1 + M(ln W_ijm)
-    for its keys j <= i: channel_prefix's spread over the rows that row i reaches, as
-    decay_weights' for scalar gates) at the working precision."""
+    """((exp(G_t), exp(-G_t)), t = 0 .. N-1: mp.channel_factors of the prefix sums of head
+    (b, h)'s channel gates, and per row i the spread 2 max_m sum_{t <= i} |g_tm| + 1, a
+    bound on 1 + M(ln W_ijm) for its keys j <= i: channel_prefix's spread over the rows
+    that row i reaches, as decay_weights' for scalar gates) at the working precision."""
     mp = mpmath.mp
     gates = x.decay[b, h].tolist()
     prefix, _ = channel_prefix(gates)
@@ -367,7 +375,7 @@ def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
     for row in gates:
         running = [a + abs(mp.mpf(t)) for a, t in zip(running, row, strict=True)]
         spreads.append(2 * max(running) + 1)
-    return prefix, spreads
+    return channel_factors(prefix), spreads
 
 
 def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
@@ -377,13 +385,13 @@ def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list,
     (1 + M(ln W)); and the terms A_ijm = c phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over
     m), b_ij times which are dL/dG's p_ijm, with their magnitudes."""
     mp = mpmath.mp
-    prefix, spreads = gated
+    (ups, downs), spreads = gated
     spread = spreads[i]
     fq, fqm = kern.f["q"][i], kern.fm["q"][i]
     a, am, wt, wtm, terms, terms_m = ([] for _ in range(6))
     for j in js:
         fk, fkm = kern.f["k"][j], kern.fm["k"][j]
-        weights = [mp.exp(gi - gj) for gi, gj in zip(prefix[i], prefix[j], strict=True)]
+        weights = [a * z for a, z in zip(ups[i], downs[j], strict=True)]
         wq = [f * t for f, t in zip(fq, weights)]
         wqm = [f * t for f, t in zip(fqm, weights)]
         a.append(mp.fdot(wq, fk) * c)

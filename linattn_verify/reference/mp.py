@@ -131,6 +131,16 @@ def channel_prefix(gates) -> tuple[list[list], object]:
     return prefix, spread
 
 
+def channel_factors(prefix: list) -> tuple[list, list]:
+    """(exp(G_tm), exp(-G_tm)) of channel_prefix's prefix sums at the working precision:
+    W_ijm = exp(G_im) exp(-G_jm), 2 N d exponentials for the N^2 d / 2 weights (an mpf's
+    exponent has no range to leave), each weight within two roundings of its value."""
+    mp = mpmath.mp
+    return [[mp.exp(t) for t in row] for row in prefix], [
+        [mp.exp(-t) for t in row] for row in prefix
+    ]
+
+
 def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
     """Rows `rows` of head (b, h) at `prec` bits: (output, error estimate), both float64.
 
@@ -156,12 +166,13 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
         rounding = mp.mpf(2) ** -prec * n_roundings
         if spec.decay == "channel-gates":
             prefix, spread = channel_prefix(x.decay[b, h].tolist())
+            factors = channel_factors(prefix)
         for r, i in enumerate(rows):
             qi = [mp.mpf(t) for t in x.q[b, h, i].tolist()]
             fq = None if key_feats is None else features(qi, w, spec.feature_map)
             c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
             if spec.decay == "channel-gates":  # each feature m times exp(G_im - G_jm)
-                sims, mags = _channel_gated(fq, key_feats, prefix, i)
+                sims, mags = _channel_gated(fq, key_feats, factors, i)
                 sims, mags = [s * c for s in sims], [a * c * spread for a in mags]
             else:
                 big_m = max(x.q.shape[2], len(keys))
@@ -190,17 +201,18 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
     return out, err
 
 
-def _channel_gated(fq: list, key_feats: list, prefix: list, i: int) -> tuple[list, list]:
+def _channel_gated(fq: list, key_feats: list, factors: tuple, i: int) -> tuple[list, list]:
     """(sim_ij, |phi(q_i)| . |phi(k_j)| weighted alike) for keys j <= i (0 beyond) of a
-    channel-gated spec: sum_m phi(q_i)_m phi(k_j)_m exp(G_im - G_jm)."""
+    channel-gated spec: sum_m phi(q_i)_m phi(k_j)_m exp(G_im) exp(-G_jm) (channel_factors)."""
     mp = mpmath.mp
+    ups, downs = factors
     sims, mags = [], []
     for j, fk in enumerate(key_feats):
         if j > i:
             sims.append(mp.zero)
             mags.append(mp.zero)
             continue
-        wq = [f * mp.exp(a - z) for f, a, z in zip(fq, prefix[i], prefix[j], strict=True)]
+        wq = [f * a * z for f, a, z in zip(fq, ups[i], downs[j], strict=True)]
         sims.append(mp.fdot(wq, fk))
         mags.append(mp.fdot([abs(t) for t in wq], [abs(t) for t in fk]))
     return sims, mags
