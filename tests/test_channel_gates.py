@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.accuracy.bound import scale_and_bound, state_bound
+from linattn_verify.accuracy.bound import scale_and_bound, state_bound, state_gradient_bound
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS
 from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.implementations.forms import attention, attention_varlen
 from linattn_verify.implementations.golden import golden_attention
-from linattn_verify.inputs import UNIT_ROUNDOFF, validate
+from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 from linattn_verify.reference.state import exact_state, exact_state_gradients
@@ -47,12 +47,13 @@ def _case(dtype: str, rate: float, n: int = 13, seed: int = 3) -> tuple:
     return q, k, v, case.decay("channel-gates")
 
 
-def _recurrence(q, k, v, g, spec: Spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(out, S, z) in float64, one token at a time."""
+def _recurrence(q, k, v, g, spec: Spec, s0=None, z0=None) -> tuple[torch.Tensor, ...]:
+    """(out, S, z) of float64 tensors (autograd through them), one token at a time from
+    (S_0, z_0) (None: zero)."""
     q, k, v, g = (t.double() for t in (q, k, v, g))
     phi, c = PHI[spec.feature_map], spec.scale_for(q.shape[-1])
-    s = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-    z = q.new_zeros(*q.shape[:2], q.shape[-1])
+    s = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if s0 is None else s0
+    z = q.new_zeros(*q.shape[:2], q.shape[-1]) if z0 is None else z0
     outs = []
     for t in range(q.shape[2]):
         decay, fk, fq = torch.exp(g[:, :, t]), phi(k[:, :, t]), phi(q[:, :, t])
@@ -61,22 +62,25 @@ def _recurrence(q, k, v, g, spec: Spec) -> tuple[np.ndarray, np.ndarray, np.ndar
         num = c * torch.einsum("bhm,bhmv->bhv", fq, s)
         den = spec.eps + c * (fq * z).sum(-1, keepdim=True)
         outs.append(num / den if spec.normalize else num)
-    return torch.stack(outs, 2).numpy(), s.numpy(), z.numpy()
+    return torch.stack(outs, 2), s, z
 
 
 @pytest.mark.parametrize("rate", RATES)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.feature_map)
 def test_exact_engines_and_state_match_a_float64_recurrence(spec: Spec, rate: float):
+    """The float64 recurrence (any evaluation in float64) within the a-priori bound of
+    both engines' output, and its state within state_bound of the exact state."""
     q, k, v, g = _case("float64", rate)
     x = validate(q, k, v, spec, None, g)
-    out, s, z = _recurrence(q, k, v, g, spec)
+    out, s, z = (t.numpy() for t in _recurrence(q, k, v, g, spec))
     exact_mp, exact_arb = mp_attention(x, spec), arb_attention(x, spec)
     np.testing.assert_array_equal(exact_arb, exact_mp)  # both faithfully rounded: equal
-    scale = np.abs(out).max(axis=-1, keepdims=True)
-    assert np.all(np.abs(exact_mp - out) <= 64 * 2.0**-53 * scale)
+    u = UNIT_ROUNDOFF["float64"]
+    scale, bound = scale_and_bound(x, spec, exact_mp, u)
+    assert np.all(error_units(out, exact_mp, scale, u) <= bound)
     exact_s, exact_z = exact_state(x, spec)
-    assert np.all(np.abs(exact_s - s) <= 64 * 2.0**-53 * np.abs(s).max())
-    assert np.all(np.abs(exact_z - z) <= 64 * 2.0**-53 * np.abs(z).max())
+    s_bound, z_bound = state_bound(x, spec, u)
+    assert np.all(np.abs(exact_s - s) <= s_bound) and np.all(np.abs(exact_z - z) <= z_bound)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.feature_map)
@@ -140,16 +144,7 @@ def test_state_gradients_match_autograd_of_the_recurrence(spec: Spec):
                   for shape in ((2, 2, 13, 3), (2, 2, 4, 3)))  # fmt: skip
     g_z = torch.randn(2, 2, 4, generator=gen, dtype=torch.float64)
     v = v.clone().requires_grad_(True)
-    phi, c = PHI[spec.feature_map], spec.scale_for(4)
-    s, z, outs = s0, z0, []
-    for t in range(13):
-        decay, fk, fq = torch.exp(g[:, :, t]), phi(k[:, :, t]), phi(q[:, :, t])
-        s = decay[..., None] * s + fk[..., None] * v[:, :, t, None, :]
-        z = decay * z + fk
-        num = c * torch.einsum("bhm,bhmv->bhv", fq, s)
-        den = spec.eps + c * (fq * z).sum(-1, keepdim=True)
-        outs.append(num / den if spec.normalize else num)
-    out = torch.stack(outs, 2)
+    out, s, z = _recurrence(q, k, v, g, spec, s0, z0)
     state_loss = (s * g_s).sum() + spec.normalize * (z * g_z).sum()
     (dv,) = torch.autograd.grad(state_loss, v, retain_graph=True)
     ds0, dz0 = torch.autograd.grad((out * g_out).sum() + state_loss, (s0, z0), allow_unused=True)
@@ -157,10 +152,13 @@ def test_state_gradients_match_autograd_of_the_recurrence(spec: Spec):
     initial = (s0.detach().numpy(), z0.detach().numpy()) if spec.normalize else None
     g_z_given = g_z.numpy() if spec.normalize else None
     exact = exact_state_gradients(x, spec, g_out.numpy(), g_s.numpy(), g_z_given, initial)
-    np.testing.assert_allclose(exact.s0, ds0.numpy(), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(exact.v, dv.numpy(), rtol=1e-12, atol=1e-12)
-    if spec.normalize:
-        np.testing.assert_allclose(exact.z0, dz0.numpy(), rtol=1e-12, atol=1e-12)
+    normalised = (g_z_given, initial, exact) if spec.normalize else None
+    u, tiny = UNIT_ROUNDOFF["float64"], SMALLEST_SUBNORMAL["float64"]
+    bounds = state_gradient_bound(x, spec, g_out.numpy(), g_s.numpy(), u, tiny, normalised)
+    pairs = [(exact.s0, ds0, bounds[0]), (exact.v, dv, bounds[2])]
+    pairs += [(exact.z0, dz0, bounds[1])] * spec.normalize
+    for want, got, bound in pairs:  # autograd's float64 backward within the bound
+        assert np.all(np.abs(got.numpy() - want) <= bound)
 
 
 class _ShiftedGateGradient(torch.autograd.Function):

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.accuracy.gradient import allowance
 from linattn_verify.cases import Case
 from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.inputs import validate
 from linattn_verify.reference.final_state import final_state_gradients
+from linattn_verify.reference.grad import roundings
 from linattn_verify.specs import Spec
 
 MAPS = ["elu", "relu", "identity", "performer-positive", "performer-trig", "taylor"]
@@ -53,8 +55,10 @@ def test_final_state_gradients_match_autograd(spec: Spec):
         x, spec, g_s.numpy(), g_z.numpy() if spec.normalize else None,
         (s0.numpy(), z0.numpy() if spec.normalize else None),
     )  # fmt: skip
-    assert set(exact) == {"k", "g"} if spec.gated else {"k"}
+    assert set(exact) == ({"k", "g"} if spec.gated else {"k"})
+    # autograd's float64 backward within the gradient bound gamma_n M (accuracy/gradient.py)
+    allowed = {n: allowance(mags[n], "float64", 2.0**-53, roundings(x, spec)) for n in exact}
     for got, name in zip(autograd, ("k", "g"), strict=False):
         assert exact[name].shape == got.shape, name
         assert np.all(mags[name] >= np.abs(exact[name])), name
-        assert np.all(np.abs(got - exact[name]) <= 1e-13 * (mags[name] + 1e-300)), name
+        assert np.all(np.abs(got - exact[name]) <= allowed[name]), name
