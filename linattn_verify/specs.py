@@ -137,6 +137,18 @@ DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g", "channel-gates": "g"}
 # The maps whose feature m is channel m of the key (phi(k)_m depends on k_m alone), so that a
 # gate per key channel is a gate per feature channel
 CHANNEL_GATED_MAPS = ("identity", "elu", "relu")
+# the delta rule (Spec.delta_rule) takes the decays given per token alone
+DELTA_DECAYS = (None, "gates", "channel-gates")
+DELTA_SOURCE = (
+    "Yang, Wang, Zhang, Shen, Kim 2024 (DeltaNet, 'Parallelizing Linear Transformers with the "
+    "Delta Rule over Sequence Length'), eq. 1-2: S_t = (I - beta_t k_t k_t^T) S_(t-1) + beta_t "
+    "k_t v_t^T, o_t = c S_t^T q_t; with gates (Yang, Kautz, Hatamizadeh 2025, Gated DeltaNet, "
+    "eq. 10) S_(t-1) first times alpha_t = exp(g_t), with channel gates (Kimi Linear 2025, KDA, "
+    "eq. 1) times diag(exp(g_t))"
+)
+# qk_l2norm: q and k normalised inside the kernel, x / sqrt(|x|^2 + eps), with fla's eps
+# (fla/modules/l2norm.py, use_qk_l2norm_in_kernel)
+QK_L2NORM_EPS = 1e-6
 RSQRT_D = "d^-0.5"  # the scale 1 / sqrt(d) of the head dimension d (fla's default)
 DECAY_SOURCES = {
     "constant": "Sun et al. 2023 (RetNet), eq. 5: w_ij = gamma^(i - j), one gamma per head",
@@ -152,9 +164,10 @@ DECAY_SOURCES = {
 @dataclass(frozen=True)
 class Spec:
     """What an implementation claims: a feature map, causality, a denominator eps, whether
-    the output is normalised, a similarity scale, a decay (None, or one of DECAYS), and the
+    the output is normalised, a similarity scale, a decay (None, or one of DECAYS), the
     precision of its float32 products (None: IEEE float32; "tf32": their inputs rounded to
-    TF32, as GPU tensor cores do by default)."""
+    TF32, as GPU tensor cores do by default), whether its state follows the delta rule
+    (causal, identity, unnormalised; DELTA_SOURCE) and whether it normalises q and k."""
 
     feature_map: str
     causal: bool = False
@@ -163,6 +176,8 @@ class Spec:
     scale: float | str = 1.0  # a number, or RSQRT_D
     decay: str | None = None
     dot_precision: str | None = None  # "tf32": float32 products from TF32 inputs
+    delta_rule: bool = False  # the state updated by the delta rule (DELTA_SOURCE)
+    qk_l2norm: bool = False  # q and k normalised inside the kernel (QK_L2NORM_EPS)
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
@@ -177,6 +192,8 @@ class Spec:
             raise SpecError(f"an unnormalised spec takes no {what}")
         if self.dot_precision not in (None, "tf32"):
             raise SpecError(f"dot_precision must be None or 'tf32', got {self.dot_precision!r}")
+        if self.delta_rule or self.qk_l2norm:
+            self._check_delta()
         if self.decay is None:
             return
         if self.decay not in DECAYS:
@@ -190,6 +207,19 @@ class Spec:
                 f"channel gates need a feature map whose feature m is key channel m "
                 f"({', '.join(CHANNEL_GATED_MAPS)}), not {self.feature_map}"
             )
+
+    def _check_delta(self) -> None:
+        """SpecError unless the delta rule's fields fit: causal, identity features,
+        unnormalised, a decay of DELTA_DECAYS; qk_l2norm only with the delta rule."""
+        if not self.delta_rule:
+            raise SpecError("qk_l2norm is for the delta rule (give the spec delta_rule=True)")
+        if not self.causal or self.feature_map != "identity" or self.normalize:
+            raise SpecError(
+                "the delta rule is causal, unnormalised, with identity features "
+                f"(o_t = c S_t^T q_t), not {self}"
+            )
+        if self.decay not in DELTA_DECAYS:
+            raise SpecError(f"the delta rule takes gates or channel-gates, not {self.decay}")
 
     @property
     def info(self) -> FeatureMap:
@@ -207,6 +237,12 @@ class Spec:
         """Whether the decay is given per token (log-gates g, sliced along N with q's
         tokens): gates or channel gates."""
         return self.decay in ("gates", "channel-gates")
+
+    @property
+    def per_token(self) -> bool:
+        """Whether the decay argument the checks pass is given per token, sliced along N
+        with q's tokens: gates, or the delta rule's beta (inputs.pack_delta)."""
+        return self.gated or self.delta_rule
 
     def scale_for(self, d: int) -> float:
         """The similarity scale at head dimension d (rounded to float64 for RSQRT_D)."""
@@ -233,4 +269,5 @@ class Spec:
         )
         words += [f"decay={self.decay}"] * (self.decay is not None)
         words += [f"{self.dot_precision} products"] * (self.dot_precision is not None)
+        words += ["delta rule"] * self.delta_rule + ["qk-l2norm"] * self.qk_l2norm
         return f"{self.feature_map} ({', '.join(words)})"
