@@ -17,6 +17,14 @@ Kinds (the draws of the property suite; regimes.py says which regime each case i
   large features: a normaliser kept in float16 overflows);
 - large-norm: q, k ~ N(0, 1) and about a third of their rows scaled to norm magnitude
   (Performer exponents |x'|^2 / 2 far outside exp's range).
+The delta rule's inputs (Case.arguments) have unit-norm keys, as its layers hand them to the
+kernel (unless the kernel normalises them itself, Spec.qk_l2norm), beta ~ U(0, 1), and its
+own kinds (DELTA_KINDS, drawn as normal otherwise):
+- beta-near-two: beta in (2 - 2^-4, 2): I - beta k k^T nearly a reflection;
+- long-keys: every key of norm exp(U(-1, 1)) (0.37 to 2.7): I - beta k k^T expands by up to
+  |1 - beta |k|^2| (the kernel is still given them as they are);
+- parallel-keys: every key of a head k_0 + 10^-3 N(0, 1), normalised: nearly parallel
+  consecutive keys, the UT transform's ill-conditioned case (fla #537).
 The values are drawn in float64 from a torch.Generator(seed), clipped to the dtype's range
 and rounded to the dtype once; the implementation sees exactly those values.
 
@@ -32,8 +40,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .inputs import UNIT_ROUNDOFF
-from .specs import SpecError
+from .inputs import UNIT_ROUNDOFF, pack_delta
+from .specs import Spec, SpecError
 
 KINDS = (
     "normal",
@@ -47,6 +55,7 @@ KINDS = (
     "positive-rows",
     "large-norm",
 )
+DELTA_KINDS = ("beta-near-two", "long-keys", "parallel-keys")
 CANCEL_OFFSET = 1000.0
 DECAY_RATE = 1 / 16  # gamma = 0.94 (and 0.97, ...), about RetNet's 1 - 2^-5 .. 1 - 2^-9
 CHANNEL_OCTAVES = 2.0  # the ratio of the rates of neighbouring key channels' gates
@@ -85,8 +94,9 @@ class Case:
             raise SpecError(f"case dimensions must be >= 1: {self}")
         if self.dtype not in UNIT_ROUNDOFF:
             raise SpecError(f"case dtype {self.dtype!r}; known: {', '.join(UNIT_ROUNDOFF)}")
-        if self.kind not in KINDS:
-            raise SpecError(f"case kind {self.kind!r}; known: {', '.join(KINDS)}")
+        if self.kind not in KINDS + DELTA_KINDS:
+            known = ", ".join(KINDS + DELTA_KINDS)
+            raise SpecError(f"case kind {self.kind!r}; known: {known}")
         if not isinstance(self.magnitude, int | float) or not 0 < self.magnitude < float("inf"):
             raise SpecError(f"case magnitude must be finite and > 0, got {self.magnitude!r}")
         if not isinstance(self.decay_rate, int | float) or not 0 < self.decay_rate < 1e6:
@@ -117,14 +127,44 @@ class Case:
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(q, k, v, W) in the case's dtype and device; W is None unless m is set."""
+        return self._rounded(*self._float64_tensors())
+
+    def arguments(self, spec: Spec) -> tuple[torch.Tensor | None, ...]:
+        """(q, k, v, W, decay) of `spec` on this case: the tensors, and the decay (Case.decay);
+        for the delta rule, keys as the module docstring says and the decay argument beta
+        with its gates (inputs.pack_delta)."""
+        if not spec.delta_rule:
+            return (*self.tensors(), self.decay(spec.decay))
+        q, k, v, w = self._float64_tensors()
+        gen = torch.Generator().manual_seed(self.seed * 7919 + 2)
+        if self.kind == "parallel-keys":
+            k = k[..., :1, :] + 1e-3 * torch.randn(k.shape, generator=gen, **_F64)
+        if not spec.qk_l2norm or self.kind != "normal":
+            norms = torch.ones(k.shape[:-1], **_F64)
+            if self.kind == "long-keys":
+                norms = torch.exp(2 * torch.rand(k.shape[:-1], generator=gen, **_F64) - 1)
+            k = k * (norms / k.norm(dim=-1).clamp(min=1e-300))[..., None]
+        beta = torch.rand(k.shape[:-1], generator=gen, **_F64)
+        if self.kind == "beta-near-two":
+            beta = 2 - beta / 16
+        q, k, v, w = self._rounded(q, k, v, w)
+        (beta,) = self._rounded(beta)
+        return q, k, v, w, pack_delta(beta, self.decay(spec.decay))
+
+    def _float64_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """(q, k, v, W) as drawn, in float64 before rounding."""
         gen = torch.Generator().manual_seed(self.seed)
         q, k, v = _draw(self, gen)
         w = None if self.m is None else torch.randn(self.m, self.d, generator=gen, **_F64)
+        return q, k, v, w
+
+    def _rounded(self, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """float64 tensors clipped to the case's dtype's range, rounded to it, on its device."""
         dtype = getattr(torch, self.dtype)
         top = torch.finfo(dtype).max
         return tuple(
             None if t is None else t.clamp(-top, top).to(device=self.device, dtype=dtype)
-            for t in (q, k, v, w)
+            for t in tensors
         )
 
     def decay(self, kind: str | None) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ from collections.abc import Collection
 import numpy as np
 from hypothesis import strategies as st
 
-from .cases import KINDS, Case, Pair
+from .cases import DELTA_KINDS, KINDS, Case, Pair
 from .inputs import UNIT_ROUNDOFF
 from .regimes import REGIMES, TYPICAL_KINDS, TYPICAL_MAGNITUDES, magnitude_range, regime_of
 from .specs import Spec
@@ -55,12 +55,13 @@ def corner_cases(
 ) -> list[Case]:
     """Cases random draws reach rarely, for each dtype (B = H = 2, ragged N = 9, dv = 2 and
     d = m = 3, or 8 for the typical kinds, whose rows then have a coordinate above elu's
-    ELU_ROW_FLOOR): one of each typical kind, the structured stress kinds, and the ends of
-    the range (random signs at the smallest and largest magnitude, each one-signed kind at
-    its largest); those of `regimes`."""
+    ELU_ROW_FLOOR): one of each typical kind, the structured stress kinds (the delta
+    rule's too), and the ends of the range (random signs at the smallest and largest
+    magnitude, each one-signed kind at its largest); those of `regimes`."""
     out = []
+    corners = CORNERS + tuple((kind, 0.0) for kind in DELTA_KINDS) * spec.delta_rule
     for dtype in dtypes_allowed:
-        for kind, at in CORNERS:
+        for kind, at in corners:
             low, top = magnitude_range(spec, kind, dtype)
             exponent = {"low": low, "top": top}.get(at, at)
             d = 8 if kind in TYPICAL_KINDS and at not in ("low", "top") else 3
@@ -92,12 +93,14 @@ def _random_cases(draw: st.DrawFn, spec: Spec, dtypes_allowed, kinds, max_n, dev
 def cases(
     spec: Spec,
     dtypes_allowed: tuple[str, ...] = DTYPES,
-    kinds: tuple[str, ...] = KINDS,
+    kinds: tuple[str, ...] | None = None,
     max_n: int = max(RAGGED_N),
     device: str = "cpu",
     regimes: Collection[str] = REGIMES,
 ) -> st.SearchStrategy[Case]:
-    """Random cases and, about as often, a corner case, of `regimes` (all by default)."""
+    """Random cases and, about as often, a corner case, of `regimes` (all by default);
+    kinds: those drawn (default KINDS, and DELTA_KINDS for the delta rule)."""
+    kinds = kinds or KINDS + DELTA_KINDS * spec.delta_rule
     corners = corner_cases(spec, dtypes_allowed, device, regimes)
     corners = [c for c in corners if c.kind in kinds]
     randoms = _random_cases(spec, dtypes_allowed, kinds, max_n, device, regimes)

@@ -32,6 +32,8 @@ def assert_linear_attention(
     scale: float | str = 1.0,
     decay: str | None = None,
     dot_precision: str | None = None,
+    delta_rule: bool = False,
+    qk_l2norm: bool = False,
     layout: str = "bhnd",
     cost: str | None = None,
     state: str | None = None,

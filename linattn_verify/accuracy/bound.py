@@ -438,6 +438,10 @@ def scale_and_bound(
     lam: also Higham & Mary's probabilistic bound with that lambda (gamma_probabilistic),
     the smaller of the two; it holds but with the probability its lambda was chosen for.
     """
+    if spec.delta_rule:  # its own model (delta_bound.py imports this module's constants)
+        from .delta_bound import delta_scale_and_bound
+
+        return delta_scale_and_bound(x, spec, ref, u, tiny)
     b_, h_, nq, nk, _, dv = x.shape
     if engine == "auto":
         fast = spec.info.kernelised and spec.plain and nq * nk > FAST_BOUND_WORK

@@ -56,5 +56,5 @@ class Judgement:
 @functools.lru_cache(maxsize=256)
 def _of_case(case: Case, spec: Spec, feature_model: str) -> Judgement:
     """Judgement.of_case; feature_model is part of the key (the bound depends on it)."""
-    q, k, v, w = case.tensors()
-    return Judgement.of(q, k, v, w, spec, case.decay(spec.decay))
+    q, k, v, w, decay = case.arguments(spec)
+    return Judgement.of(q, k, v, w, spec, decay)

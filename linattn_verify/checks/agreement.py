@@ -25,8 +25,7 @@ from .worst import worst_element
 def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     """Judge the output against the exact reference: within the a-priori bound, and within
     K_BUDGET times the error of the golden forms in the same dtype."""
-    q, k, v, w = case.tensors()
-    decay = case.decay(impl.spec.decay)
+    q, k, v, w, decay = case.arguments(impl.spec)
     out = impl(q, k, v, w, decay)
     if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")
@@ -63,8 +62,7 @@ def associativity(
     phi(Q) (phi(K)^T V) (whichever the implementation uses, the other is the other
     association), and against each of `others` (e.g. every chunk size of a chunked form)."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
     out = as_array(impl(q, k, v, w, decay))
     if out.shape != tol.scale.shape:

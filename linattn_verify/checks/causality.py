@@ -28,11 +28,11 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     spec = impl.spec
     if case.n < 2:
         return Outcome(True, "N = 1: there is no later token to change")
-    (q, k, v, w), x = inputs_of(case, spec)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     t = int(torch.randint(case.n - 1, (1,), generator=case_generator(case, 2)))
     top = torch.finfo(q.dtype).max
     other = dataclasses.replace(case, seed=case.seed + 1, magnitude=min(4 * case.magnitude, top))
-    q2, k2, v2, _ = other.tensors()
+    q2, k2, v2, _, decay2 = other.arguments(spec)  # later gates (and beta) changed too
     later = slice(t + 1, None)
     q2, k2 = (
         torch.cat([q[..., : t + 1, :], q2[..., later, :]], -2),
@@ -40,8 +40,7 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     )
     v_later = (v2[..., later, :].double() + LATER_OFFSET).to(v.dtype)
     v2 = torch.cat([v[..., : t + 1, :], v_later], -2)
-    decay, decay2 = case.decay(spec.decay), other.decay(spec.decay)  # later gates changed too
-    if spec.gated:
+    if spec.per_token:
         decay2 = torch.cat([decay[:, :, : t + 1], decay2[:, :, later]], 2)
     elif spec.decay is not None:
         decay2 = decay
@@ -58,7 +57,7 @@ def causality(impl: Implementation, case: Case) -> Outcome:
 def split_resume(impl: Implementation, case: Case) -> Outcome:
     """The sequence in two or three pieces through impl.stream equals one pass."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
+    (q, k, v, w, _), x = inputs_of(case, spec)
     if impl.stream is None:
         return Outcome(True, f"{impl.name} has no state API: not applicable")
     if case.n < 2:

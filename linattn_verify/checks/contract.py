@@ -13,10 +13,10 @@ from .core import Outcome, check, inputs_of
 @check("contract")
 def contract(impl: Implementation, case: Case) -> Outcome:
     """Shape, dtype and device of the output; inputs not modified in place."""
-    (q, k, v, w), _ = inputs_of(case, impl.spec)
+    (q, k, v, w, decay), _ = inputs_of(case, impl.spec)
     native = [impl.to_layout(t).contiguous() for t in (q, k, v)]
     before = [t.clone() for t in native]
-    out = impl.call_raw(*native, w, case.decay(impl.spec.decay))
+    out = impl.call_raw(*native, w, decay)
     want = tuple(impl.to_layout(torch.empty(*q.shape[:3], v.shape[-1], device="meta")).shape)
     problems = []
     if tuple(out.shape) != want:

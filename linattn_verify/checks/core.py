@@ -38,9 +38,9 @@ def first_marked(bad: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
 
 
 def inputs_of(case: Case, spec: Spec) -> tuple[tuple, AttentionInputs]:
-    """((q, k, v, W) tensors, their exact float64 copies with the spec's decay, Case.decay)."""
-    q, k, v, w = case.tensors()
-    return (q, k, v, w), validate(q, k, v, spec, w, case.decay(spec.decay))
+    """((q, k, v, W, decay) tensors of Case.arguments, their exact float64 copies)."""
+    q, k, v, w, decay = case.arguments(spec)
+    return (q, k, v, w, decay), validate(q, k, v, spec, w, decay)
 
 
 def decay_part(

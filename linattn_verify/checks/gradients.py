@@ -140,7 +140,7 @@ EXACT_KEPT = 256
 def _exact(case: Case, spec: Spec) -> tuple[Grads, Grads, int] | str:
     """exact_judgement_inputs for the case's loss; cached, since every gradient check of a
     case needs them (callers must not modify the arrays)."""
-    (q, _, v, _), x = inputs_of(case, spec)
+    (q, _, v, _, _), x = inputs_of(case, spec)
     return exact_judgement_inputs(x, spec, as_array(loss_weights(case, q, v)))
 
 
@@ -162,8 +162,8 @@ def _exact_defined(case: Case, spec: Spec) -> tuple[Grads, Grads, int]:
 
 def _implementation_gradients(impl: Implementation, case: Case):
     """Inputs (the decay last), G and the implementation's grads of the case's loss."""
-    (q, k, v, w), _ = inputs_of(case, impl.spec)
-    decay, gates = case.decay(impl.spec.decay), "g" in gradient_names(impl.spec)
+    (q, k, v, w, decay), _ = inputs_of(case, impl.spec)
+    gates = "g" in gradient_names(impl.spec)
     g = loss_weights(case, q, v)
     return (q, k, v, w, decay), g, autograd_gradients(impl, q, k, v, w, g, decay, gates)
 

@@ -33,8 +33,7 @@ def v_affine(impl: Implementation, case: Case) -> Outcome:
     """out(a V + c) = a out(V) + c, a = -2 and c = 2^(ceil(log2 max|v|) + 1) (c = 0 if eps > 0),
     both with the case's decay."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     top = float(np.abs(x.v).max())
     c = 0.0 if spec.eps > 0 or top == 0 else 2.0 ** (math.ceil(math.log2(top)) + 1)
     a = -2.0
@@ -58,7 +57,7 @@ def v_affine(impl: Implementation, case: Case) -> Outcome:
 def permutation(impl: Implementation, case: Case) -> Outcome:
     """Permuting keys with values leaves outputs unchanged; permuting queries permutes them."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
+    (q, k, v, w, _), x = inputs_of(case, spec)
     gen = case_generator(case, 1)
     p, s = (torch.randperm(case.n, generator=gen).to(q.device) for _ in range(2))
     tol = Tolerance.of(x, spec)
@@ -75,8 +74,7 @@ def batch_head(impl: Implementation, case: Case) -> Outcome:
     """Each (b, h) alone, with its slice of the decay (gamma[h], g[b, h]), equals its slice
     of the batched result."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
     out = as_array(impl(q, k, v, w, decay))
     alone = np.empty_like(out)
@@ -109,8 +107,7 @@ def layout(impl: Implementation, case: Case) -> Outcome:
     """Non-contiguous inputs (in the implementation's own layout) give the contiguous output,
     with the same decay."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
     native = [impl.to_layout(t).contiguous() for t in (q, k, v)]
     out = as_array(impl(q, k, v, w, decay))  # the contiguous output, its shape checked

@@ -28,9 +28,9 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
     """The output (with the case's decay) is finite where the exact denominator is positive,
     and every exact denominator is positive (a spec that violates that fails by nature)."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     signs = arb_denominator_signs(x, spec)
-    out = as_array(impl(q, k, v, w, case.decay(spec.decay)))
+    out = as_array(impl(q, k, v, w, decay))
     demanded = np.broadcast_to((signs > 0)[..., None], out.shape)
     if not spec.info.positive:  # a signed kernel's output may leave the dtype's range:
         # finite is demanded only where |out| <= s fits it (positive kernels: within max |v|)
@@ -62,9 +62,9 @@ def convex_hull(impl: Implementation, case: Case) -> Outcome:
     """Every output (with the case's decay) within [min_j v_j, max_j v_j] per coordinate
     over the visible keys."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
-    out = as_array(impl(q, k, v, w, case.decay(spec.decay)))
+    out = as_array(impl(q, k, v, w, decay))
     vals = x.v
     if spec.causal:
         lo, hi = np.minimum.accumulate(vals, axis=2), np.maximum.accumulate(vals, axis=2)

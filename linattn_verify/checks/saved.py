@@ -29,8 +29,7 @@ def save_case(impl: Implementation, case: Case, path: Path) -> str:
     float64, NaN where it is 0/0), and the case, spec, dtype and implementation as strings;
     return a line saying what was written. An output the implementation does not give (an
     exception) is left out and named in `problem`."""
-    q, k, v, w = case.tensors()
-    decay = case.decay(impl.spec.decay)
+    q, k, v, w, decay = case.arguments(impl.spec)
     arrays = {"q": _array(q), "k": _array(k), "v": _array(v)}
     if w is not None:
         arrays["projection"] = _array(w)

@@ -136,8 +136,7 @@ def _bounds(impl: Implementation, x, times: float) -> tuple[np.ndarray, np.ndarr
 def state_split(impl: Implementation, case: Case) -> Outcome:
     """The sequence in pieces, the state carried, equals one pass: output and final state."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     tol = Tolerance.of(x, spec)
     whole, final = _call(impl, q, k, v, w, decay, None)
     whole = as_array(whole)
@@ -209,8 +208,7 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
     if case.n < 2:
         return Outcome(True, "N = 1: no prefix to fold")
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     p = _prefix(case)
     *head, head_decay = _pieces(q, k, v, decay, 0, p)
     exact = _exact(validate(*head, spec, w, head_decay), spec)
@@ -251,8 +249,8 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
 def final_state(impl: Implementation, case: Case) -> Outcome:
     """The final state against the exact S (and z, normalised), within the state bound."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    _, final = _call(impl, q, k, v, w, case.decay(spec.decay), None)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
+    _, final = _call(impl, q, k, v, w, decay, None)
     exact, parts = _exact(x, spec), state_parts(final, spec)
     if problem := _state_mismatch(parts, exact, _bounds(impl, x, 1.0)):
         if nature := _unrepresentable(exact, parts[0].dtype, spec.feature_map):

@@ -108,8 +108,7 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
     """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv, dL_S/dk (and dL_S/dg; dL_S/dq =
     0) within their bounds of the exact ones."""
     spec = impl.spec
-    (q, k, v, w), x = inputs_of(case, spec)
-    decay = case.decay(spec.decay)
+    (q, k, v, w, decay), x = inputs_of(case, spec)
     own = state_parts(impl.call_state(q, k, v, w, None, decay=decay)[1], spec)
     g_out = loss_weights(case, q, v, salt=32)
     cotangents = [_draw(t, tuple(t.shape), case, 33 + n) for n, t in enumerate(own)]

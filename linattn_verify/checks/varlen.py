@@ -16,6 +16,7 @@ import torch
 
 from ..cases import Case
 from ..inputs import validate
+from ..specs import Spec
 from ..under_test import Implementation
 from .compare import Tolerance, mismatch
 from .core import Outcome, as_array, check, decay_part, inputs_of
@@ -27,11 +28,12 @@ def _lengths(n: int) -> list[int]:
     return [0, n, 0, 1, n // 2 + 1, n, 0]
 
 
-def _sequence(case: Case, s: int, n: int, kind: str | None) -> list[torch.Tensor | None]:
-    """q, k, v (1, H, n, d) of packed sequence s and its decay of `kind` (Case.decay): drawn
+def _sequence(case: Case, s: int, n: int, spec: Spec) -> list[torch.Tensor | None]:
+    """q, k, v (1, H, n, d) of packed sequence s and its decay (Case.arguments): drawn
     afresh, of the case's kind and magnitude, so that no two sequences share a token."""
     drawn = dataclasses.replace(case, b=1, n=n, seed=case.seed + 7919 * (s + 1))
-    return [*drawn.tensors()[:3], drawn.decay(kind)]
+    q, k, v, _, decay = drawn.arguments(spec)
+    return [q, k, v, decay]
 
 
 def _tokens(n: int) -> str:
@@ -53,13 +55,13 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
     """Each sequence of a packed batch equals its own run (with its slice of the packed
     log-gates); one sequence equals the plain call."""
     spec = impl.spec
-    (q, k, v, w), _ = inputs_of(case, spec)
-    decay, first = case.decay(spec.decay), slice(0, 1)
+    (q, k, v, w, decay), _ = inputs_of(case, spec)
+    first = slice(0, 1)
     lengths = _lengths(case.n)
     empty = [*(t[:1, :, :0] for t in (q, k, v)), decay_part(decay, first, tokens=slice(0, 0))]
-    parts = [_sequence(case, s, n, spec.decay) if n else empty for s, n in enumerate(lengths)]
+    parts = [_sequence(case, s, n, spec) if n else empty for s, n in enumerate(lengths)]
     packed = [torch.cat([p[i] for p in parts], dim=-2) for i in range(3)]
-    packed_decay = torch.cat([p[3] for p in parts], 2) if spec.gated else decay
+    packed_decay = torch.cat([p[3] for p in parts], 2) if spec.per_token else decay
     offsets = [0, *itertools.accumulate(lengths)]
     cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
     out = as_array(impl.call_varlen(*packed, w, cu, packed_decay))

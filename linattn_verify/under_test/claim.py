@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..implementations.forms import DEFAULT_CHUNK, FORMS
-from ..specs import DECAYS, FEATURE_MAPS, RSQRT_D, Spec, SpecError
+from ..specs import DECAYS, FEATURE_MAPS, QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
 LAYOUTS = ("bhnd", "bnhd")
 # the carried state fn takes and returns with --state (docs/contract.md, "Carried state"):
@@ -184,6 +184,14 @@ CLAIM = (
            "its float32 products are TF32 by design (tf32: inputs rounded to a 10-bit "
            "mantissa): float32 outputs are bounded and budgeted in TF32's unit, 2^-11",
            choices=("tf32",)),
+    Option("delta_rule", "--delta-rule", bool, False,
+           "the state follows the delta rule (DeltaNet; with --decay gates Gated DeltaNet, "
+           "with --decay channel-gates KDA): fn(q, k, v, beta=(B, H, N)[, g=...]), S_t = (I - "
+           "beta_t k_t k_t^T) diag(exp(g_t)) S_(t-1) + beta_t k_t v_t^T, o_t = C S_t^T q_t; "
+           "with --causal --feature-map identity --no-normalize"),
+    Option("qk_l2norm", "--qk-l2norm", bool, False,
+           f"with --delta-rule: fn normalises q and k itself, x / sqrt(|x|^2 + "
+           f"{QK_L2NORM_EPS:g}) (fla's use_qk_l2norm_in_kernel); without it k is used as given"),
     Option("layout", "--layout", str, "bhnd",
            "the layout fn takes and returns: bhnd (B, H, N, d; the default) or bnhd",
            choices=LAYOUTS),

@@ -17,6 +17,7 @@ from .. import triton_interpret
 from ..adapters import ADAPTERS
 from ..cases import Case
 from ..implementations.forms import DEFAULT_CHUNK
+from ..inputs import delta_arguments
 from ..specs import DECAY_ARGUMENTS, RSQRT_D, Spec, SpecError
 from ..target import load_target
 from . import builtin, commands
@@ -89,6 +90,7 @@ class Implementation:
         eps = f"-eps{spec.eps:g}" if spec.eps else ""
         causal = "causal" if spec.causal else "full"
         rest = "-unnormalised" * (not spec.normalize) + f"-{spec.decay}" * bool(spec.decay)
+        rest += "-delta" * spec.delta_rule + "-l2norm" * spec.qk_l2norm
         rest += f"-scale{spec.scale_for(1) if spec.scale != RSQRT_D else 'rsqrtd'}" * (
             spec.scale != 1.0
         )
@@ -130,8 +132,16 @@ class Implementation:
     def _keywords(self, projection, decay) -> dict[str, Any]:
         """fn's keyword arguments besides q, k, v: the projection of a Performer map, the
         decay of a decayed spec by its keyword (specs.DECAY_ARGUMENTS), log-gates (B, H, N)
-        or (B, H, N, d) in fn's layout ((B, N, H) or (B, N, H, d) for bnhd)."""
+        or (B, H, N, d) in fn's layout ((B, N, H) or (B, N, H, d) for bnhd); for the delta
+        rule, beta and its gates (inputs.pack_delta) as beta= and g=."""
         kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
+        if self.spec.delta_rule:
+            if decay is None:
+                raise SpecError(f"{self.name} needs beta (the delta rule's)")
+            if self.layout == "bnhd":
+                decay = decay.transpose(1, 2)
+            given = delta_arguments(self.spec, decay)
+            return kwargs | {name: t.contiguous() for name, t in given.items()}
         if self.spec.decay is None:
             if decay is not None:
                 raise SpecError(f"{self.name} takes no decay: its spec has none")

@@ -393,9 +393,8 @@ def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause 
     if case.dtype != "float32" or spec.dot_precision is not None or not math.isfinite(error):
         return None
     judgement = Judgement.of_case(case, spec)
-    q, k, v, w = case.tensors()
+    q, k, v, w, decay = case.arguments(spec)
     rounded = [round_to_tf32(t) for t in (q, k, v)]
-    decay = case.decay(spec.decay)
     tf32 = max(
         judgement(golden_attention(*rounded, spec, w, form, decay)).max_error
         for form in golden_forms(spec)

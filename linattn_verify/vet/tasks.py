@@ -267,10 +267,10 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     m = OFFSETS_D if impl.spec.info.needs_projection else None
     for b, h in OFFSET_PROBES:
         case = Case(b, h, OFFSETS_N, OFFSETS_D, 3, "float32", "normal", 1.0, 7, m, device)
-        q, k, v, w = case.tensors()
+        q, k, v, w, decay = case.arguments(impl.spec)
         with triton_interpret.watching_offsets() as seen:
             try:
-                impl(q, k, v, w, case.decay(impl.spec.decay))
+                impl(q, k, v, w, decay)
             except ImplementationFailure as err:  # the contract check reports it
                 return [CheckResult(INT32_OFFSETS, True, f"not judged: the call {err}").to_dict()]
         largest.append(seen.largest)

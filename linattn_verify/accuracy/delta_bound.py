@@ -1,0 +1,162 @@
+"""The delta rule's accuracy model: a normwise a-priori bound, and the scale errors are
+measured against (docs/accuracy.md, "The delta rule").
+
+Each value channel c of the state evolves on its own: x_t = S_t[:, c] in R^d,
+    x_t = A_t x_(t-1) + beta_t k_t v_tc,   A_t = (I - beta_t k_t k_t^T) D_t,
+D_t = exp(g_t) I, diag(exp(g_t)) or I (specs.DELTA_SOURCE). I - beta k k^T has the
+eigenvalues 1 (d - 1 times) and 1 - beta |k|^2, so ||A_t||_2 <= rho_t = max_m D_tm
+max(1, |1 - beta_t |k_t|^2|): at most 1 for unit keys and beta in [0, 2] (non-expansive).
+An error committed at one token is then never amplified by later ones, where a
+componentwise bound by absolute values (|A_t| has entries up to 1 + beta) grows like
+(1 + beta)^N and judges nothing. For keys that are not unit-norm rho_t is the growth the
+product of the A_t actually has in the 2-norm, and the bound grows with it.
+
+Local error of one step (standard model, Higham, "Accuracy and Stability of Numerical
+Algorithms", 2nd ed., Lemma 3.1 and eq. 3.5; |k|^T |y| <= |k|_2 |y|_2 by Cauchy-Schwarz),
+y_t = D_t x_(t-1): forming D_t x (exp within C_LIB units), the dot k^T y (gamma_d), the
+difference with v, the product with beta, the outer-product update and the addition:
+    l_t <= gamma_n [ |y_t| (1 + |beta_t| |k_t|^2) + |beta_t| |k_t| |v_tc| ] + |G| u |y_t|,
+n = d + 5 + C_LIB (and d + 3 more for q and k normalised inside, qk_l2norm: their relative
+error gamma_(d + 3) moves k, and through it A_t and the injected term, by as much), |G| the
+gates' largest sum over DECAY_CHUNK tokens: a chunked kernel forms its decays from prefix
+sums within a chunk (verdict.decay_floor). A chunked kernel solves the chunk's triangular
+system (I + L) W = diag(beta) K (the UT transform, L = tril(diag(beta) K K^T, -1), gated
+as the decays say; Yang et al. 2024, DeltaNet, sec. 3.1) by substitution, whose forward
+error is its backward error gamma_C |I + L| times Skeel's condition number cond(I + L) =
+|| |(I + L)^-1| |I + L| ||_inf (Higham, Thm. 8.5 and eq. 7.13): the local errors of a
+chunk are taken cond(I + L) times larger (>= 1), for chunks of DELTA_CHUNK tokens from the
+first (any chunk of a size dividing DELTA_CHUNK, aligned alike, is a diagonal block of it,
+and a triangular matrix's inverse has the inverses of its diagonal blocks as blocks). This
+factor is a model of the chunked algorithms, not a proof for each: the bound is tested
+against arb on adversarial cases (tests/test_delta_bound.py).
+
+Errors propagate as E_t <= rho_t E_(t-1) + cond_t l_t (E_0 = 0: a given initial state is
+exact). The product of the A_t contracts where their norms alone do not show it (random unit
+keys shrink every direction in turn, once there are a few times d of them): at the end of
+each block of max(DELTA_CHUNK, 4 d) tokens (rounded up to a multiple of DELTA_CHUNK) the
+error carried into the block is propagated by min(prod rho_t, ||P||_2) instead, P the
+block's product A_t ... A_(start) (submultiplicativity and the triangle inequality), which
+keeps the bound from growing with N once the products contract (for keys that span a
+subspace only, P is the identity on its complement, and the bound grows with N). The
+output o_tc = c q_t^T x_t errs by at most
+    |c| (|q_t| E_t + gamma_(d + 1) |q_t| |x_t|) (1 + u) + u |o_tc| + tiny / 2,
+the state norms |x_t| taken from a float64 evaluation (first order: its own error is far
+below float32's unit and enlarges them by less than SAFETY for float64).
+
+The scale: s_tc = |c| |q_t| max_(j <= t) |x_j|, the largest magnitude of state channel c that
+the computation of row t passed through, times the query's; errors are in units of u s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..inputs import AttentionInputs
+from ..specs import QK_L2NORM_EPS, Spec
+from .bound import C_LIB, SAFETY, gamma
+
+DELTA_CHUNK = 64  # the chunk of fla's delta-rule kernels (BT = 64)
+
+
+def delta_scale_and_bound(
+    x: AttentionInputs, spec: Spec, ref: np.ndarray | None, u: float, tiny: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(s, bound in units of u s), each (B, H, N, dv), of the module docstring; ref the
+    exact output or None (then |x_t| |q_t| |c| stands in for |o_tc|)."""
+    q, k = x.q, x.k
+    if spec.qk_l2norm:
+        q, k = (t / np.sqrt(np.sum(t * t, -1, keepdims=True) + QK_L2NORM_EPS) for t in (q, k))
+    b_, h_, n, d = q.shape
+    c = abs(spec.scale_for(d))
+    beta = x.beta
+    decays = _decays(x, spec)  # (B, H, N, d) factors exp(g)
+    k2 = np.sum(k * k, -1)  # (B, H, N)
+    rho = decays.max(-1) * np.maximum(1.0, np.abs(1 - beta * k2))
+    n_local = d + 5 + C_LIB + (d + 3) * spec.qk_l2norm
+    g_local = gamma(n_local, u) + _gate_sums(x, spec) * u
+    cond = _wy_condition(k, beta, decays)  # (B, H, N)
+    state = np.zeros((b_, h_, d, x.v.shape[-1]))
+    carried = np.zeros((b_, h_, x.v.shape[-1]))  # the error entering the block, propagated
+    within = np.zeros_like(carried)  # the block's own local errors, propagated
+    product, growth = np.broadcast_to(np.eye(d), (b_, h_, d, d)), np.ones((b_, h_))
+    largest = np.zeros_like(carried)
+    norms_q = np.sqrt(np.sum(q * q, -1))  # (B, H, N)
+    scale = np.empty(x.v.shape)
+    bound_abs = np.empty(x.v.shape)
+    g_out = gamma(d + 1 + (d + 3) * spec.qk_l2norm, u)
+    block = -(-max(DELTA_CHUNK, 4 * d) // DELTA_CHUNK) * DELTA_CHUNK
+    for t in range(n):
+        y = decays[:, :, t, :, None] * state
+        y_norm = np.sqrt(np.sum(y * y, -2))  # (B, H, dv)
+        kt, bt = k[:, :, t], beta[:, :, t, None]
+        local = g_local * (
+            y_norm * (1 + np.abs(bt) * k2[:, :, t, None])
+            + np.abs(bt) * np.sqrt(k2[:, :, t, None]) * np.abs(x.v[:, :, t])
+        )
+        carried = rho[:, :, t, None] * carried
+        within = rho[:, :, t, None] * within + cond[:, :, t, None] * local
+        transition = decays[:, :, t, None, :] * (
+            np.eye(d) - bt[..., None] * kt[..., :, None] * kt[..., None, :]
+        )
+        product, growth = transition @ product, growth * rho[:, :, t]
+        if (t + 1) % block == 0:  # the block's product bounds what entered it
+            contraction = np.minimum(growth, np.linalg.norm(product, 2, axis=(-2, -1)) * SAFETY)
+            carried = carried / np.where(growth > 0, growth, 1)[..., None] * contraction[..., None]
+            carried, within = carried + within, np.zeros_like(within)
+            product, growth = np.broadcast_to(np.eye(d), (b_, h_, d, d)), np.ones((b_, h_))
+        err = carried + within
+        inner = x.v[:, :, t] - np.einsum("bhd,bhdc->bhc", kt, y)
+        state = y + kt[..., None] * (bt * inner)[:, :, None, :]
+        x_norm = np.sqrt(np.sum(state * state, -2))
+        largest = np.maximum(largest, x_norm)
+        qn = c * norms_q[:, :, t, None]
+        scale[:, :, t] = qn * largest
+        out = qn * x_norm if ref is None else np.abs(ref[:, :, t])
+        bound_abs[:, :, t] = (qn * (err + g_out * x_norm)) * (1 + u) + u * out + tiny / 2
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bound = np.where(bound_abs == 0, 0.0, bound_abs * SAFETY / (u * scale))
+    bound = np.where(np.isnan(bound), np.inf, bound)
+    return scale, bound
+
+
+def _decays(x: AttentionInputs, spec: Spec) -> np.ndarray:
+    """The decay factors exp(g_t) per key channel, (B, H, N, d) (1 without a decay)."""
+    b_, h_, n, d = x.q.shape
+    if spec.decay is None:
+        return np.ones((b_, h_, n, d))
+    g = x.decay if spec.decay == "channel-gates" else x.decay[..., None]
+    return np.broadcast_to(np.exp(g), (b_, h_, n, d))
+
+
+def _gate_sums(x: AttentionInputs, spec: Spec) -> float:
+    """The largest sum of |g| over DELTA_CHUNK consecutive tokens of a key channel: what a
+    chunked kernel's prefix sums of the gates reach (0 without a decay)."""
+    if spec.decay is None:
+        return 0.0
+    g = np.abs(x.decay if spec.decay == "channel-gates" else x.decay[..., None])
+    sums = np.cumsum(np.pad(g, ((0, 0), (0, 0), (1, 0), (0, 0))), axis=2)
+    width = min(DELTA_CHUNK, g.shape[2])
+    return float(np.max(sums[:, :, width:] - sums[:, :, :-width]))
+
+
+def _wy_condition(k: np.ndarray, beta: np.ndarray, decays: np.ndarray) -> np.ndarray:
+    """Skeel's condition number of each chunk's I + L (module docstring), per token
+    (B, H, N), chunks of DELTA_CHUNK tokens from the first; L_ij = beta_i sum_m k_im k_jm
+    prod_(j < t <= i) D_tm for j < i."""
+    b_, h_, n, _ = k.shape
+    cond = np.empty((b_, h_, n))
+    logs = np.log(decays)
+    for start in range(0, n, DELTA_CHUNK):
+        part = slice(start, min(start + DELTA_CHUNK, n))
+        kc, bc = k[:, :, part], beta[:, :, part]
+        prefix = np.cumsum(logs[:, :, part], axis=2)  # (B, H, C, d)
+        diff = prefix[:, :, :, None, :] - prefix[:, :, None, :, :]  # G_i - G_j
+        size = kc.shape[2]
+        lower = np.tril(np.ones((size, size), dtype=bool), -1)
+        ratio = np.exp(np.where(lower[..., None], diff, -np.inf))
+        gram = np.einsum("bhim,bhjm,bhijm->bhij", kc, kc, ratio)
+        system = np.eye(size) + bc[..., None] * gram
+        inverse = np.linalg.inv(system)
+        skeel = np.abs(inverse) @ np.abs(system)
+        cond[:, :, part] = np.max(np.sum(skeel, -1), -1)[..., None]
+    return np.maximum(cond, 1.0)
