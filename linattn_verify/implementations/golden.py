@@ -31,6 +31,7 @@ import torch
 
 from ..inputs import validate
 from ..specs import Spec, SpecError
+from .golden_delta import GOLDEN_DELTA_FORMS, golden_delta
 from .golden_features import at_one_scale, eps_in_units, golden_features, shifted_form, total
 
 if TYPE_CHECKING:
@@ -48,7 +49,9 @@ SCAN_BLOCK = 64
 def golden_forms(spec: Spec) -> tuple[str, ...]:
     """The golden forms that evaluate `spec`: both associations of a plain kernelised spec,
     the quadratic form alone for softmax (it has no finite feature map) and for a scaled,
-    unnormalised or decayed one."""
+    unnormalised or decayed one, the recurrence itself for the delta rule (golden_delta.py)."""
+    if spec.delta_rule:
+        return GOLDEN_DELTA_FORMS
     return GOLDEN_FORMS if spec.info.kernelised and spec.plain else ("quadratic",)
 
 
@@ -58,11 +61,12 @@ def golden_attention(
     v: torch.Tensor,
     spec: Spec,
     projection: torch.Tensor | np.ndarray | None = None,
-    form: str = "quadratic",
+    form: str | None = None,
     decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention for `spec`, evaluated carefully in `form` ("quadratic" or "linear"; the
-    quadratic one for specs that are not plain: golden_forms).
+    """Attention for `spec`, evaluated carefully in `form` (golden_forms: "quadratic" or
+    "linear", the quadratic one for specs that are not plain; None: the first of them). A
+    delta-rule spec is golden_delta.py's, decay its beta and gates (inputs.pack_delta).
 
     q: (B, H, Nq, d), k: (B, H, Nk, d), v: (B, H, Nk, dv), all of one floating dtype
     (float16, bfloat16, float32, float64) and one device; any strides. projection: W of
@@ -73,6 +77,10 @@ def golden_attention(
     positive similarity. Raises SpecError for bad inputs, an unknown form, or the linear
     form of softmax (which has no finite feature map).
     """
+    if isinstance(spec, Spec):
+        form = form or golden_forms(spec)[0]
+        if spec.delta_rule:
+            return golden_delta(q, k, v, spec, projection, form, decay)
     _check_call(q, k, v, spec, projection, form, decay)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc = (t.to(compute) for t in (q, k, v))

@@ -56,7 +56,14 @@ def calls(impl: Implementation) -> tuple[Callable[..., Any], Callable[..., Any] 
         fn = functools.partial(attention, causal=spec.causal, form=form)
     fn = functools.partial(fn, feature_map=spec.feature_map, eps=spec.eps, chunk_size=chunk_size)
     if not spec.plain:
-        fn = functools.partial(fn, normalize=spec.normalize, scale=spec.scale, decay=spec.decay)
+        fn = functools.partial(
+            fn,
+            normalize=spec.normalize,
+            scale=spec.scale,
+            decay=spec.decay,
+            delta_rule=spec.delta_rule,
+            qk_l2norm=spec.qk_l2norm,
+        )
     if form not in ("recurrent", "chunked") or not spec.plain:
         return fn, None
 
