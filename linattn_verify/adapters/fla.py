@@ -12,6 +12,23 @@ Triton retention functions build the same gammas from torch.arange in their own 
 where the adapter gives the suite's (_HeadIndices). fla.ops.gla.fused_chunk_gla is still
 exported in 0.6.0 but is a stub (fla/ops/gla/fused_chunk.py) that raises NotImplementedError
 ("deprecated. Please use `chunk_gla` instead"): not adapted.
+
+The delta rule (DeltaNet, Gated DeltaNet, KDA: specs.DELTA_SOURCE): fla's naive.py functions
+and the Triton ones, their q, k of H heads and v of HV = H heads (fla's grouped value heads,
+HV a multiple of H, are not exercised: the contract has one head count). Every function
+applies the gates before the update (S_(t-1) times exp(g_t) first), as the spec. The Triton
+functions are declared twice, use_qk_l2norm_in_kernel False (q, k as given) and True (the
+spec's qk_l2norm: x / sqrt(|x|^2 + 1e-6), in fla/modules/norm/l2norm.py before the chunk
+kernels and fused_recurrent_delta_rule, inside the kernel in the other fused-recurrent
+ones), the path fla's DeltaNet, GatedDeltaNet and KDA layers take. chunk_gated_delta_rule,
+chunk_kda and fused_recurrent_kda go through fla.backends.dispatch, which would hand the
+call to flash_qla, flash_kda or tilelang where installed (or Triton-Ascend on an Ascend
+NPU): none is here, so fla's own Triton kernels run. Left out: fused_chunk_delta_rule, a
+stub that raises NotImplementedError ("deprecated. Please use chunk_delta_rule instead");
+naive.py's delta_rule_parallel, which returns (o, A) with the (B, H, N, N) matrix A and
+needs N % BM == 0 (BM = 128 by default; N = 64 raises a size mismatch);
+fla/ops/delta_rule/parallel.py's parallel_delta_rule, not exported by the package and
+without a backward.
 """
 
 from __future__ import annotations
@@ -221,6 +238,53 @@ def _gla_triton(function: str, gates: str, state: bool) -> Callable[[], Fn]:
     return load
 
 
+def _naive_delta(
+    relative: str, function: str, state: bool, layout: str, chunk: int | None = None
+) -> Callable[[], Fn]:
+    """A loader for fla/<relative>'s `function`(q, k, v, beta=, [g=]) (a naive.py file,
+    without triton) in `layout`; every one returns (o, S), S [B, H, K, V] as ours. With
+    `state`: fn(..., initial_state=None) -> (o, S) (output_final_state=True). With `chunk`:
+    its chunk_size, the largest divisor of N below N and at most `chunk` (its default), for
+    a function that asserts N % chunk_size == 0 (largest_divisor_below)."""
+
+    def load() -> Fn:
+        naive = getattr(_fla_file(relative), function)
+
+        def fla_naive_delta(q, k, v, initial_state=None, **values):
+            if chunk is not None:
+                tokens = q.shape[2 if layout == "bhnd" else 1]
+                values["chunk_size"] = largest_divisor_below(tokens, chunk)
+            if state:
+                values |= {"initial_state": initial_state, "output_final_state": True}
+            o, s = naive(q, k, v, **values)
+            return (o, s) if state else o
+
+        return fla_naive_delta
+
+    return load
+
+
+def _delta_triton(module: str, function: str, l2norm: bool, state: bool) -> Callable[[], Fn]:
+    """A loader for fla.ops.<module>.<function> (Triton) on (B, T, H, K) tensors, beta
+    (B, T, H) and the gates (g, (B, T, H) or (B, T, H, K)) by keyword, scale None (K^-1/2),
+    use_qk_l2norm_in_kernel=`l2norm`; packed batches by its cu_seqlens; with `state`,
+    fn(..., initial_state=None) -> (o, S), S [B, H, K, V] as ours (output_final_state=True,
+    state_v_first False); without, its output alone (output_final_state=False)."""
+
+    def load() -> Fn:
+        kernel = getattr(_triton_ops(module), function)
+
+        def fla_delta(q, k, v, initial_state=None, cu_seqlens=None, **values):
+            o, s = kernel(q, k, v, **values, initial_state=initial_state,
+                          output_final_state=state, use_qk_l2norm_in_kernel=l2norm,
+                          cu_seqlens=cu_seqlens)  # fmt: skip
+            return (o, s) if state else o
+
+        return fla_delta
+
+    return load
+
+
 class _HeadIndices:
     """`torch` inside one of fla's retention functions for a call: arange(H), from which fla
     builds its gammas as 1 - 2^(-5 - h), gives h = -log2(1 - gamma) - 5 for the suite's
@@ -288,6 +352,43 @@ _GLA = (
     "dtype."
 )
 BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
+DELTA_SPEC = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
+_DELTA_RULES = {
+    None: "DeltaNet (Yang et al. 2024): S_t = (I - beta_t k_t k_t^T) S_(t-1) + beta_t k_t "
+    "v_t^T, o_t = K^-1/2 S_t^T q_t, beta (B, T, H): the identity spec, unnormalised, scale "
+    "d^-0.5, the delta rule.",
+    "gates": "Gated DeltaNet (Yang, Kautz, Hatamizadeh 2025): S_(t-1) times exp(g_t) first, "
+    "g (B, T, H) log-gates, then DeltaNet's update, o_t = K^-1/2 S_t^T q_t: the identity "
+    "spec, unnormalised, scale d^-0.5, the delta rule with gates.",
+    "channel-gates": "KDA (Kimi Linear 2025): S_(t-1) times diag(exp(g_t)) first, g (B, T, "
+    "H, K) log-gates per key channel, then DeltaNet's update, o_t = K^-1/2 S_t^T q_t: the "
+    "identity spec, unnormalised, scale d^-0.5, the delta rule with channel gates.",
+}
+# what each Triton function does besides the spec, by its name
+_DELTA_TRITON = {
+    "chunk_delta_rule": "It asserts q.dtype != float32 (fla/ops/delta_rule/chunk.py:303: "
+    '"does not support float32. Please use bfloat16"); float64 does not compile: '
+    "merge_16x16_to_64x64_inverse_kernel (fla/ops/utils/solve_tril.py:336) casts its float32 "
+    'block to the float64 output with fp_downcast_rounding="rtne", which Triton refuses '
+    "for a widening cast.",
+    "fused_recurrent_delta_rule": "State and products in float32, the output in the input dtype.",
+    "chunk_gated_delta_rule": "float64 does not compile: chunk_gated_delta_rule_fwd_kkt_solve"
+    "_kernel (fla/ops/gated_delta_rule/chunk_fwd.py) mixes float64 blocks and float32 ones in "
+    "tl.dot (line 142 into a float32 accumulator, line 257 as operands; in the interpreter "
+    "line 257 raises, or the suite's store shim at line 319).",
+    "fused_recurrent_gated_delta_rule": "State and products in float32, the output in the "
+    "input dtype; its backward raises NotImplementedError (fla/ops/gated_delta_rule/"
+    "fused_recurrent.py:302); it takes **kwargs, so a misspelt keyword is dropped unread.",
+    "chunk_kda": "It asserts a float32 initial_state (fla/ops/kda/chunk.py:466); float64 does "
+    "not compile: chunk_gla_fwd_kernel_o (fla/ops/gla/chunk.py:442-455) takes float64 tl.dots "
+    "into its float32 accumulator and stores the result through the float64 output.",
+    "fused_recurrent_kda": "State and products in float32, the output in the input dtype; it "
+    "is no autograd Function: its output carries no gradient.",
+}
+_GROUPED = (
+    " Called with as many value heads as query heads: fla's grouped value heads (HV a "
+    "multiple of H) are not exercised. Its state [N, H, K, V] (state_v_first=False) is ours."
+)
 
 
 def _based(name: str, function: str, layout: str, note: str, load, **options) -> Adapter:
@@ -295,6 +396,27 @@ def _based(name: str, function: str, layout: str, note: str, load, **options) ->
     install = INSTALL_TRITON if options.get("triton") else INSTALL
     return Adapter(name, "fla-core", function, BASED_SPEC, layout, _BASED + note, load, install,
                    **options)  # fmt: skip
+
+
+def _naive_delta_adapter(
+    name: str,
+    module: str,
+    function: str,
+    decay: str | None,
+    layout: str,
+    note: str,
+    chunk: int | None = None,
+    state: bool = True,
+) -> Adapter:
+    """An fla adapter of fla/ops/<module>/naive.py's delta-rule `function` (DELTA_SPEC with
+    `decay`), with its state S unless `state` is False (_naive_delta)."""
+    relative = f"ops/{module}/naive.py"
+    return Adapter(
+        name, "fla-core", f"fla/{relative}:{function}", replace(DELTA_SPEC, decay=decay), layout,
+        _DELTA_RULES[decay] + note, _naive_delta(relative, function, False, layout, chunk),
+        INSTALL, state="S" if state else None,
+        load_state=_naive_delta(relative, function, True, layout, chunk) if state else None,
+    )  # fmt: skip
 
 
 ADAPTERS = (
@@ -426,4 +548,59 @@ ADAPTERS = (
     _based("fla.based-fused-chunk", "fla.ops.based.fused_chunk_based", "bnhd",
            " Triton fused chunk kernel; asserts d <= 16.",
            _fla_triton("based", "fused_chunk_based", False), triton=True),
+    _naive_delta_adapter("fla.delta-rule-naive", "delta_rule", "delta_rule_recurrence", None,
+                         "bhnd", " A Python loop over T in float32 whatever the input dtype; "
+                         "the output cast back, its state S float32; its scale is fixed "
+                         "(d_k^-0.5)."),
+    _naive_delta_adapter("fla.delta-rule-naive-chunk", "delta_rule", "delta_rule_chunkwise",
+                         None, "bhnd", " Chunked (UT transform) in the input dtype: it "
+                         "asserts N % chunk_size == 0, so chunk_size is the largest divisor of "
+                         "N below N, at most its default 32; float16 and bfloat16 raise (attn "
+                         "+ torch.eye(dtype=float) is float32, then attn @ v mixes dtypes); it "
+                         "takes no initial state, so no --state.", chunk=32, state=False),
+    _naive_delta_adapter("fla.gated-delta-rule-naive", "gated_delta_rule",
+                         "naive_recurrent_gated_delta_rule", "gates", "bnhd", " A Python loop "
+                         "over T in float32; its output stays float32 whatever the input "
+                         "dtype, its state S float32."),
+    _naive_delta_adapter("fla.gated-delta-rule-naive-chunk", "gated_delta_rule",
+                         "naive_chunk_gated_delta_rule", "gates", "bnhd", " Chunks of 64 in "
+                         "float32 (T padded by fla with zeros); its output stays float32 "
+                         "whatever the input dtype, its state S float32."),
+    _naive_delta_adapter("fla.kda-naive", "kda", "naive_recurrent_kda", "channel-gates", "bnhd",
+                         " A Python loop over T in float32; the output cast back, its state S "
+                         "float32."),
+    _naive_delta_adapter("fla.kda-naive-chunk", "kda", "naive_chunk_kda", "channel-gates",
+                         "bnhd", " Chunked in float32, the output cast back, its state S "
+                         "float32: it asserts N % chunk_size == 0, so chunk_size is the "
+                         "largest divisor of N below N, at most its default 64.", chunk=64),
+    *(
+        Adapter(
+            f"fla.{module.replace('_', '-')}-{short}{'-l2norm' * l2norm}",
+            "fla-core",
+            f"fla.ops.{module}.{function}",
+            replace(DELTA_SPEC, decay=decay, qk_l2norm=l2norm),
+            "bnhd",
+            _DELTA_RULES[decay] + f" Triton {how}, use_qk_l2norm_in_kernel={l2norm}"
+            + (" (q and k normalised by fla, x / sqrt(|x|^2 + 1e-6): qk-l2norm). " if l2norm
+               else ". ")
+            + _DELTA_TRITON[function] + _GROUPED,
+            _delta_triton(module, function, l2norm, False),
+            INSTALL_TRITON,
+            triton=True,
+            state="S",
+            load_state=_delta_triton(module, function, l2norm, True),
+            varlen=True,
+        )
+        for module, decay, short, function, how in (
+            ("delta_rule", None, "chunk", "chunk_delta_rule", "chunk kernel"),
+            ("delta_rule", None, "fused-recurrent", "fused_recurrent_delta_rule",
+             "recurrent kernel"),
+            ("gated_delta_rule", "gates", "chunk", "chunk_gated_delta_rule", "chunk kernel"),
+            ("gated_delta_rule", "gates", "fused-recurrent", "fused_recurrent_gated_delta_rule",
+             "recurrent kernel"),
+            ("kda", "channel-gates", "chunk", "chunk_kda", "chunk kernel"),
+            ("kda", "channel-gates", "fused-recurrent", "fused_recurrent_kda", "recurrent kernel"),
+        )
+        for l2norm in (False, True)
+    ),
 )  # fmt: skip
