@@ -73,6 +73,14 @@ class AttentionInputs:
     decay: np.ndarray | None = None
     beta: np.ndarray | None = None
 
+    def first(self, n: int, spec: Spec) -> AttentionInputs:
+        """The inputs of the first n tokens (their gates and beta; gamma whole)."""
+        per_token = self.decay is not None and spec.gated
+        part = (t[:, :, :n] for t in (self.q, self.k, self.v))
+        decay = self.decay[:, :, :n] if per_token else self.decay
+        beta = None if self.beta is None else self.beta[:, :, :n]
+        return AttentionInputs(*part, self.projection, self.dtype, decay, beta)
+
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
         """(B, H, Nq, Nk, d, dv)."""

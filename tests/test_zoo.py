@@ -42,6 +42,7 @@ def implementation(entry: Entry) -> Implementation:
         varlen=entry.varlen,
         decay=entry.decay,
         normalize=entry.normalize,
+        delta_rule=entry.delta_rule,
         triton="interpret" if entry.triton else None,
     )
 
@@ -64,6 +65,7 @@ def _spec_order(entry: Entry) -> tuple:
     """Entries of one spec side by side: a worker judging them in turn reuses the exact
     references and bounds of the cases they share (accuracy/, checks/long_context.py)."""
     spec = (entry.feature_map, entry.causal, entry.normalize, str(entry.decay), str(entry.state))
+    spec += (entry.delta_rule,)
     return (*spec, entry.long, entry.grad, entry.name)
 
 

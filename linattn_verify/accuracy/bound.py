@@ -548,8 +548,13 @@ def state_bound(
     gains u |S| (which also covers the float64 rounding of the exact state it is compared
     with); each of the N products may underflow by tiny / 2, and so may each feature (Higham
     2002, sec. 2.1). Evaluated in float64, inflated by SAFETY for its own rounding;
-    infinite where gamma is (n u >= 1)."""
+    infinite where gamma is (n u >= 1). The delta rule's is its own (delta_bound.py), z
+    none (zeros)."""
     b_, h_, nk, _, _, dv = x.shape
+    if spec.delta_rule:
+        from .delta_bound import delta_state_bound
+
+        return delta_state_bound(x, spec, u, tiny), np.zeros(x.k.shape[:2] + x.k.shape[3:])
     name, g = spec.feature_map, gamma((C_LIB + 2) * nk + 1, u)
     out_s, out_z = [], []
     for b in range(b_):

@@ -49,6 +49,8 @@ the computation of row t passed through, times the query's; errors are in units 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..inputs import AttentionInputs
@@ -58,33 +60,38 @@ from .bound import C_LIB, SAFETY, gamma
 DELTA_CHUNK = 64  # the chunk of fla's delta-rule kernels (BT = 64)
 
 
-def delta_scale_and_bound(
-    x: AttentionInputs, spec: Spec, ref: np.ndarray | None, u: float, tiny: float = 0.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """(s, bound in units of u s), each (B, H, N, dv), of the module docstring; ref the
-    exact output or None (then |x_t| |q_t| |c| stands in for |o_tc|)."""
+@dataclass(frozen=True)
+class Propagated:
+    """What the module docstring's propagation gives: per token and value channel, the
+    error bound E_t (B, H, N, dv), |x_t| and max_(j <= t) |x_j|; |c| |q_t| (B, H, N); the
+    final state S_N (B, H, d, dv), in float64."""
+
+    error: np.ndarray
+    norms: np.ndarray
+    largest: np.ndarray
+    query: np.ndarray
+    final: np.ndarray
+
+
+def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
+    """The state's error bound and magnitudes token by token (module docstring)."""
     q, k = x.q, x.k
     if spec.qk_l2norm:
         q, k = (t / np.sqrt(np.sum(t * t, -1, keepdims=True) + QK_L2NORM_EPS) for t in (q, k))
     b_, h_, n, d = q.shape
-    c = abs(spec.scale_for(d))
-    beta = x.beta
-    decays = _decays(x, spec)  # (B, H, N, d) factors exp(g)
+    beta, decays = x.beta, _decays(x, spec)  # decays (B, H, N, d): the factors exp(g)
     k2 = np.sum(k * k, -1)  # (B, H, N)
     rho = decays.max(-1) * np.maximum(1.0, np.abs(1 - beta * k2))
     n_local = d + 5 + C_LIB + (d + 3) * spec.qk_l2norm
     g_local = gamma(n_local, u) + _gate_sums(x, spec) * u
     cond = _wy_condition(k, beta, decays)  # (B, H, N)
+    block = -(-max(DELTA_CHUNK, 4 * d) // DELTA_CHUNK) * DELTA_CHUNK
     state = np.zeros((b_, h_, d, x.v.shape[-1]))
     carried = np.zeros((b_, h_, x.v.shape[-1]))  # the error entering the block, propagated
     within = np.zeros_like(carried)  # the block's own local errors, propagated
-    product, growth = np.broadcast_to(np.eye(d), (b_, h_, d, d)), np.ones((b_, h_))
     largest = np.zeros_like(carried)
-    norms_q = np.sqrt(np.sum(q * q, -1))  # (B, H, N)
-    scale = np.empty(x.v.shape)
-    bound_abs = np.empty(x.v.shape)
-    g_out = gamma(d + 1 + (d + 3) * spec.qk_l2norm, u)
-    block = -(-max(DELTA_CHUNK, 4 * d) // DELTA_CHUNK) * DELTA_CHUNK
+    product, growth = np.broadcast_to(np.eye(d), (b_, h_, d, d)), np.ones((b_, h_))
+    error, norms, most = (np.empty(x.v.shape) for _ in range(3))
     for t in range(n):
         y = decays[:, :, t, :, None] * state
         y_norm = np.sqrt(np.sum(y * y, -2))  # (B, H, dv)
@@ -104,19 +111,39 @@ def delta_scale_and_bound(
             carried = carried / np.where(growth > 0, growth, 1)[..., None] * contraction[..., None]
             carried, within = carried + within, np.zeros_like(within)
             product, growth = np.broadcast_to(np.eye(d), (b_, h_, d, d)), np.ones((b_, h_))
-        err = carried + within
         inner = x.v[:, :, t] - np.einsum("bhd,bhdc->bhc", kt, y)
         state = y + kt[..., None] * (bt * inner)[:, :, None, :]
-        x_norm = np.sqrt(np.sum(state * state, -2))
-        largest = np.maximum(largest, x_norm)
-        qn = c * norms_q[:, :, t, None]
-        scale[:, :, t] = qn * largest
-        out = qn * x_norm if ref is None else np.abs(ref[:, :, t])
-        bound_abs[:, :, t] = (qn * (err + g_out * x_norm)) * (1 + u) + u * out + tiny / 2
+        norms[:, :, t] = np.sqrt(np.sum(state * state, -2))
+        largest = np.maximum(largest, norms[:, :, t])
+        error[:, :, t], most[:, :, t] = carried + within, largest
+    query = abs(spec.scale_for(d)) * np.sqrt(np.sum(q * q, -1))
+    return Propagated(error, norms, most, query, state)
+
+
+def delta_scale_and_bound(
+    x: AttentionInputs, spec: Spec, ref: np.ndarray | None, u: float, tiny: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(s, bound in units of u s), each (B, H, N, dv), of the module docstring; ref the
+    exact output or None (then |c| |q_t| |x_t| stands in for |o_tc|)."""
+    p = propagated(x, spec, u)
+    d = x.q.shape[-1]
+    g_out = gamma(d + 1 + (d + 3) * spec.qk_l2norm, u)
+    query = p.query[..., None]
+    out = query * p.norms if ref is None else np.abs(ref)
+    scale = query * p.largest
+    absolute = query * (p.error + g_out * p.norms) * (1 + u) + u * out + tiny / 2
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        bound = np.where(bound_abs == 0, 0.0, bound_abs * SAFETY / (u * scale))
-    bound = np.where(np.isnan(bound), np.inf, bound)
-    return scale, bound
+        bound = np.where(absolute == 0, 0.0, absolute * SAFETY / (u * scale))
+    return scale, np.where(np.isnan(bound), np.inf, bound)
+
+
+def delta_state_bound(x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0) -> np.ndarray:
+    """A bound on |S_hat - S| (B, H, d, dv) for the state after the last token: the error of
+    its column c is at most E_N in the 2-norm, so in each element; stored in precision u,
+    u |S| more (which also covers the float64 rounding of the exact state), and tiny / 2."""
+    p = propagated(x, spec, u)
+    column = p.error[:, :, -1, None, :]
+    return (column + u * np.abs(p.final) + tiny / 2) * SAFETY
 
 
 def _decays(x: AttentionInputs, spec: Spec) -> np.ndarray:

@@ -61,12 +61,14 @@ def typical_roundings(n: int, u: float) -> float:
 def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     """The least error (units of u s) the budget takes as attainable, however the golden
     forms' roundings fell: typical_roundings of the longest sum, n = m + Nk + 1 terms (m
-    features, Nk keys, eps), times BUDGET_FLOOR; with a decay at least the error of its
-    chunked evaluation (decay_floor)."""
+    features, Nk keys, eps), times BUDGET_FLOOR; for the delta rule of its Nk steps of
+    d + 5 roundings each (delta_bound.py); with a decay at least the error of its chunked
+    evaluation (decay_floor)."""
     nk, d = x.k.shape[2:]
     rows = None if x.projection is None else x.projection.shape[0]
     m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
-    return BUDGET_FLOOR * max(typical_roundings(m + nk + 1, u), decay_floor(spec, x, u))
+    n = nk * (d + 5) if spec.delta_rule else m + nk + 1
+    return BUDGET_FLOOR * max(typical_roundings(n, u), decay_floor(spec, x, u))
 
 
 def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:

@@ -114,10 +114,7 @@ def _by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> 
     """_unrepresentable for the state after any of `cuts` tokens, as a by-nature reason."""
     spec = impl.spec
     for c in cuts:
-        gates = x.decay[:, :, :c] if spec.gated else x.decay  # float64 arrays
-        ts = (x.q[:, :, :c], x.k[:, :, :c], x.v[:, :, :c])
-        prefix = validate(*ts, spec, x.projection, gates)
-        if why := _unrepresentable(_exact(prefix, spec), dtype, spec.feature_map):
+        if why := _unrepresentable(_exact(x.first(c, spec), spec), dtype, spec.feature_map):
             return f"{why} after {c} tokens: a state in true units cannot carry it"
     return None
 

@@ -32,7 +32,8 @@ class Entry:
     gamma=(H,)), "gates", fn(q, k, v, g=(B, H, N)), or "channel-gates", fn(q, k, v,
     g=(B, H, N, d))), or None. normalize: False for an
     unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). triton: its
-    kernels are Triton code, run in Triton's interpreter (--triton interpret).
+    kernels are Triton code, run in Triton's interpreter (--triton interpret). delta_rule:
+    the delta rule's spec (fn(q, k, v, beta=(B, H, N)[, g=...]), specs.DELTA_SOURCE).
     """
 
     name: str
@@ -53,6 +54,7 @@ class Entry:
     decay: str | None = None
     normalize: bool = True
     triton: bool = False
+    delta_rule: bool = False
 
 
 # The entry modules import Entry from here, so they come after its definition.
