@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -194,10 +194,16 @@ class Case:
         return g.to(device=self.device, dtype=dtype)
 
 
-def default_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
-    """The cases' default decay (Case.decay at DECAY_RATE), constant over tokens, for
-    inputs q (B, H, N, d) that come from no case (the scaling runs): gamma =
-    exp(-DECAY_RATE) per head or gates of -DECAY_RATE, in q's dtype and device."""
+def default_decay(spec: Spec, q: torch.Tensor) -> torch.Tensor | None:
+    """The decay argument of `spec` for inputs q (B, H, N, d) that come from no case (the
+    scaling runs), constant over tokens, in q's dtype and device: the cases' default
+    decay (Case.decay at DECAY_RATE), gamma = exp(-DECAY_RATE) per head or gates of
+    -DECAY_RATE; for the delta rule with beta = 1 / d (beta |k|^2 about 1 for N(0, 1)
+    keys: I - beta k k^T stays near a projection) packed with them."""
+    kind = spec.decay
+    if spec.delta_rule:
+        beta = torch.full(q.shape[:3], 1 / q.shape[-1], dtype=q.dtype, device=q.device)
+        return pack_delta(beta, default_decay(replace(spec, delta_rule=False, qk_l2norm=False), q))
     if kind is None:
         return None
     shape = {"constant": q.shape[1:2], "gates": q.shape[:3], "channel-gates": q.shape}[kind]

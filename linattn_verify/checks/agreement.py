@@ -51,7 +51,11 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     return Outcome(verdict.passed, verdict.message, figures, severity=verdict.severity, worst=worst)
 
 
-ORDER = {"quadratic": "(phi(Q) phi(K)^T) V", "linear": "phi(Q) (phi(K)^T V)"}
+ORDER = {
+    "quadratic": "(phi(Q) phi(K)^T) V",
+    "linear": "phi(Q) (phi(K)^T V)",
+    "recurrent": "token by token",  # the delta rule's
+}
 
 
 @check("associativity")

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         w = sample_projection_torch(args.d, args.d, "orthogonal", generator)
 
     def fn(q, k, v):
-        return impl(q, k, v, w, default_decay(impl.spec.decay, q))
+        return impl(q, k, v, w, default_decay(impl.spec, q))
 
     try:  # one small call first: an implementation that fails at all fails here, by name
         fn(*attention_inputs(256, d=args.d, dv=args.d))

@@ -318,7 +318,7 @@ def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048)
 
     result = scaling_result(
         impl.name,
-        lambda q, k, v: impl(q, k, v, w, default_decay(spec.decay, q)),
+        lambda q, k, v: impl(q, k, v, w, default_decay(spec, q)),
         expected,
         ns,
         causal=spec.causal,
