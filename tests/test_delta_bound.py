@@ -1,0 +1,89 @@
+"""The delta rule's a-priori bound (accuracy/delta_bound.py) against the exact references: the
+built-in forms and the golden recurrence, in float16 and float32, on typical and adversarial
+inputs (beta near 2, keys far from unit norm, nearly parallel keys: the UT transform's
+ill-conditioned case), never err by more than it allows, outputs and final states alike;
+and it is not vacuous (under one unit of the output's scale on typical inputs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linattn_verify.accuracy.bound import scale_and_bound, state_bound
+from linattn_verify.accuracy.verdict import error_units
+from linattn_verify.cases import DELTA_KINDS, Case
+from linattn_verify.implementations.delta import delta_attention
+from linattn_verify.implementations.golden import golden_attention
+from linattn_verify.inputs import UNIT_ROUNDOFF, delta_arguments, validate
+from linattn_verify.reference import exact
+from linattn_verify.reference.state import exact_state
+from linattn_verify.specs import DELTA_DECAYS, RSQRT_D, Spec
+
+KINDS = ("normal", *DELTA_KINDS)
+
+
+def _spec(decay: str | None) -> Spec:
+    return Spec("identity", True, normalize=False, scale=RSQRT_D, decay=decay, delta_rule=True)
+
+
+@pytest.mark.parametrize("decay", DELTA_DECAYS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_no_evaluation_exceeds_the_bound(decay, kind, dtype):
+    spec = _spec(decay)
+    q, k, v, _, packed = Case(1, 2, 70, 4, 3, dtype, kind, seed=3).arguments(spec)
+    x = validate(q, k, v, spec, None, packed)
+    ref = exact(x, spec)
+    u = UNIT_ROUNDOFF[dtype]
+    scale, bound = scale_and_bound(x, spec, ref, u)
+    given = delta_arguments(spec, packed)
+    outputs = {"golden": golden_attention(q, k, v, spec, None, "recurrent", packed)}
+    for form in ("recurrent", "chunked"):
+        for chunk in (16, 64):
+            out, _ = delta_attention(q, k, v, spec, form, chunk_size=chunk, **given)
+            outputs[f"{form} {chunk}"] = out
+    for name, out in outputs.items():
+        e = error_units(out.double().numpy(), ref, scale, u)
+        assert np.all(e <= bound), (name, float(np.max(e / bound)))
+
+
+@pytest.mark.parametrize("decay", DELTA_DECAYS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_final_state_is_within_the_state_bound(decay, kind):
+    spec = _spec(decay)
+    q, k, v, _, packed = Case(1, 2, 70, 4, 3, "float32", kind, seed=5).arguments(spec)
+    x = validate(q, k, v, spec, None, packed)
+    want = exact_state(x, spec)[0]
+    allowed = state_bound(x, spec, UNIT_ROUNDOFF["float32"])[0]
+    for form in ("recurrent", "chunked"):
+        _, s = delta_attention(q, k, v, spec, form, **delta_arguments(spec, packed))
+        assert np.all(np.abs(s.double().numpy() - want) <= allowed), form
+
+
+@pytest.mark.parametrize("decay", DELTA_DECAYS)
+def test_the_bound_is_not_vacuous_on_typical_inputs(decay):
+    """Below the output's scale (bound u < 1): the bound says something about float32
+    outputs, where a componentwise one (|A_t| up to 1 + beta a step) would allow 10^30."""
+    spec = _spec(decay)
+    q, k, v, _, packed = Case(1, 1, 256, 16, 4, "float32", seed=1).arguments(spec)
+    _, bound = scale_and_bound(validate(q, k, v, spec, None, packed), spec, None, 2.0**-24)
+    assert np.max(bound) * 2.0**-24 < 1
+
+
+def test_a_wrong_output_exceeds_the_bound():
+    """beta applied to v_t alone (u_t = beta v_t - S^T k_t), the zoo's first delta-rule bug,
+    is far outside the bound in float32."""
+    spec = _spec(None)
+    q, k, v, _, packed = Case(1, 2, 40, 4, 3, "float32", seed=2).arguments(spec)
+    x = validate(q, k, v, spec, None, packed)
+    ref, beta = exact(x, spec), delta_arguments(spec, packed)["beta"].double()
+    s = torch.zeros(1, 2, 4, 3, dtype=torch.float64)
+    out = torch.empty(1, 2, 40, 3, dtype=torch.float64)
+    for t in range(40):
+        kt = k[:, :, t].double()
+        u_t = beta[:, :, t, None] * v[:, :, t].double() - torch.einsum("bhd,bhdc->bhc", kt, s)
+        s = s + kt[..., None] * u_t[:, :, None, :]
+        out[:, :, t] = torch.einsum("bhd,bhdc->bhc", q[:, :, t].double(), s) / 2
+    scale, bound = scale_and_bound(x, spec, ref, 2.0**-24)
+    assert np.max(error_units(out.numpy(), ref, scale, 2.0**-24) / bound) > 100
