@@ -43,8 +43,9 @@ output o_tc = c q_t^T x_t errs by at most
 the state norms |x_t| taken from a float64 evaluation (first order: its own error is far
 below float32's unit and enlarges them by less than SAFETY for float64).
 
-The scale: s_tc = |c| |q_t| max_(j <= t) |x_j|, the largest magnitude of state channel c that
-the computation of row t passed through, times the query's; errors are in units of u s.
+The scale: s_tc = |c| |q_t| max_(j <= t) |x_j| (reference.delta.delta_scale, which the
+certified engine measures its bounds against too), the largest magnitude of state channel c
+that the computation of row t passed through, times the query's; errors are in units of u s.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..inputs import AttentionInputs
+from ..reference.delta import delta_scale
 from ..specs import QK_L2NORM_EPS, Spec
 from .bound import C_LIB, SAFETY, gamma
 
@@ -63,12 +65,12 @@ DELTA_CHUNK = 64  # the chunk of fla's delta-rule kernels (BT = 64)
 @dataclass(frozen=True)
 class Propagated:
     """What the module docstring's propagation gives: per token and value channel, the
-    error bound E_t (B, H, N, dv), |x_t| and max_(j <= t) |x_j|; |c| |q_t| (B, H, N); the
-    final state S_N (B, H, d, dv), in float64."""
+    error bound E_t (B, H, N, dv) and |x_t|; the scale s (reference.delta.delta_scale);
+    |c| |q_t| (B, H, N); the final state S_N (B, H, d, dv), in float64."""
 
     error: np.ndarray
     norms: np.ndarray
-    largest: np.ndarray
+    scale: np.ndarray
     query: np.ndarray
     final: np.ndarray
 
@@ -89,9 +91,8 @@ def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
     state = np.zeros((b_, h_, d, x.v.shape[-1]))
     carried = np.zeros((b_, h_, x.v.shape[-1]))  # the error entering the block, propagated
     within = np.zeros_like(carried)  # the block's own local errors, propagated
-    largest = np.zeros_like(carried)
     product, growth = np.broadcast_to(np.eye(d), (b_, h_, d, d)), np.ones((b_, h_))
-    error, norms, most = (np.empty(x.v.shape) for _ in range(3))
+    error, norms = np.empty(x.v.shape), np.empty(x.v.shape)
     for t in range(n):
         y = decays[:, :, t, :, None] * state
         y_norm = np.sqrt(np.sum(y * y, -2))  # (B, H, dv)
@@ -114,10 +115,10 @@ def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
         inner = x.v[:, :, t] - np.einsum("bhd,bhdc->bhc", kt, y)
         state = y + kt[..., None] * (bt * inner)[:, :, None, :]
         norms[:, :, t] = np.sqrt(np.sum(state * state, -2))
-        largest = np.maximum(largest, norms[:, :, t])
-        error[:, :, t], most[:, :, t] = carried + within, largest
-    query = abs(spec.scale_for(d)) * np.sqrt(np.sum(q * q, -1))
-    return Propagated(error, norms, most, query, state)
+        error[:, :, t] = carried + within
+    c = spec.scale_for(d)
+    query = abs(c) * np.sqrt(np.sum(q * q, -1))
+    return Propagated(error, norms, delta_scale(q, norms, c), query, state)
 
 
 def delta_scale_and_bound(
@@ -130,7 +131,7 @@ def delta_scale_and_bound(
     g_out = gamma(d + 1 + (d + 3) * spec.qk_l2norm, u)
     query = p.query[..., None]
     out = query * p.norms if ref is None else np.abs(ref)
-    scale = query * p.largest
+    scale = p.scale
     absolute = query * (p.error + g_out * p.norms) * (1 + u) + u * out + tiny / 2
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         bound = np.where(absolute == 0, 0.0, absolute * SAFETY / (u * scale))
