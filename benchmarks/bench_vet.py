@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VET = [sys.executable, "-m", "linattn_verify", "vet"]
 ELU_CAUSAL = ["--feature-map", "elu", "--causal"]
 GLA = ["--feature-map", "identity", "--causal", "--no-normalize", "--decay", "channel-gates"]
+DELTA = ["--feature-map", "identity", "--causal", "--no-normalize", "--scale", "d^-0.5",
+         "--delta-rule"]  # fmt: skip
 ASSERT = (
     "from linattn_verify.testing import assert_linear_attention\n"
     "from tests.zoo.textbook import elu_cumsum\n"
@@ -47,6 +49,11 @@ RUNS = (
                                      "--grad"], 90, 0),
     ("built-in chunked GLA --state --grad", [*VET, *GLA, "--scale", "d^-0.5", "--form",
                                              "chunked", "--state", "--grad"], 90, 0),
+    ("built-in chunked KDA --state", [*VET, *DELTA, "--decay", "channel-gates", "--form",
+                                      "chunked", "--state"], 60, 0),
+    ("built-in chunked Gated DeltaNet --qk-l2norm --varlen", [*VET, *DELTA, "--decay", "gates",
+                                                             "--qk-l2norm", "--form", "chunked",
+                                                             "--varlen"], 60, 0),
     ("assert_linear_attention elu-cumsum", [sys.executable, "-c", ASSERT], 60, 0),
     ("N x N claiming linear", [*VET, "tests.zoo.long:quadratic_weights", *ELU_CAUSAL], 60, 1),
 )  # fmt: skip

@@ -14,7 +14,7 @@ import torch
 from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable
 from linattn_verify.cases import Case
 from linattn_verify.inputs import UNIT_ROUNDOFF, pack_delta
-from linattn_verify.specs import QK_L2NORM_EPS, Spec
+from linattn_verify.specs import QK_L2NORM_EPS
 from linattn_verify.under_test import ImplementationFailure, resolve
 
 B, H, N, D, DV, M = 2, 2, 5, 4, 3, 8
@@ -92,17 +92,6 @@ def implementation(adapter: Adapter, **claim):
         pytest.skip(str(err))
 
 
-def decay_argument(spec: Spec, case: Case) -> torch.Tensor | None:
-    """The decay argument the checks pass for `spec` on `case`: its decay (Case.decay), or
-    for the delta rule beta ~ U(0, 1) (B, H, N) packed with its gates (inputs.pack_delta)."""
-    decay = case.decay(spec.decay)
-    if not spec.delta_rule:
-        return decay
-    gen = torch.Generator().manual_seed(case.seed)
-    beta = torch.rand(case.b, case.h, case.n, generator=gen, dtype=torch.float64)
-    return pack_delta(beta.to(getattr(torch, case.dtype)), decay)
-
-
 # outputs in another dtype than the inputs' (the contract check's finding on them)
 DTYPE_LIMITS = {
     (f"fla.{name}", torch.float64): "its output stays float32"
@@ -123,6 +112,8 @@ def cases():
                 marks = [pytest.mark.xfail(reason=limit, raises=ImplementationFailure)]
             if limit := DTYPE_LIMITS.get((name, dtype)):
                 marks = [pytest.mark.xfail(reason=limit, raises=AssertionError, strict=True)]
+            if ADAPTERS[name].triton and ADAPTERS[name].spec.delta_rule:  # seconds each
+                marks.append(pytest.mark.all_variants)
             yield pytest.param(name, dtype, marks=marks, id=f"{name}-{str(dtype)[6:]}")
 
 
@@ -132,7 +123,7 @@ def test_adapter_shape_and_dtype(name: str, dtype: torch.dtype) -> None:
     raises ImplementationFailure on a wrong shape."""
     impl = implementation(ADAPTERS[name])
     q, k, v, w = inputs(ADAPTERS[name], dtype)
-    out = impl(q, k, v, w, decay_argument(impl.spec, Case(B, H, N, D, DV, str(dtype)[6:])))
+    out = impl(q, k, v, w, Case(B, H, N, D, DV, str(dtype)[6:]).arguments(impl.spec)[-1])
     assert tuple(out.shape) == (B, H, N, DV)
     assert out.dtype == dtype
     assert out.device == q.device

@@ -55,6 +55,10 @@ from .base import (
 )
 
 INSTALL = "fla-core==0.6.0 einops"
+# the delta-rule kernel adapted with use_qk_l2norm_in_kernel too: the one whose l2norm is
+# a kernel of its own, its output stored in the input dtype (the others normalise inside, in
+# float32); every other twin would add minutes of interpreter time to each recording
+L2NORM_SAMPLE = "fused_recurrent_delta_rule"
 INSTALL_TRITON = "fla-core==0.6.0 einops triton==3.9.0 numpy packaging"
 
 
@@ -602,5 +606,6 @@ ADAPTERS = (
             ("kda", "channel-gates", "fused-recurrent", "fused_recurrent_kda", "recurrent kernel"),
         )
         for l2norm in (False, True)
+        if not l2norm or function == L2NORM_SAMPLE
     ),
 )  # fmt: skip
