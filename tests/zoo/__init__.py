@@ -65,6 +65,7 @@ from . import (  # noqa: E402
     broken,
     correct,
     decay,
+    delta,
     gla,
     long,
     state,
@@ -92,6 +93,7 @@ ZOO: tuple[Entry, ...] = (
     + varlen.ENTRIES
     + decay.ENTRIES
     + gla.ENTRIES
+    + delta.ENTRIES
     + TRITON_ENTRIES
 )
 
