@@ -4,13 +4,15 @@ Layout, under the package linattn_verify.known_answers (the repository's referen
 installed there by pyproject.toml with its package data; its README.md says how to read them
 without this package):
 - vectors/NAME.json, one vector each: the spec, the case it was built from,
-  the inputs q, k, v (and the projection W) as IEEE bit patterns in their dtype, and the
-  output as decimal strings of KAT_DIGITS significant digits ("nan" where it is 0/0);
+  the inputs q, k, v (and the projection W, the decay's gamma or g, the delta rule's beta
+  and g) as IEEE bit patterns in their dtype, and the output as decimal strings of
+  KAT_DIGITS significant digits ("nan" where it is 0/0);
 - manifest.json: generator version and, per vector, its spec, shape, dtype and
   the sha256 of its file.
 `build` writes them deterministically (the same bytes twice); `check` verifies every hash
-and recomputes a sample with the arb engine; `run_vectors` runs an implementation on them
-and reports its error per vector in units of u s of its dtype (docs/accuracy.md).
+and recomputes a sample with the arb engine (the delta rule's for its specs); `run_vectors`
+runs an implementation on them and reports its error per vector in units of u s of its
+dtype (docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -32,11 +34,21 @@ import numpy as np
 import torch
 
 from .accuracy.bound import scale_and_bound
-from .cases import Case
-from .inputs import UNIT_ROUNDOFF, validate
+from .cases import DELTA_KINDS, Case
+from .inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments, pack_delta, validate
 from .reference.arb import arb_decimal
+from .reference.delta import arb_delta_decimal
 from .regimes import magnitude_range, regime_of
-from .specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, RSQRT_D, Spec, SpecError
+from .specs import (
+    DECAY_ARGUMENTS,
+    DECAY_SOURCES,
+    DELTA_SOURCE,
+    FEATURE_MAPS,
+    QK_L2NORM_EPS,
+    RSQRT_D,
+    Spec,
+    SpecError,
+)
 from .under_test import Implementation, ImplementationFailure
 
 GENERATOR_VERSION = 1
@@ -168,6 +180,29 @@ def gated_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
     ]
 
 
+def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
+    """The vectors of a delta-rule spec (B = 1, H = 2, d = 4, dv = 3, N <= 16): N = 1, ragged
+    N = 11, every dtype, the delta rule's stress kinds (cases.DELTA_KINDS: beta next to 2, keys
+    of norm 0.37 to 2.7, nearly parallel keys) and, gated, gates next to 1 (e^-(2^-22) a
+    token) and next to 0 (about e^-20: the state erased in a token)."""
+    shape = (1, 2, 16, 4, 3)
+    cases = [
+        ("n1-float32", Case(1, 2, 1, 4, 3, "float32", seed=1)),
+        ("ragged-float32", Case(1, 2, 11, 4, 3, "float32", seed=2)),
+        ("float16", Case(*shape, "float16", seed=3)),
+        ("bfloat16", Case(*shape, "bfloat16", seed=4)),
+        ("float64", Case(*shape, "float64", seed=5)),
+    ]
+    for seed, kind in enumerate(DELTA_KINDS, 6):
+        cases.append((f"{kind}-float32", Case(*shape, "float32", kind, seed=seed)))
+    if spec.gated:
+        cases += [
+            ("decay-near-one-float32", Case(*shape, "float32", seed=9, decay_rate=2.0**-22)),
+            ("decay-near-zero-float32", Case(*shape, "float32", seed=10, decay_rate=20.0)),
+        ]
+    return cases
+
+
 # the maps with published vectors of their plain specs (identity, added after them, has none
 # yet), and the decayed specs with vectors: GLA's channel gates (the other decayed specs'
 # come with the long-context issue)
@@ -176,14 +211,24 @@ DECAYED_KAT_SPECS = (
     Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="channel-gates"),
     Spec("elu", causal=True, decay="channel-gates"),
 )
+# the delta rule as fla's layers call it (scale d^-0.5): DeltaNet, Gated DeltaNet, KDA, and
+# DeltaNet with q and k normalised inside the kernel
+_DELTA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
+DELTA_KAT_SPECS = (
+    _DELTA,
+    replace(_DELTA, decay="gates"),
+    replace(_DELTA, decay="channel-gates"),
+    replace(_DELTA, qk_l2norm=True),
+)
 
 
 def spec_label(spec: Spec) -> str:
     """The part of a vector's name that names its spec: map, causality, and for a decayed
-    spec unnormalised, scaled, its decay."""
+    or delta-rule spec unnormalised, scaled, delta, its decay, l2norm."""
     words = [spec.feature_map, "causal" if spec.causal else "full"]
     words += ["unnormalised"] * (not spec.normalize) + ["scaled"] * (spec.scale != 1.0)
-    return "-".join(words + [spec.decay] * (spec.decay is not None))
+    words += ["delta"] * spec.delta_rule + [spec.decay] * (spec.decay is not None)
+    return "-".join(words + ["l2norm"] * spec.qk_l2norm)
 
 
 def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
@@ -195,6 +240,9 @@ def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
                 yield f"{spec_label(spec)}-{label}", spec, case
     for spec in DECAYED_KAT_SPECS:
         for label, case in gated_vector_cases(spec):
+            yield f"{spec_label(spec)}-{label}", spec, case
+    for spec in DELTA_KAT_SPECS:
+        for label, case in delta_vector_cases(spec):
             yield f"{spec_label(spec)}-{label}", spec, case
 
 
@@ -222,30 +270,46 @@ def decode(entry: dict[str, Any] | None) -> torch.Tensor | None:
 
 
 def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
-    """The vector `name`: inputs from `case`, output from the arb engine."""
-    q, k, v, w = case.tensors()
-    decay = case.decay(spec.decay)
-    x = validate(q, k, v, spec, w, decay)
-    out = arb_decimal(x, spec, KAT_DIGITS)
+    """The vector `name`: inputs from `case` (Case.arguments), output from the arb engine."""
+    q, k, v, w, decay = case.arguments(spec)
+    out = _exact_decimal(validate(q, k, v, spec, w, decay), spec)
     described = {"feature_map": spec.feature_map, "causal": spec.causal, "eps": spec.eps}
     inputs = {"q": _encode(q), "k": _encode(k), "v": _encode(v), "projection": _encode(w)}
-    if not spec.plain:  # a plain vector's bytes are those of generator version 1
+    formula = spec.info.source
+    if spec.delta_rule:  # beta (and g) apart, as the kernels take them
+        described |= _decayed_fields(spec) | _delta_fields(spec)
+        inputs |= {key: _encode(t) for key, t in delta_arguments(spec, decay).items()}
+        l2norm = f"; q and k first x / sqrt(|x|^2 + {QK_L2NORM_EPS:g})" * spec.qk_l2norm
+        formula = DELTA_SOURCE + l2norm
+    elif not spec.plain:  # a plain vector's bytes are those of generator version 1
         described |= _decayed_fields(spec) | {"decay_formula": DECAY_SOURCES[spec.decay]}
         inputs |= {DECAY_ARGUMENTS[spec.decay]: _encode(decay)}
     return {
         "format": FORMAT,
         "generator_version": GENERATOR_VERSION,
         "name": name,
-        "spec": described | {"formula": spec.info.source},
+        "spec": described | {"formula": formula},
         "case": json.loads(case.to_json()),
         "inputs": inputs,
         "output": {"shape": list(out.shape), "digits": KAT_DIGITS, "values": out.ravel().tolist()},
     }
 
 
+def _exact_decimal(x: AttentionInputs, spec: Spec) -> np.ndarray:
+    """The exact output as KAT_DIGITS-digit decimal strings, by the spec's arb engine."""
+    engine = arb_delta_decimal if spec.delta_rule else arb_decimal
+    return engine(x, spec, KAT_DIGITS)
+
+
 def _decayed_fields(spec: Spec) -> dict[str, Any]:
     """What a vector's spec and manifest entry say beyond map, causality and eps."""
     return {"normalize": spec.normalize, "scale": spec.scale, "decay": spec.decay}
+
+
+def _delta_fields(spec: Spec) -> dict[str, Any]:
+    """What a delta-rule vector's spec and manifest entry say besides (none for the others,
+    whose bytes are those of generator version 1)."""
+    return {"delta_rule": True, "qk_l2norm": spec.qk_l2norm} if spec.delta_rule else {}
 
 
 def _dumps(payload: Any) -> bytes:
@@ -261,6 +325,7 @@ def _entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, Any]:
         "causal": spec.causal,
         "eps": spec.eps,
         **_decayed_fields(spec),
+        **_delta_fields(spec),
         "dtype": case.dtype,
         "shape_B_H_N_d_dv": [case.b, case.h, case.n, case.d, case.dv],
         "m": case.m,
@@ -388,25 +453,29 @@ def _fields_match(path: Path, entry: dict[str, Any], data: bytes) -> list[str]:
 
 def _spec_of(vector: dict[str, Any]) -> Spec:
     """The spec a vector (or a manifest entry, as {"spec": entry}) states: a plain one where
-    it says nothing of normalisation, scale or decay."""
+    it says nothing of normalisation, scale, decay or the delta rule."""
     s = vector["spec"]
-    extra = {key: s[key] for key in ("normalize", "scale", "decay") if key in s}
+    keys = ("normalize", "scale", "decay", "delta_rule", "qk_l2norm")
+    extra = {key: s[key] for key in keys if key in s}
     return Spec(s["feature_map"], causal=s["causal"], eps=s["eps"], **extra)
 
 
 def _inputs(vector: dict[str, Any]) -> tuple[Spec, tuple[torch.Tensor | None, ...]]:
-    """The vector's spec and its tensors (q, k, v, projection, decay: None where absent)."""
+    """The vector's spec and its tensors (q, k, v, projection, decay: None where absent; for
+    the delta rule beta and its gates packed, inputs.pack_delta)."""
     spec = _spec_of(vector)
     ins = vector["inputs"]
-    names = ("q", "k", "v", "projection", DECAY_ARGUMENTS.get(spec.decay))
-    return spec, tuple(decode(ins.get(key)) for key in names)
+    tensors = tuple(decode(ins.get(key)) for key in ("q", "k", "v", "projection"))
+    if spec.delta_rule:
+        return spec, (*tensors, pack_delta(decode(ins["beta"]), decode(ins.get("g"))))
+    return spec, (*tensors, decode(ins.get(DECAY_ARGUMENTS.get(spec.decay))))
 
 
 def _recompute(path: Path) -> list[str]:
     """Problems with one vector's stored output against a fresh arb computation."""
     vector = json.loads(path.read_text())
     spec, (q, k, v, w, decay) = _inputs(vector)
-    fresh = arb_decimal(validate(q, k, v, spec, w, decay), spec, KAT_DIGITS).ravel()
+    fresh = _exact_decimal(validate(q, k, v, spec, w, decay), spec).ravel()
     stored = vector["output"]["values"]
     bad = [i for i, (a, b) in enumerate(zip(fresh, stored, strict=True)) if not _agree(a, b)]
     if bad:
@@ -430,10 +499,10 @@ def not_applicable(spec: Spec) -> str | None:
     """Why the known-answer vectors do not judge a kernel of `spec`, or None."""
     if spec.eps != 0:
         return "the known-answer vectors are for eps = 0"
-    if replace(spec, dot_precision=None) in DECAYED_KAT_SPECS:
+    if replace(spec, dot_precision=None) in DECAYED_KAT_SPECS + DELTA_KAT_SPECS:
         return None
     if not spec.plain:
-        covered = ", ".join(str(s) for s in DECAYED_KAT_SPECS)
+        covered = ", ".join(str(s) for s in DECAYED_KAT_SPECS + DELTA_KAT_SPECS)
         return f"the known-answer vectors are for plain specs and {covered}, not {spec}"
     if spec.feature_map not in KAT_MAPS:
         return f"no known-answer vectors for {spec.feature_map} yet"

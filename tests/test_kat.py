@@ -26,7 +26,8 @@ SMALL = ("-n1-float32", "-float64", "-extreme-float16")
 
 
 def _small(name: str) -> bool:
-    return name.startswith(("elu-", "softmax-", "performer-trig-")) and name.endswith(SMALL)
+    maps = ("elu-", "softmax-", "performer-trig-", "identity-causal-unnormalised-scaled-delta-")
+    return name.startswith(maps) and name.endswith(SMALL)
 
 
 def test_build_is_byte_for_byte_reproducible_and_matches_the_committed_vectors(tmp_path):
@@ -34,7 +35,7 @@ def test_build_is_byte_for_byte_reproducible_and_matches_the_committed_vectors(t
     kat.build(first, only=_small)
     kat.build(second, only=_small)
     files = sorted(p.name for p in (first / "vectors").iterdir())
-    assert len(files) == 20  # elu-causal-channel-gates among them
+    assert len(files) == 28  # elu-causal-channel-gates and the delta rule's among them
     for name in files:
         data = (first / "vectors" / name).read_bytes()
         assert data == (second / "vectors" / name).read_bytes(), name
@@ -157,3 +158,85 @@ def test_run_reports_a_broken_contract_instead_of_judging_it():
 def test_run_needs_vectors_for_the_spec(tmp_path):
     with pytest.raises(lv.SpecError):
         kat.run_vectors(resolve(lambda q, k, v: v, feature_map="elu"), tmp_path / "none")
+
+
+DELTA_CLAIM = {
+    "feature_map": "identity",
+    "causal": True,
+    "normalize": False,
+    "scale": "d^-0.5",
+    "delta_rule": True,
+}
+
+
+def _is_delta(name: str) -> bool:
+    return "-delta-" in name
+
+
+def test_delta_rule_vectors_agree_with_a_fresh_exact_computation():
+    """Each delta-rule spec's vectors (DeltaNet, Gated DeltaNet, KDA, DeltaNet with q and k
+    normalised inside) store beta, and g where gated, and their digits are the arb
+    recurrence's."""
+    manifest = kat.load_manifest(REFERENCES)
+    delta = [e for e in manifest["vectors"] if _is_delta(e["name"])]
+    for spec in kat.DELTA_KAT_SPECS:
+        fields = (spec.decay, spec.qk_l2norm)
+        assert sum((e["decay"], e["qk_l2norm"]) == fields for e in delta) >= 8, spec
+    name = "identity-causal-unnormalised-scaled-delta-channel-gates-float16.json"
+    gated = json.loads((REFERENCES / "vectors" / name).read_text())
+    assert gated["inputs"]["g"]["shape"] == [1, 2, 16, 4] and gated["spec"]["delta_rule"]
+    assert gated["inputs"]["beta"]["shape"] == [1, 2, 16]
+    assert kat.check(REFERENCES, only=_is_delta) == []
+
+
+def test_a_changed_digit_of_a_delta_rule_vector_is_found(tmp_path):
+    copy = tmp_path / "references"
+    shutil.copytree(REFERENCES, copy)
+    manifest = kat.load_manifest(copy)
+    name = "identity-causal-unnormalised-scaled-delta-gates-beta-near-two-float32"
+    entry = next(e for e in manifest["vectors"] if e["name"] == name)
+    path = copy / entry["file"]
+    vector = json.loads(path.read_text())
+    text = vector["output"]["values"][40]  # 0.566...
+    i = len(text) - 10  # its 25th significant digit: 2e-25 relative, where 2^-100 agree
+    vector["output"]["values"][40] = text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :]
+    path.write_text(json.dumps(vector))  # with a consistent hash, as a careless rebuild would
+    data = path.read_bytes()
+    entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    problems = kat.check(copy, only=lambda n: n == name)
+    assert len(problems) == 1 and problems[0].startswith(f"{path}: output 40 is "), problems
+
+
+def _delta_recurrence(beta_on_v_only: bool):
+    """The delta rule token by token in the inputs' dtype (scale d^-0.5, no decay); with
+    beta_on_v_only the update S + k (beta v - S^T k)^T: the erasure k k^T S not scaled."""
+
+    def fn(q, k, v, beta):
+        s = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        out = []
+        for t in range(q.shape[2]):
+            kt, bt = k[:, :, t], beta[:, :, t, None]
+            recalled = torch.einsum("bhd,bhdc->bhc", kt, s)
+            u = bt * v[:, :, t] - recalled if beta_on_v_only else bt * (v[:, :, t] - recalled)
+            s = s + kt[..., None] * u[..., None, :]
+            out.append(torch.einsum("bhd,bhdc->bhc", q[:, :, t], s) * q.shape[-1] ** -0.5)
+        return torch.stack(out, 2)
+
+    return fn
+
+
+def test_delta_rule_vectors_judge_delta_kernels():
+    """The built-in chunked form (chunks of 4: the state carried between them too) passes
+    KDA's vectors and those with q and k normalised inside within their bound; a
+    recurrence that applies beta to v alone fails them past N = 1 in float32 and float64
+    (in half precision the bound is several times the output's scale), its correct twin
+    passes."""
+    for claim in (DELTA_CLAIM | {"decay": "channel-gates"}, DELTA_CLAIM | {"qk_l2norm": True}):
+        rows = kat.run_vectors(resolve(form="chunked", chunk_size=4, **claim), REFERENCES)
+        assert len(rows) >= 8 and all(r["outside_bound"] == 0 for r in rows), rows
+    twin = kat.run_vectors(resolve(_delta_recurrence(False), **DELTA_CLAIM), REFERENCES)
+    assert all(r["outside_bound"] == 0 for r in twin), twin
+    bad = kat.run_vectors(resolve(_delta_recurrence(True), **DELTA_CLAIM), REFERENCES)
+    wide = [r for r in bad if r["dtype"] in ("float32", "float64") and "-n1-" not in r["name"]]
+    assert len(wide) == 5 and all(r["outside_bound"] for r in wide), bad  # S_0 = 0 at N = 1

@@ -188,16 +188,17 @@ def _decimal_row(row: list[arb], spec: Spec, digits: int) -> list[str] | None:
     den = row[-1] + spec.eps if spec.normalize else arb(1)
     if den.is_zero():
         return ["nan"] * (len(row) - 1)
-    texts = []
-    for t in row[:-1]:
-        q = t / den
-        if q.is_zero():
-            texts.append("0")
-            continue
-        if not q.is_finite() or q.contains(0):
-            return None
-        low, high = (e.str(digits, radius=False, more=True) for e in (q.lower(), q.upper()))
-        if low != high:
-            return None
-        texts.append(low)
-    return texts
+    texts = [decimal_text(t / den, digits) for t in row[:-1]]
+    return None if None in texts else texts
+
+
+def decimal_text(ball: arb, digits: int) -> str | None:
+    """The value in `ball` as a decimal string of `digits` significant digits, correctly
+    rounded ("0" for an exact 0), or None if the ball's two ends round to different strings
+    (or it contains 0 without being 0)."""
+    if ball.is_zero():
+        return "0"
+    if not ball.is_finite() or ball.contains(0):
+        return None
+    low, high = (e.str(digits, radius=False, more=True) for e in (ball.lower(), ball.upper()))
+    return low if low == high else None

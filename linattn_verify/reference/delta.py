@@ -27,13 +27,17 @@ arithmetic's radii) grows like (1 + |beta| |k|^2)^N where G_t is 1: it judges no
   ball contains A_t x^_(t-1) + b_t and its radii bound r_t rigorously; the state goes on
   as the midpoints, with |E_t| carried as above. An element is accepted where its ball
   (plus |c| |q_t| |E_t|) decides its nearest float64, else the precision doubles: correct
-  rounding, so that it agrees bit for bit with mpmath.
+  rounding, so that it agrees bit for bit with mpmath. `arb_delta_decimal`: the same balls
+  decided to a number of decimal digits (the known-answer vectors' 34).
 - float64 (`float64_delta`, `certified_delta`): see `float64_delta`.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mpmath
@@ -43,6 +47,7 @@ from threadpoolctl import threadpool_limits
 
 from ..inputs import AttentionInputs, as_float64
 from ..specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from .arb import decimal_text
 from .balls import balls, working_precision
 from .certified import CERTIFIED_SHARE, LIB, SAFETY, U64, UNDERFLOW, Certified, gamma64
 from .common import MAX_PREC, ReferenceAccuracyError
@@ -212,12 +217,24 @@ def _arb_l2norm(a: arb_mat, row: bool) -> arb_mat:
     return a * (square + arb(QK_L2NORM_EPS)).rsqrt()
 
 
-def _arb_head(x: AttentionInputs, spec: Spec, b: int, h: int, last: int, prec: int, s0, need):
+def _arb_head(
+    x: AttentionInputs,
+    spec: Spec,
+    b: int,
+    h: int,
+    last: int,
+    prec: int,
+    s0,
+    need: bool,
+    decide: Callable[[arb], str | None] | None = None,
+):
     """Head (b, h) through token `last` at `prec` bits: (outputs (last + 1, dv), S (d, dv)
-    or None unless `need`), NaN where a ball does not decide the float64 (module docstring)."""
+    or None unless `need`), NaN where a ball does not decide the float64 (module docstring);
+    with `decide`, the outputs are what it makes of their balls (an object array)."""
     d, dv = x.q.shape[3], x.v.shape[3]
     gates = _factors(x, spec, b, h)
-    out = np.empty((last + 1, dv))
+    out = np.empty((last + 1, dv), dtype=object if decide else np.float64)
+    decide = decide or _decided
     with working_precision(prec):
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
         state = arb_mat(d, dv) if s0 is None else arb_mat(balls(s0[b, h]))
@@ -247,7 +264,7 @@ def _arb_head(x: AttentionInputs, spec: Spec, b: int, h: int, last: int, prec: i
             qn = (q * q.transpose())[0, 0].sqrt()
             o = ((q * state) * c).tolist()[0]
             for col, (a, e) in enumerate(zip(o, err, strict=True)):
-                out[t, col] = _decided(a + arb(0, (c * qn * e).upper()))
+                out[t, col] = decide(a + arb(0, (c * qn * e).upper()))
         if not need:
             return out, None
         final = [[_decided(arb(a.mid(), e)) for a, e in zip(r, err)] for r in state.tolist()]
@@ -276,6 +293,33 @@ def arb_delta(
         return values, ~np.isnan(values).any(axis=1), final
 
     return _resolve(x, solve, prec, max_prec, "arb", pending, state)
+
+
+def arb_delta_decimal(
+    x: AttentionInputs, spec: Spec, digits: int, max_prec: int = MAX_PREC
+) -> np.ndarray:
+    """The output (B, H, N, dv) as decimal strings of `digits` significant digits, correctly
+    rounded (arb.decimal_text: both ends of the ball of arb_delta's recurrence, its carried
+    error included, round to the same string), per head from 4 bits a digit, doubled until
+    every element is decided; "0" where exactly 0. Known-answer vectors use 34 digits. A
+    value that is 0 by cancellation (not exactly) never resolves: ReferenceAccuracyError."""
+    _check(x, spec, None)
+    b_, h_, n = x.q.shape[:3]
+    out = np.empty(x.v.shape, dtype=object)
+    decide = functools.partial(decimal_text, digits=digits)
+    for b, h in itertools.product(range(b_), range(h_)):
+        prec = 4 * digits
+        texts, _ = _arb_head(x, spec, b, h, n - 1, prec, None, False, decide)
+        while any(t is None for t in texts.flat):
+            if 2 * prec > max_prec:
+                raise ReferenceAccuracyError(
+                    f"arb engine (delta rule): head ({b}, {h}) not resolved to {digits} digits "
+                    f"within {max_prec} bits"
+                )
+            prec *= 2
+            texts, _ = _arb_head(x, spec, b, h, n - 1, prec, None, False, decide)
+        out[b, h] = texts
+    return out
 
 
 def exact_delta_state(
