@@ -18,8 +18,9 @@ Kinds (the draws of the property suite; regimes.py says which regime each case i
 - large-norm: q, k ~ N(0, 1) and about a third of their rows scaled to norm magnitude
   (Performer exponents |x'|^2 / 2 far outside exp's range).
 The delta rule's inputs (Case.arguments) have unit-norm keys, as its layers hand them to the
-kernel (unless the kernel normalises them itself, Spec.qk_l2norm), beta ~ U(0, 1), and its
-own kinds (DELTA_KINDS, drawn as normal otherwise):
+kernel (for a kernel that normalises them itself, Spec.qk_l2norm, the normal kind's keys are
+drawn raw), beta ~ U(0, 1), and its own kinds (DELTA_KINDS, drawn as normal otherwise); the
+magnitude scales q alone (the keys are normalised, v is N(0, 1) as for every kind):
 - beta-near-two: beta in (2 - 2^-4, 2): I - beta k k^T nearly a reflection;
 - long-keys: every key of norm exp(U(-1, 1)) (0.37 to 2.7): I - beta k k^T expands by up to
   |1 - beta |k|^2| (the kernel is still given them as they are);
@@ -137,8 +138,9 @@ class Case:
             return (*self.tensors(), self.decay(spec.decay))
         q, k, v, w = self._float64_tensors()
         gen = torch.Generator().manual_seed(self.seed * 7919 + 2)
-        if self.kind == "parallel-keys":
-            k = k[..., :1, :] + 1e-3 * torch.randn(k.shape, generator=gen, **_F64)
+        if self.kind == "parallel-keys":  # at any magnitude: from the unit first key
+            first = k[..., :1, :] / k[..., :1, :].norm(dim=-1, keepdim=True).clamp(min=1e-300)
+            k = first + 1e-3 * torch.randn(k.shape, generator=gen, **_F64)
         if not spec.qk_l2norm or self.kind != "normal":
             norms = torch.ones(k.shape[:-1], **_F64)
             if self.kind == "long-keys":

@@ -212,12 +212,18 @@ class Spec:
         """SpecError unless the delta rule's fields fit: causal, identity features,
         unnormalised, a decay of DELTA_DECAYS; qk_l2norm only with the delta rule."""
         if not self.delta_rule:
-            raise SpecError("qk_l2norm is for the delta rule (give the spec delta_rule=True)")
-        if not self.causal or self.feature_map != "identity" or self.normalize:
-            raise SpecError(
-                "the delta rule is causal, unnormalised, with identity features "
-                f"(o_t = c S_t^T q_t), not {self}"
+            raise SpecError("qk_l2norm (--qk-l2norm) is for the delta rule (--delta-rule)")
+        missing = [
+            need
+            for need, holds in (
+                ("causal (--causal)", self.causal),
+                ("identity features (--feature-map identity)", self.feature_map == "identity"),
+                ("unnormalised (--no-normalize)", not self.normalize),
             )
+            if not holds
+        ]
+        if missing:
+            raise SpecError(f"the delta rule (o_t = c S_t^T q_t) needs: {', '.join(missing)}")
         if self.decay not in DELTA_DECAYS:
             raise SpecError(f"the delta rule takes gates or channel-gates, not {self.decay}")
 

@@ -21,21 +21,23 @@ from linattn_verify.reference.state import exact_state
 from linattn_verify.specs import DELTA_DECAYS, RSQRT_D, Spec
 
 KINDS = ("normal", *DELTA_KINDS)
+L2NORM = "l2norm"  # DeltaNet with q and k normalised inside
 
 
 def _spec(decay: str | None) -> Spec:
-    return Spec("identity", True, normalize=False, scale=RSQRT_D, decay=decay, delta_rule=True)
+    l2norm = decay == L2NORM
+    decay = None if l2norm else decay
+    return Spec("identity", True, normalize=False, scale=RSQRT_D, decay=decay, delta_rule=True,
+                qk_l2norm=l2norm)  # fmt: skip
 
 
-@pytest.mark.parametrize("decay", DELTA_DECAYS)
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_no_evaluation_exceeds_the_bound(decay, kind, dtype):
-    spec = _spec(decay)
-    q, k, v, _, packed = Case(1, 2, 70, 4, 3, dtype, kind, seed=3).arguments(spec)
+def _judged(case: Case, spec: Spec) -> None:
+    """Every built-in evaluation of `case` (the golden recurrence, the recurrent and chunked
+    forms, chunks of 16 and 64) within the bound."""
+    q, k, v, _, packed = case.arguments(spec)
     x = validate(q, k, v, spec, None, packed)
     ref = exact(x, spec)
-    u = UNIT_ROUNDOFF[dtype]
+    u = UNIT_ROUNDOFF[case.dtype]
     scale, bound = scale_and_bound(x, spec, ref, u)
     given = delta_arguments(spec, packed)
     outputs = {"golden": golden_attention(q, k, v, spec, None, "recurrent", packed)}
@@ -46,6 +48,31 @@ def test_no_evaluation_exceeds_the_bound(decay, kind, dtype):
     for name, out in outputs.items():
         e = error_units(out.double().numpy(), ref, scale, u)
         assert np.all(e <= bound), (name, float(np.max(e / bound)))
+
+
+@pytest.mark.parametrize("decay", [*DELTA_DECAYS, L2NORM])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_no_evaluation_exceeds_the_bound(decay, kind, dtype):
+    _judged(Case(1, 2, 70, 4, 3, dtype, kind, seed=3), _spec(decay))
+
+
+@pytest.mark.parametrize("decay", ["gates", "channel-gates"])
+@pytest.mark.parametrize("rate", [1.0, 8.0, 20.0])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_strong_gates_stay_within_the_bound(decay, rate, dtype):
+    """Gates of e^-1 to e^-20 a token: prefix sums over a chunk in the tens to thousands."""
+    _judged(Case(1, 2, 70, 4, 3, dtype, seed=4, decay_rate=rate), _spec(decay))
+
+
+def test_an_underflowing_gate_leaves_the_bound_finite():
+    """A log-gate of -800 (exp(g) is 0 in float64) erases the state: the tokens after it are
+    judged as a fresh start, not left unbounded."""
+    spec = _spec("gates")
+    q, k, v, _, packed = Case(1, 1, 12, 4, 3, "float32", seed=6).arguments(spec)
+    packed[:, :, 3, 1] = -800.0
+    x = validate(q, k, v, spec, None, packed)
+    assert np.all(np.isfinite(scale_and_bound(x, spec, None, 2.0**-24)[1]))
 
 
 @pytest.mark.parametrize("decay", DELTA_DECAYS)

@@ -1,5 +1,5 @@
 """The delta rule's accuracy model: a normwise a-priori bound, and the scale errors are
-measured against (docs/accuracy.md, "The delta rule").
+measured against (docs/delta-rule.md, "The accuracy model").
 
 Each value channel c of the state evolves on its own: x_t = S_t[:, c] in R^d,
     x_t = A_t x_(t-1) + beta_t k_t v_tc,   A_t = (I - beta_t k_t k_t^T) D_t,
@@ -14,26 +14,29 @@ product of the A_t actually has in the 2-norm, and the bound grows with it.
 Local error of one step (standard model, Higham, "Accuracy and Stability of Numerical
 Algorithms", 2nd ed., Lemma 3.1 and eq. 3.5; |k|^T |y| <= |k|_2 |y|_2 by Cauchy-Schwarz),
 y_t = D_t x_(t-1): forming D_t x (exp within C_LIB units), the dot k^T y (gamma_d), the
-difference with v, the product with beta, the outer-product update and the addition:
-    l_t <= gamma_n [ |y_t| (1 + |beta_t| |k_t|^2) + |beta_t| |k_t| |v_tc| ] + |G| u |y_t|,
-n = d + 5 + C_LIB (and d + 3 more for q and k normalised inside, qk_l2norm: their relative
-error gamma_(d + 3) moves k, and through it A_t and the injected term, by as much), |G| the
-gates' largest sum over DECAY_CHUNK tokens: a chunked kernel forms its decays from prefix
-sums within a chunk (verdict.decay_floor). A chunked kernel solves the chunk's triangular
+difference with v, the product with beta, the outer-product update and the addition, and
+a chunked kernel's sums over the C = DECAY_CHUNK tokens of its chunk (W S, K^T U):
+    l_t <= gamma_n [ |y_t| (1 + |beta_t| |k_t|^2) + |beta_t| |k_t| |v_tc| ]
+           + (2 gamma_C + u) |G| |y_t|,
+n = d + 5 + C_LIB + C, and 2 (d + 3) more for q and k normalised inside (qk_l2norm: the
+relative error gamma_(d + 3) of k enters A_t = I - beta k k^T twice); |G| the gates'
+largest sum over C tokens: a chunked kernel forms its decays exp(G_i - G_j) from prefix
+sums within a chunk, each within gamma_C |G|, their difference within one more rounding
+(verdict.decay_floor's window). A chunked kernel solves the chunk's triangular
 system (I + L) W = diag(beta) K (the UT transform, L = tril(diag(beta) K K^T, -1), gated
 as the decays say; Yang et al. 2024, DeltaNet, sec. 3.1) by substitution, whose forward
 error is its backward error gamma_C |I + L| times Skeel's condition number cond(I + L) =
 || |(I + L)^-1| |I + L| ||_inf (Higham, Thm. 8.5 and eq. 7.13): the local errors of a
-chunk are taken cond(I + L) times larger (>= 1), for chunks of DELTA_CHUNK tokens from the
-first (any chunk of a size dividing DELTA_CHUNK, aligned alike, is a diagonal block of it,
-and a triangular matrix's inverse has the inverses of its diagonal blocks as blocks). This
+chunk are taken cond(I + L) times larger (>= 1), the largest over the chunks of at most
+DECAY_CHUNK tokens that hold the token, wherever they start (_wy_condition). This
 factor is a model of the chunked algorithms, not a proof for each: the bound is tested
 against arb on adversarial cases (tests/test_delta_bound.py).
 
-Errors propagate as E_t <= rho_t E_(t-1) + cond_t l_t (E_0 = 0: a given initial state is
-exact). The product of the A_t contracts where their norms alone do not show it (random unit
-keys shrink every direction in turn, once there are a few times d of them): at the end of
-each block of max(DELTA_CHUNK, 4 d) tokens (rounded up to a multiple of DELTA_CHUNK) the
+Errors propagate as E_t <= rho_t E_(t-1) + cond_t l_t (E_0 = 0: the sequence from its
+start; the state checks judge a continued sequence by the bound of the whole). The
+product of the A_t contracts where their norms alone do not show it (random unit keys
+shrink every direction in turn, once there are a few times d of them): at the end of each
+block of max(DECAY_CHUNK, 4 d) tokens (rounded up to a multiple of DECAY_CHUNK) the
 error carried into the block is propagated by min(prod rho_t, ||P||_2) instead, P the
 block's product A_t ... A_(start) (submultiplicativity and the triangle inequality), which
 keeps the bound from growing with N once the products contract (for keys that span a
@@ -58,8 +61,11 @@ from ..inputs import AttentionInputs
 from ..reference.delta import delta_scale
 from ..specs import QK_L2NORM_EPS, Spec
 from .bound import C_LIB, SAFETY, gamma
+from .verdict import DECAY_CHUNK, widest_gate_sum
 
-DELTA_CHUNK = 64  # the chunk of fla's delta-rule kernels (BT = 64)
+# the stride of the windows whose condition numbers cover every chunk (_wy_condition): the
+# windows are DECAY_CHUNK + WINDOW_STEP long, their condition numbers grow with it
+WINDOW_STEP = 16
 
 
 @dataclass(frozen=True)
@@ -81,13 +87,14 @@ def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
     if spec.qk_l2norm:
         q, k = (t / np.sqrt(np.sum(t * t, -1, keepdims=True) + QK_L2NORM_EPS) for t in (q, k))
     b_, h_, n, d = q.shape
-    beta, decays = x.beta, _decays(x, spec)  # decays (B, H, N, d): the factors exp(g)
+    beta, logs = x.beta, _log_decays(x, spec)
+    decays = np.exp(logs)  # (B, H, N, d): the factors exp(g)
     k2 = np.sum(k * k, -1)  # (B, H, N)
     rho = decays.max(-1) * np.maximum(1.0, np.abs(1 - beta * k2))
-    n_local = d + 5 + C_LIB + (d + 3) * spec.qk_l2norm
-    g_local = gamma(n_local, u) + _gate_sums(x, spec) * u
-    cond = _wy_condition(k, beta, decays)  # (B, H, N)
-    block = -(-max(DELTA_CHUNK, 4 * d) // DELTA_CHUNK) * DELTA_CHUNK
+    n_local = d + 5 + C_LIB + DECAY_CHUNK + 2 * (d + 3) * spec.qk_l2norm
+    g_local = gamma(n_local, u) + (2 * gamma(DECAY_CHUNK, u) + u) * widest_gate_sum(spec, x)
+    cond = _wy_condition(k, beta, logs)  # (B, H, N)
+    block = -(-max(DECAY_CHUNK, 4 * d) // DECAY_CHUNK) * DECAY_CHUNK
     state = np.zeros((b_, h_, d, x.v.shape[-1]))
     carried = np.zeros((b_, h_, x.v.shape[-1]))  # the error entering the block, propagated
     within = np.zeros_like(carried)  # the block's own local errors, propagated
@@ -147,35 +154,28 @@ def delta_state_bound(x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.
     return (column + u * np.abs(p.final) + tiny / 2) * SAFETY
 
 
-def _decays(x: AttentionInputs, spec: Spec) -> np.ndarray:
-    """The decay factors exp(g_t) per key channel, (B, H, N, d) (1 without a decay)."""
+def _log_decays(x: AttentionInputs, spec: Spec) -> np.ndarray:
+    """The log-gates g_t per key channel, (B, H, N, d) (0 without a decay)."""
     b_, h_, n, d = x.q.shape
     if spec.decay is None:
-        return np.ones((b_, h_, n, d))
+        return np.zeros((b_, h_, n, d))
     g = x.decay if spec.decay == "channel-gates" else x.decay[..., None]
-    return np.broadcast_to(np.exp(g), (b_, h_, n, d))
+    return np.broadcast_to(g, (b_, h_, n, d))
 
 
-def _gate_sums(x: AttentionInputs, spec: Spec) -> float:
-    """The largest sum of |g| over DELTA_CHUNK consecutive tokens of a key channel: what a
-    chunked kernel's prefix sums of the gates reach (0 without a decay)."""
-    if spec.decay is None:
-        return 0.0
-    g = np.abs(x.decay if spec.decay == "channel-gates" else x.decay[..., None])
-    sums = np.cumsum(np.pad(g, ((0, 0), (0, 0), (1, 0), (0, 0))), axis=2)
-    width = min(DELTA_CHUNK, g.shape[2])
-    return float(np.max(sums[:, :, width:] - sums[:, :, :-width]))
-
-
-def _wy_condition(k: np.ndarray, beta: np.ndarray, decays: np.ndarray) -> np.ndarray:
-    """Skeel's condition number of each chunk's I + L (module docstring), per token
-    (B, H, N), chunks of DELTA_CHUNK tokens from the first; L_ij = beta_i sum_m k_im k_jm
-    prod_(j < t <= i) D_tm for j < i."""
+def _wy_condition(k: np.ndarray, beta: np.ndarray, logs: np.ndarray) -> np.ndarray:
+    """Skeel's condition number of the I + L (module docstring) of any chunk of at most
+    DECAY_CHUNK tokens, wherever it starts (a kernel continuing a state at token 17 chunks
+    from there), per token (B, H, N): a window of DECAY_CHUNK + WINDOW_STEP tokens from
+    every multiple of WINDOW_STEP holds each such chunk, and a contiguous principal block
+    of a triangular matrix has the same block of its inverse, so the chunk's |T^-1| |T| is
+    entrywise at most the window's and its row sums no larger; each token takes the
+    largest of its windows'. L_ij = beta_i sum_m k_im k_jm exp(G_im - G_jm) for j < i, from
+    the log-gates (B, H, N, d) themselves (an exp(g) that underflows has no log)."""
     b_, h_, n, _ = k.shape
-    cond = np.empty((b_, h_, n))
-    logs = np.log(decays)
-    for start in range(0, n, DELTA_CHUNK):
-        part = slice(start, min(start + DELTA_CHUNK, n))
+    cond = np.ones((b_, h_, n))
+    for start in range(0, max(n - DECAY_CHUNK, 1), WINDOW_STEP):
+        part = slice(start, min(start + DECAY_CHUNK + WINDOW_STEP, n))
         kc, bc = k[:, :, part], beta[:, :, part]
         prefix = np.cumsum(logs[:, :, part], axis=2)  # (B, H, C, d)
         diff = prefix[:, :, :, None, :] - prefix[:, :, None, :, :]  # G_i - G_j
@@ -185,6 +185,6 @@ def _wy_condition(k: np.ndarray, beta: np.ndarray, decays: np.ndarray) -> np.nda
         gram = np.einsum("bhim,bhjm,bhijm->bhij", kc, kc, ratio)
         system = np.eye(size) + bc[..., None] * gram
         inverse = np.linalg.inv(system)
-        skeel = np.abs(inverse) @ np.abs(system)
-        cond[:, :, part] = np.max(np.sum(skeel, -1), -1)[..., None]
-    return np.maximum(cond, 1.0)
+        skeel = np.max(np.sum(np.abs(inverse) @ np.abs(system), -1), -1)
+        cond[:, :, part] = np.maximum(cond[:, :, part], skeel[..., None])
+    return cond

@@ -79,17 +79,25 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     (units of u: |G| u_c / u); 0 without a decay."""
     if spec.decay is None:
         return 0.0
-    logs = np.abs(np.log(x.decay)) if spec.decay == "constant" else np.abs(x.decay)
-    if spec.decay == "constant":
-        widest = float(logs.max()) * min(DECAY_CHUNK, x.k.shape[2])
-    else:  # the token axis is 2: (B, H, N) or, for channel gates, (B, H, N, d)
-        sums = np.cumsum(logs, axis=2)
-        pad = [(0, 0)] * sums.ndim
-        pad[2] = (DECAY_CHUNK, 0)
-        ahead = np.pad(sums, pad)[:, :, :-DECAY_CHUNK]
-        widest = float((sums - ahead).max())
+    widest = widest_gate_sum(spec, x)
     u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
     return widest * u_compute / u
+
+
+def widest_gate_sum(spec: Spec, x: AttentionInputs) -> float:
+    """|G|: the largest sum of |ln w_t| over DECAY_CHUNK consecutive tokens (of a key
+    channel, for channel gates), what a chunked kernel's prefix sums reach; 0 without a
+    decay."""
+    if spec.decay is None:
+        return 0.0
+    logs = np.abs(np.log(x.decay)) if spec.decay == "constant" else np.abs(x.decay)
+    if spec.decay == "constant":
+        return float(logs.max()) * min(DECAY_CHUNK, x.k.shape[2])
+    sums = np.cumsum(logs, axis=2)  # the token axis: (B, H, N) or (B, H, N, d)
+    pad = [(0, 0)] * sums.ndim
+    pad[2] = (DECAY_CHUNK, 0)
+    ahead = np.pad(sums, pad)[:, :, :-DECAY_CHUNK]
+    return float((sums - ahead).max())
 
 
 def error_units(out: np.ndarray, ref: np.ndarray, scale: np.ndarray, u: float) -> np.ndarray:

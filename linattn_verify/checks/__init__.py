@@ -58,7 +58,8 @@ ALL_CHECKS = CHECKS | GRAD_CHECKS
 
 
 # the checks that do not take every spec, and why: split-resume's stream takes no decay
-# (the state checks do); the delta rule's exact gradients are still to be built
+# (the state checks do); the delta rule's exact gradients are still to be built (vet
+# refuses --grad for it)
 NOT_FOR = {
     "split-resume": (
         lambda spec: spec.decay is not None,

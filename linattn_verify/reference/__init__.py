@@ -87,7 +87,9 @@ def reference(
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     values = decay_values(spec, gamma, g)
-    if delta_rule and beta is not None:
+    if delta_rule and beta is None:
+        raise SpecError("the delta rule needs beta (B, H, N)")
+    if delta_rule:
         import torch
 
         values = pack_delta(*(None if t is None else torch.as_tensor(t) for t in (beta, values)))
