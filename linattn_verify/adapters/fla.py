@@ -17,13 +17,21 @@ The delta rule (DeltaNet, Gated DeltaNet, KDA: specs.DELTA_SOURCE): fla's naive.
 and the Triton ones, their q, k of H heads and v of HV = H heads (fla's grouped value heads,
 HV a multiple of H, are not exercised: the contract has one head count). Every function
 applies the gates before the update (S_(t-1) times exp(g_t) first), as the spec. The Triton
-functions are declared twice, use_qk_l2norm_in_kernel False (q, k as given) and True (the
-spec's qk_l2norm: x / sqrt(|x|^2 + 1e-6), in fla/modules/norm/l2norm.py before the chunk
-kernels and fused_recurrent_delta_rule, inside the kernel in the other fused-recurrent
-ones), the path fla's DeltaNet, GatedDeltaNet and KDA layers take. chunk_gated_delta_rule,
-chunk_kda and fused_recurrent_kda go through fla.backends.dispatch, which would hand the
-call to flash_qla, flash_kda or tilelang where installed (or Triton-Ascend on an Ascend
-NPU): none is here, so fla's own Triton kernels run. Left out: fused_chunk_delta_rule, a
+fused-recurrent functions are declared with use_qk_l2norm_in_kernel=False (q, k as given),
+and fused_recurrent_delta_rule also with True (L2NORM_SAMPLE; the spec's qk_l2norm: x /
+sqrt(|x|^2 + 1e-6), in fla/modules/norm/l2norm.py before its kernel, inside the kernel in
+the other fused-recurrent ones), the path fla's DeltaNet, GatedDeltaNet and KDA layers
+take. fused_recurrent_kda goes through fla.backends.dispatch, which would hand the call to
+flash_kda or tilelang where installed: none is here, so fla's own Triton kernel runs. Not
+yet declared (their default plans take tens of minutes to hours in the interpreter, so
+their verdicts are not recorded): chunk_delta_rule (it asserts q.dtype != float32,
+fla/ops/delta_rule/chunk.py:303, and its float64 does not compile:
+merge_16x16_to_64x64_inverse_kernel, fla/ops/utils/solve_tril.py:336, casts a float32 block
+to the float64 output with fp_downcast_rounding="rtne", which Triton refuses for a widening
+cast), chunk_gated_delta_rule (float64 mixes float64 and float32 blocks in tl.dot,
+fla/ops/gated_delta_rule/chunk_fwd.py:142 and 257) and chunk_kda (6 s a call at N = 64;
+a float32 initial state asserted, fla/ops/kda/chunk.py:466; float64 fails in
+chunk_gla_fwd_kernel_o as chunk_gla does). Left out: fused_chunk_delta_rule, a
 stub that raises NotImplementedError ("deprecated. Please use chunk_delta_rule instead");
 naive.py's delta_rule_parallel, which returns (o, A) with the (B, H, N, N) matrix A and
 needs N % BM == 0 (BM = 128 by default; N = 64 raises a size mismatch);
@@ -370,22 +378,10 @@ _DELTA_RULES = {
 }
 # what each Triton function does besides the spec, by its name
 _DELTA_TRITON = {
-    "chunk_delta_rule": "It asserts q.dtype != float32 (fla/ops/delta_rule/chunk.py:303: "
-    '"does not support float32. Please use bfloat16"); float64 does not compile: '
-    "merge_16x16_to_64x64_inverse_kernel (fla/ops/utils/solve_tril.py:336) casts its float32 "
-    'block to the float64 output with fp_downcast_rounding="rtne", which Triton refuses '
-    "for a widening cast.",
     "fused_recurrent_delta_rule": "State and products in float32, the output in the input dtype.",
-    "chunk_gated_delta_rule": "float64 does not compile: chunk_gated_delta_rule_fwd_kkt_solve"
-    "_kernel (fla/ops/gated_delta_rule/chunk_fwd.py) mixes float64 blocks and float32 ones in "
-    "tl.dot (line 142 into a float32 accumulator, line 257 as operands; in the interpreter "
-    "line 257 raises, or the suite's store shim at line 319).",
     "fused_recurrent_gated_delta_rule": "State and products in float32, the output in the "
     "input dtype; its backward raises NotImplementedError (fla/ops/gated_delta_rule/"
     "fused_recurrent.py:302); it takes **kwargs, so a misspelt keyword is dropped unread.",
-    "chunk_kda": "It asserts a float32 initial_state (fla/ops/kda/chunk.py:466); float64 does "
-    "not compile: chunk_gla_fwd_kernel_o (fla/ops/gla/chunk.py:442-455) takes float64 tl.dots "
-    "into its float32 accumulator and stores the result through the float64 output.",
     "fused_recurrent_kda": "State and products in float32, the output in the input dtype; it "
     "is no autograd Function: its output carries no gradient.",
 }
@@ -596,13 +592,10 @@ ADAPTERS = (
             varlen=True,
         )
         for module, decay, short, function, how in (
-            ("delta_rule", None, "chunk", "chunk_delta_rule", "chunk kernel"),
             ("delta_rule", None, "fused-recurrent", "fused_recurrent_delta_rule",
              "recurrent kernel"),
-            ("gated_delta_rule", "gates", "chunk", "chunk_gated_delta_rule", "chunk kernel"),
             ("gated_delta_rule", "gates", "fused-recurrent", "fused_recurrent_gated_delta_rule",
              "recurrent kernel"),
-            ("kda", "channel-gates", "chunk", "chunk_kda", "chunk kernel"),
             ("kda", "channel-gates", "fused-recurrent", "fused_recurrent_kda", "recurrent kernel"),
         )
         for l2norm in (False, True)
