@@ -51,15 +51,19 @@ def _judged(case: Case, spec: Spec) -> None:
 
 
 @pytest.mark.parametrize("decay", [*DELTA_DECAYS, L2NORM])
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize(
+    ("kind", "dtype"),
+    [*((kind, "float32") for kind in KINDS), ("normal", "float16"), ("normal", "bfloat16")],
+)
 def test_no_evaluation_exceeds_the_bound(decay, kind, dtype):
+    """float32 on every kind (the forms compute half inputs in float32 too, the bound is
+    tightest there), the half dtypes on typical inputs."""
     _judged(Case(1, 2, 70, 4, 3, dtype, kind, seed=3), _spec(decay))
 
 
 @pytest.mark.parametrize("decay", ["gates", "channel-gates"])
 @pytest.mark.parametrize("rate", [1.0, 8.0, 20.0])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["float32"])
 def test_strong_gates_stay_within_the_bound(decay, rate, dtype):
     """Gates of e^-1 to e^-20 a token: prefix sums over a chunk in the tens to thousands."""
     _judged(Case(1, 2, 70, 4, 3, dtype, seed=4, decay_rate=rate), _spec(decay))
