@@ -49,10 +49,10 @@ def decay_part(
     head: slice = slice(None),
     tokens: slice = slice(None),
 ) -> torch.Tensor | None:
-    """The part of a decay (Case.decay) that goes with q[batch, head, tokens]: gamma (H,)
-    by head alone (batch elements and tokens share it), log-gates g (B, H, N) or channel
-    gates (B, H, N, d) by all three;
-    None without a decay."""
+    """The part of a decay (Case.arguments) that goes with q[batch, head, tokens]: gamma
+    (H,) by head alone (batch elements and tokens share it), log-gates g (B, H, N), channel
+    gates (B, H, N, d) or the delta rule's packed beta and gates (B, H, N, 1 + F) by all
+    three; None without a decay."""
     if decay is None:
         return None
     return decay[head] if decay.dim() == 1 else decay[batch, head, tokens]

@@ -208,6 +208,8 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
     if impl.cost == "quadratic":
         return "the implementation declares quadratic cost: long N is not what it is for"
+    if impl.spec.delta_rule:
+        return "not wired for the delta rule yet (its certified recurrence is reference/delta.py)"
     if not impl.spec.plain:
         return f"its certified reference is for plain specs, not {impl.spec}"
     if all(t == "float64" for t in dtypes):

@@ -228,7 +228,8 @@ class Implementation:
 
     def __call__(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
         """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout; decay:
-        a decayed spec's gamma (H,) or log-gates (B, H, N) or (B, H, N, d) (Case.decay)."""
+        a decayed spec's gamma (H,) or log-gates (B, H, N) or (B, H, N, d), or the delta
+        rule's packed beta and gates (inputs.pack_delta; Case.arguments)."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self.call_raw(*args, projection, decay)
         return self._output(out, (*q.shape[:3], v.shape[-1]))
