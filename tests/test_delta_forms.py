@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.accuracy.bound import gamma
 from linattn_verify.implementations.delta import delta_attention
 from linattn_verify.implementations.forms import (
     attention,
@@ -69,10 +70,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def gamma(n: float, u: float) -> float:
-    return n * u / (1 - n * u)
 
 
 def _spec(decay, l2norm) -> Spec:
@@ -186,6 +183,7 @@ class _Exact:
 
 
 def _assert_within(got: torch.Tensor, want: np.ndarray, allowed: np.ndarray, what: str):
+    assert np.all(np.isfinite(allowed)), f"{what}: the bound is vacuous (n u >= 1)"
     err = np.abs(got.double().numpy() - want)
     worst = np.unravel_index(np.argmax(err / allowed), err.shape)
     assert np.all(err <= allowed), (
