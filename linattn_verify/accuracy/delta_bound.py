@@ -81,19 +81,43 @@ class Propagated:
     final: np.ndarray
 
 
-def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
-    """The state's error bound and magnitudes token by token (module docstring)."""
+@dataclass(frozen=True)
+class Steps:
+    """The per-token factors of the module docstring's steps, shared with the gradients'
+    model (delta_gradient.py): q and k as the recurrence uses them (normalised with
+    qk_l2norm), the factors exp(g) (B, H, N, d), |k_t|^2 and rho_t (B, H, N), the WY
+    condition number cond_t (B, H, N), and the local relative error of a step, gamma_n +
+    (2 gamma_C + u) |G|."""
+
+    q: np.ndarray
+    k: np.ndarray
+    decays: np.ndarray
+    k2: np.ndarray
+    rho: np.ndarray
+    cond: np.ndarray
+    local: float
+
+
+def steps(x: AttentionInputs, spec: Spec, u: float) -> Steps:
+    """The module docstring's per-token factors for x."""
     q, k = x.q, x.k
     if spec.qk_l2norm:
         q, k = (t / np.sqrt(np.sum(t * t, -1, keepdims=True) + QK_L2NORM_EPS) for t in (q, k))
-    b_, h_, n, d = q.shape
-    beta, logs = x.beta, _log_decays(x, spec)
-    decays = np.exp(logs)  # (B, H, N, d): the factors exp(g)
-    k2 = np.sum(k * k, -1)  # (B, H, N)
-    rho = decays.max(-1) * np.maximum(1.0, np.abs(1 - beta * k2))
+    d = q.shape[-1]
+    logs = _log_decays(x, spec)
+    decays = np.exp(logs)
+    k2 = np.sum(k * k, -1)
+    rho = decays.max(-1) * np.maximum(1.0, np.abs(1 - x.beta * k2))
     n_local = d + 5 + C_LIB + DECAY_CHUNK + 2 * (d + 3) * spec.qk_l2norm
-    g_local = gamma(n_local, u) + (2 * gamma(DECAY_CHUNK, u) + u) * widest_gate_sum(spec, x)
-    cond = _wy_condition(k, beta, logs)  # (B, H, N)
+    local = gamma(n_local, u) + (2 * gamma(DECAY_CHUNK, u) + u) * widest_gate_sum(spec, x)
+    return Steps(q, k, decays, k2, rho, _wy_condition(k, x.beta, logs), local)
+
+
+def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
+    """The state's error bound and magnitudes token by token (module docstring)."""
+    f = steps(x, spec, u)
+    q, k, beta, decays, k2, rho, cond = f.q, f.k, x.beta, f.decays, f.k2, f.rho, f.cond
+    b_, h_, n, d = q.shape
     block = -(-max(DECAY_CHUNK, 4 * d) // DECAY_CHUNK) * DECAY_CHUNK
     state = np.zeros((b_, h_, d, x.v.shape[-1]))
     carried = np.zeros((b_, h_, x.v.shape[-1]))  # the error entering the block, propagated
@@ -104,7 +128,7 @@ def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
         y = decays[:, :, t, :, None] * state
         y_norm = np.sqrt(np.sum(y * y, -2))  # (B, H, dv)
         kt, bt = k[:, :, t], beta[:, :, t, None]
-        local = g_local * (
+        local = f.local * (
             y_norm * (1 + np.abs(bt) * k2[:, :, t, None])
             + np.abs(bt) * np.sqrt(k2[:, :, t, None]) * np.abs(x.v[:, :, t])
         )

@@ -58,19 +58,12 @@ ALL_CHECKS = CHECKS | GRAD_CHECKS
 
 
 # the checks that do not take every spec, and why: split-resume's stream takes no decay
-# (the state checks do); the delta rule's exact gradients are still to be built (vet
-# refuses --grad for it)
+# (the state checks do)
 NOT_FOR = {
     "split-resume": (
         lambda spec: spec.decay is not None,
         "the stream API carries no decay (the state checks take it)",
     ),
-} | {
-    name: (
-        lambda spec: spec.delta_rule,
-        "no exact gradients of the delta rule yet (dbeta, and dq, dk, dv, dg through it)",
-    )
-    for name in GRAD_CHECKS
 }
 # the checks of a normalised output's properties
 NORMALISED = ("positivity", "convex-hull", "v-affine")

@@ -4,11 +4,12 @@ decay (Case.decay) given to the kernel; a gates spec's log-gates are a leaf too.
 
 - gradient: dL/dq, dL/dk, dL/dv (and dL/dg of the log-gates) against the exact reference
   gradients (reference/grad.py), judged by accuracy/gradient.py: the a-priori bound, and
-  the budget set by the golden forms' backward in the same dtype;
-- gradient-causality (causal specs): dL/dk_j and dL/dv_j do not depend on G_i for i < j,
-  nor dL/dg_t (through rows i >= t alone); rows 0 .. t-1 of G are redrawn and rows t ..
-  N-1 of dk, dv (and dg) must not move beyond a few roundings (this holds where the bound
-  is vacuous too);
+  the budget set by the golden forms' backward in the same dtype; the delta rule's, dL/dbeta
+  too, against reference/delta_grad.py with the magnitudes of accuracy/delta_gradient.py;
+- gradient-causality (causal specs): dL/dk_j and dL/dv_j (and the delta rule's dL/dbeta_j)
+  do not depend on G_i for i < j, nor dL/dg_t (through rows i >= t alone); rows 0 .. t-1 of
+  G are redrawn and rows t .. N-1 of dk, dv (dbeta, dg) must not move beyond a few
+  roundings (this holds where the bound is vacuous too);
 - gradient-associativity: the gradients agree with both golden forms' ((phi(Q) phi(K)^T) V
   and phi(Q) (phi(K)^T V), or softmax's one) within the budget plus the golden's error;
 - gradient-finite: no NaN or inf in a gradient where the exact one is finite and fits the
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
 from ..accuracy.gradient import (
     NAMES,
     allowance,
@@ -35,8 +37,9 @@ from ..accuracy.gradient import (
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
 from ..implementations.golden import golden_attention, golden_forms
-from ..inputs import UNIT_ROUNDOFF, AttentionInputs
+from ..inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments
 from ..reference.arb import arb_denominator_signs
+from ..reference.delta_grad import exact_delta_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
@@ -53,14 +56,19 @@ def loss_weights(case: Case, q: torch.Tensor, v: torch.Tensor, salt: int = 11) -
     return g.to(dtype=q.dtype, device=q.device)
 
 
-def autograd_gradients(fn, q, k, v, w, g: torch.Tensor, decay=None, gates: bool = False) -> Grads:
+def autograd_gradients(
+    fn, q, k, v, w, g: torch.Tensor, decay=None, spec: Spec | None = None
+) -> Grads:
     """dL/dq, dL/dk, dL/dv of L = sum(fn(q, k, v, w, decay=decay) * g) through
-    torch.autograd, as float64 arrays, and with gates (a gates spec's log-gates as the
-    decay) dL/dg too (key "g"); a gradient that does not exist (the output does not
-    depend on it) is 0. ImplementationFailure when fn's output has no backward, the
-    backward raises, or a gradient has the wrong shape or dtype."""
+    torch.autograd, as float64 arrays, and those of the rest of spec's gradient_names (a
+    gates spec's log-gates g, the delta rule's beta and g: the decay is a leaf, and the
+    delta rule's packed one is split as inputs.delta_arguments splits it); a gradient that
+    does not exist (the output does not depend on it) is 0. ImplementationFailure when fn's
+    output has no backward, the backward raises, or a gradient has the wrong shape or
+    dtype."""
+    names = NAMES if spec is None else gradient_names(spec)
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    if gates:
+    if len(names) > len(NAMES):
         decay = decay.detach().clone().requires_grad_(True)
         leaves.append(decay)
     with torch.enable_grad():
@@ -75,28 +83,27 @@ def autograd_gradients(fn, q, k, v, w, g: torch.Tensor, decay=None, gates: bool 
             raise ImplementationFailure(
                 f"backward raised {type(err).__name__}: {err}"
             ) from None  # fmt: skip
-    result = {}
-    for name, leaf, grad in zip(NAMES + ("g",) * gates, leaves, grads, strict=True):
-        if grad is None:
-            grad = torch.zeros_like(leaf)
+    grads = [torch.zeros_like(leaf) if d is None else d for leaf, d in zip(leaves, grads)]
+    packed = spec is not None and spec.delta_rule
+    for name, leaf, grad in zip((*NAMES, "(beta, g)" if packed else "g"), leaves, grads):
         if grad.shape != leaf.shape or grad.dtype != leaf.dtype:
             raise ImplementationFailure(
                 f"d{name} has shape {tuple(grad.shape)} and dtype {grad.dtype}, expected "
                 f"{tuple(leaf.shape)} and {leaf.dtype}"
             )
-        result[name] = as_array(grad)
-    return result
+    if packed:
+        grads = grads[:3] + list(delta_arguments(spec, grads[3]).values())
+    return {name: as_array(grad) for name, grad in zip(names, grads, strict=True)}
 
 
 def golden_gradients(q, k, v, w, g, spec, decay=None) -> list[Grads]:
     """The golden forms' gradients on the same inputs, decay and loss."""
-    gates = "g" in gradient_names(spec)
 
     def golden(form: str):
         return lambda q, k, v, w, decay: golden_attention(q, k, v, spec, w, form, decay)
 
     return [
-        autograd_gradients(golden(form), q, k, v, w, g, decay, gates) for form in golden_forms(spec)
+        autograd_gradients(golden(form), q, k, v, w, g, decay, spec) for form in golden_forms(spec)
     ]
 
 
@@ -125,6 +132,9 @@ def exact_judgement_inputs(
     """The exact gradients, their magnitudes M and the rounding count n for the loss
     sum(out * g) (x's decay included), or why the loss is undefined (an exact denominator
     of a normalised spec is 0)."""
+    if spec.delta_rule:  # unnormalised: always defined
+        exact = exact_delta_gradients(x, spec, g)
+        return exact, delta_gradient_magnitudes(x, spec, g), delta_roundings(x, spec)
     if spec.normalize and (zero := arb_denominator_signs(x, spec) == 0).any():
         at = tuple(int(t) for t in np.argwhere(zero)[0])
         return f"the exact denominator of row (b, h, i) = {at} is 0"
@@ -163,9 +173,8 @@ def _exact_defined(case: Case, spec: Spec) -> tuple[Grads, Grads, int]:
 def _implementation_gradients(impl: Implementation, case: Case):
     """Inputs (the decay last), G and the implementation's grads of the case's loss."""
     (q, k, v, w, decay), _ = inputs_of(case, impl.spec)
-    gates = "g" in gradient_names(impl.spec)
     g = loss_weights(case, q, v)
-    return (q, k, v, w, decay), g, autograd_gradients(impl, q, k, v, w, g, decay, gates)
+    return (q, k, v, w, decay), g, autograd_gradients(impl, q, k, v, w, g, decay, impl.spec)
 
 
 NO_GATE_GRADIENT = (
@@ -244,15 +253,14 @@ def gradient_causality(impl: Implementation, case: Case) -> Outcome:
     t = 1 + int(torch.randint(case.n - 1, (1,), generator=case_generator(case, 12)))
     other = loss_weights(case, q, v, salt=13)
     g2 = torch.cat([other[..., :t, :], g[..., t:, :]], dim=-2)
-    gates = "g" in exact
-    grads2 = autograd_gradients(impl, q, k, v, w, g2, decay, gates)
+    grads2 = autograd_gradients(impl, q, k, v, w, g2, decay, impl.spec)
     u = UNIT_ROUNDOFF[case.dtype]
     floors = {
         name: 2 * K_BUDGET * rounding_floor(exact[name], magnitude[name], case.dtype, u)
         for name in exact
     }
     allowance = _allowance(magnitude, n, case.dtype, floors)
-    names = ("k", "v", "g")[: 2 + gates]
+    names = tuple(name for name in exact if name != "q")
     found = _disagreement(grads, grads2, allowance, exact, start=t, names=names)
     if found is None:
         what = ", ".join(f"d{name}" for name in names)

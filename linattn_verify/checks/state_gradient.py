@@ -23,10 +23,12 @@ import numpy as np
 import torch
 
 from ..accuracy.bound import state_gradient_bound
-from ..accuracy.gradient import judge_gradients
+from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
+from ..accuracy.gradient import gradient_bound, judge_gradients
 from ..cases import Case
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, delta_arguments
 from ..reference.common import ReferenceAccuracyError
+from ..reference.delta_grad import exact_delta_gradients
 from ..reference.final_state import final_state_gradients
 from ..reference.grad import roundings
 from ..reference.state import exact_state, exact_state_gradients
@@ -46,10 +48,11 @@ def _backward(impl: Implementation, q, k, v, w, decay, initial, cotangents, g_ou
     """(dq, dk, dv, dg (zeros without gates), d initial...) of sum(out * g_out) + sum(final *
     cotangents) through the kernel's autograd (g_out None: the final state's terms alone),
     as float64 arrays; initial and cotangents: the state's parts, (S,) or (S, z)."""
-    gates = decay if impl.spec.gated else torch.zeros(())
+    per_token = impl.spec.per_token  # gates, or the delta rule's packed beta and gates
+    gates = decay if per_token else torch.zeros(())
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, gates, *initial)]
     state = leaves[4] if len(initial) == 1 else tuple(leaves[4:])
-    given_decay = leaves[3] if impl.spec.gated else decay
+    given_decay = leaves[3] if per_token else decay
     with torch.enable_grad():
         out, final = impl.call_state(leaves[0], leaves[1], leaves[2], w, state, decay=given_decay)
         parts = state_parts(final, impl.spec)
@@ -106,12 +109,14 @@ def _initial(impl: Implementation, case: Case, x, like) -> tuple[torch.Tensor, .
 @check("state-gradient")
 def state_gradient(impl: Implementation, case: Case) -> Outcome:
     """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv, dL_S/dk (and dL_S/dg; dL_S/dq =
-    0) within their bounds of the exact ones."""
+    0) within their bounds of the exact ones; the delta rule's: _delta_state_gradient."""
     spec = impl.spec
     (q, k, v, w, decay), x = inputs_of(case, spec)
     own = state_parts(impl.call_state(q, k, v, w, None, decay=decay)[1], spec)
     g_out = loss_weights(case, q, v, salt=32)
     cotangents = [_draw(t, tuple(t.shape), case, 33 + n) for n, t in enumerate(own)]
+    if spec.delta_rule:
+        return _delta_state_gradient(impl, case, (q, k, v, w, decay), x, g_out, cotangents)
     arrays = [as_array(t) for t in cotangents]
     g_z = arrays[1] if spec.normalize else None
     try:
@@ -156,3 +161,29 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
     rest = f" ({unjudged} element(s) not judged: their bound is infinite)" * bool(unjudged)
     of_state = "dL_S/dv, dL_S/dk" + ", dL_S/dg" * spec.gated
     return Outcome(True, f"{names} and the final state's {of_state} within their bounds" + rest)
+
+
+def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, cotangents):
+    """The delta rule's: every gradient of L = sum(out * G) + sum(S_N * G_S) from S_0 ~
+    N(0, 1), dL/dS_0 included, against the exact ones (reference/delta_grad.py), within the
+    a-priori bound gamma_n M of accuracy/delta_gradient.py (no golden form takes a state:
+    where the bound is vacuous, in float16 and bfloat16, nothing is judged)."""
+    spec = impl.spec
+    (q, k, v, w, decay), s0 = inputs, _draw(cotangents[0], tuple(cotangents[0].shape), case, 31)
+    arrays = [as_array(t) for t in (g_out, cotangents[0], s0)]
+    try:
+        exact = exact_delta_gradients(x, spec, *arrays)
+    except ReferenceAccuracyError as err:
+        return Outcome(True, f"not judged: {err}")
+    n, u = delta_roundings(x, spec), UNIT_ROUNDOFF[case.dtype]
+    if not np.isfinite(gradient_bound(n, u)):
+        return Outcome(True, f"not judged in {case.dtype}: the bound is vacuous (n u >= 1)")
+    grads = _backward(impl, q, k, v, w, decay, (s0,), cotangents, g_out)
+    got = dict(zip(("q", "k", "v"), grads[:3]))
+    got |= delta_arguments(spec, grads[3]) | {"S0": grads[4]}
+    mags = delta_gradient_magnitudes(x, spec, *arrays)
+    verdict = judge_gradients(got, exact, mags, case.dtype, u, n)
+    what = ", ".join(f"dL/d{name}" for name in exact)
+    if verdict.passed:
+        return Outcome(True, f"{what} of the output and final state within the bound")
+    return Outcome(False, f"{what} of the output and final state: {verdict.message}")

@@ -70,7 +70,7 @@ SCALE_FLOOR = 2.0**-1000  # delta_scale's least value: u s stays a nonzero float
 SMALL_NORM = 2.0**-500  # below it, squares in a norm may underflow: bound by sqrt(d) max |x|
 
 
-def _check(x: AttentionInputs, spec: Spec, initial_state) -> np.ndarray | None:
+def checked_initial_state(x: AttentionInputs, spec: Spec, initial_state) -> np.ndarray | None:
     """SpecError unless the spec is the delta rule's and x carries beta; the initial state
     (B, H, d, dv) as an exact float64 array, or None."""
     if not spec.delta_rule or x.beta is None:
@@ -84,7 +84,7 @@ def _check(x: AttentionInputs, spec: Spec, initial_state) -> np.ndarray | None:
     return s0
 
 
-def _factors(x: AttentionInputs, spec: Spec, b: int, h: int) -> list | None:
+def log_gate_rows(x: AttentionInputs, spec: Spec, b: int, h: int) -> list | None:
     """Per token, the d log-gates of D_t's rows (a gate repeated d times), or None."""
     if spec.decay is None:
         return None
@@ -116,7 +116,7 @@ def _mp_head(x: AttentionInputs, spec: Spec, b: int, h: int, last: int, prec: in
     error estimates, S (d, dv), its estimates), all rounded to float64 (module docstring)."""
     d, dv = x.q.shape[3], x.v.shape[3]
     qs, ks, vs = (t[b, h].tolist() for t in (x.q, x.k, x.v))
-    betas, gates = x.beta[b, h].tolist(), _factors(x, spec, b, h)
+    betas, gates = x.beta[b, h].tolist(), log_gate_rows(x, spec, b, h)
     n_step, n_out = _estimate_roundings(spec, d)
     out, est = np.empty((last + 1, dv)), np.empty((last + 1, dv))
     with mpmath.workprec(prec):
@@ -161,7 +161,7 @@ def mp_delta(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(o (B, H, N, dv), S_N (B, H, d, dv) if `state` else None), faithfully rounded to
     float64, by the literal recurrence in mpmath (module docstring)."""
-    s0 = _check(x, spec, initial_state)
+    s0 = checked_initial_state(x, spec, initial_state)
     runs: dict[tuple[int, int], tuple] = {}  # (b, h) -> its last run, at the higher bits
 
     def solve(b: int, h: int, rows: list[int], p: int, need: bool):
@@ -206,7 +206,7 @@ def _resolve(x: AttentionInputs, solve, prec: int, max_prec: int, engine: str, p
 # ---------------------------------------------------------------------------- arb
 
 
-def _decided(ball: arb) -> float:
+def decided(ball: arb) -> float:
     """The nearest float64 to every point of `ball`, or NaN if they do not share one."""
     lo, hi = float(ball.lower()), float(ball.upper())
     return lo + 0.0 if lo == hi else math.nan
@@ -232,9 +232,9 @@ def _arb_head(
     or None unless `need`), NaN where a ball does not decide the float64 (module docstring);
     with `decide`, the outputs are what it makes of their balls (an object array)."""
     d, dv = x.q.shape[3], x.v.shape[3]
-    gates = _factors(x, spec, b, h)
+    gates = log_gate_rows(x, spec, b, h)
     out = np.empty((last + 1, dv), dtype=object if decide else np.float64)
-    decide = decide or _decided
+    decide = decide or decided
     with working_precision(prec):
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
         state = arb_mat(d, dv) if s0 is None else arb_mat(balls(s0[b, h]))
@@ -267,7 +267,7 @@ def _arb_head(
                 out[t, col] = decide(a + arb(0, (c * qn * e).upper()))
         if not need:
             return out, None
-        final = [[_decided(arb(a.mid(), e)) for a, e in zip(r, err)] for r in state.tolist()]
+        final = [[decided(arb(a.mid(), e)) for a, e in zip(r, err)] for r in state.tolist()]
     return out, np.array(final)
 
 
@@ -283,7 +283,7 @@ def arb_delta(
     """(o (B, H, N, dv), S_N (B, H, d, dv) if `state` else None), correctly rounded to
     float64, in ball arithmetic (module docstring); only the rows `pending` of the heads it
     names, if given (NaN elsewhere)."""
-    s0 = _check(x, spec, initial_state)
+    s0 = checked_initial_state(x, spec, initial_state)
 
     def solve(b: int, h: int, rows: list[int], p: int, need: bool):
         last = x.q.shape[2] - 1 if need else max(rows)
@@ -303,7 +303,7 @@ def arb_delta_decimal(
     error included, round to the same string), per head from 4 bits a digit, doubled until
     every element is decided; "0" where exactly 0. Known-answer vectors use 34 digits. A
     value that is 0 by cancellation (not exactly) never resolves: ReferenceAccuracyError."""
-    _check(x, spec, None)
+    checked_initial_state(x, spec, None)
     b_, h_, n = x.q.shape[:3]
     out = np.empty(x.v.shape, dtype=object)
     decide = functools.partial(decimal_text, digits=digits)
@@ -418,7 +418,7 @@ def float64_delta(
     (_transition_norm) and, once rho <= RHO_CLOSE, E <= min(E, rho E_s + W), W the errors
     committed since s carried by the same recurrence from 0; then P restarts at I.
     """
-    s0 = _check(x, spec, initial_state)
+    s0 = checked_initial_state(x, spec, initial_state)
     b_, h_, n, d = x.q.shape
     dv = x.v.shape[3]
     if n >= MAX_TOKENS:

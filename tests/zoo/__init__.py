@@ -66,6 +66,7 @@ from . import (  # noqa: E402
     correct,
     decay,
     delta,
+    delta_backward,
     gla,
     long,
     state,
@@ -94,6 +95,7 @@ ZOO: tuple[Entry, ...] = (
     + decay.ENTRIES
     + gla.ENTRIES
     + delta.ENTRIES
+    + delta_backward.ENTRIES
     + TRITON_ENTRIES
 )
 
