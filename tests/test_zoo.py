@@ -75,7 +75,7 @@ def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
         grad=entry.grad,
         envelope=False,
         longest=(None if entry.triton else LONGEST) if entry.long else 0,  # None: the plan's
-        smallest=entry.triton,  # seconds a call in Triton's interpreter (tests/zoo/triton_kernels)
+        smallest=entry.triton or entry.smallest,  # Triton: seconds a call in the interpreter
     )
     report = vet_in_process(implementation(entry), options)
     found = report.findings

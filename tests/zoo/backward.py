@@ -138,5 +138,6 @@ ENTRIES: tuple[Entry, ...] = (
         grad=True,
         cost="quadratic",
         caught_by=("gradient",),
+        smallest=True,
     ),
 )

@@ -259,10 +259,11 @@ ENTRIES = (
     _entry("decay-gates-chunked-state", gates_chunked_state, "gates", False,
            "correct: chunks of 16, its state S carried", state="S", grad=True),
     _entry("decay-gates-dht-dropped", gates_dht_dropped, "gates", True,
-           "dht never reaches dh0 (backward only)", ("state-gradient",), state="S", grad=True),
+           "dht never reaches dh0 (backward only)", ("state-gradient",), state="S", grad=True,
+           smallest=True),
     _entry("decay-gates-initial-state-undecayed", gates_initial_state_undecayed, "gates",
            True, "the initial state seen undecayed", ("initial-state",), state="S"),
     _entry("decay-gates-dg-exclusive", gates_dg_exclusive, "gates", True,
            "dg_t from an exclusive reverse cumsum: dg_(t+1) (backward only)", ("gradient",),
-           cost="quadratic", grad=True),
+           cost="quadratic", grad=True, smallest=True),
 )  # fmt: skip

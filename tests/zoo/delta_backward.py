@@ -99,9 +99,11 @@ def _hand_written(flaw: str | None, state: bool):
 
 
 def _entry(name, flaw, bug, caught_by=(), decay=None, state=False) -> Entry:
+    """The broken ones at the smallest plan: their forward is the correct one's."""
     return Entry(name, _hand_written(flaw, state), "identity", True, flaw is not None, bug,
                  caught_by=caught_by, decay=decay, normalize=False, delta_rule=True,
-                 grad=True, state="S" if state else None)  # fmt: skip
+                 grad=True, state="S" if state else None,
+                 smallest=flaw is not None)  # fmt: skip
 
 
 GRADIENTS = ("gradient", "gradient-associativity")

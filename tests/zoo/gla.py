@@ -173,5 +173,5 @@ ENTRIES = (
            "the final state misses the last chunk's decay", ("final-state",), state="S"),
     _entry("gla-dg-without-state", gla_dg_without_state, True,
            "dg misses the final state's share (backward only)", ("state-gradient",),
-           state="S", grad=True),
+           state="S", grad=True, smallest=True),
 )  # fmt: skip
