@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -202,10 +202,14 @@ def default_decay(spec: Spec, q: torch.Tensor) -> torch.Tensor | None:
     decay (Case.decay at DECAY_RATE), gamma = exp(-DECAY_RATE) per head or gates of
     -DECAY_RATE; for the delta rule with beta = 1 / d (beta |k|^2 about 1 for N(0, 1)
     keys: I - beta k k^T stays near a projection) packed with them."""
-    kind = spec.decay
     if spec.delta_rule:
         beta = torch.full(q.shape[:3], 1 / q.shape[-1], dtype=q.dtype, device=q.device)
-        return pack_delta(beta, default_decay(replace(spec, delta_rule=False, qk_l2norm=False), q))
+        return pack_delta(beta, _constant_decay(spec.decay, q))
+    return _constant_decay(spec.decay, q)
+
+
+def _constant_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
+    """default_decay's values of a decay `kind` (None: no decay)."""
     if kind is None:
         return None
     shape = {"constant": q.shape[1:2], "gates": q.shape[:3], "channel-gates": q.shape}[kind]

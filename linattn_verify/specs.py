@@ -178,6 +178,8 @@ class Spec:
     dot_precision: str | None = None  # "tf32": float32 products from TF32 inputs
     delta_rule: bool = False  # the state updated by the delta rule (DELTA_SOURCE)
     qk_l2norm: bool = False  # q and k normalised inside the kernel (QK_L2NORM_EPS)
+    # G: it also takes HV = G H value heads, head hv reading q and k of head hv // G
+    value_heads: int = 1
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
@@ -192,7 +194,7 @@ class Spec:
             raise SpecError(f"an unnormalised spec takes no {what}")
         if self.dot_precision not in (None, "tf32"):
             raise SpecError(f"dot_precision must be None or 'tf32', got {self.dot_precision!r}")
-        if self.delta_rule or self.qk_l2norm:
+        if self.delta_rule or self.qk_l2norm or self.value_heads != 1:
             self._check_delta()
         if self.decay is None:
             return
@@ -210,9 +212,15 @@ class Spec:
 
     def _check_delta(self) -> None:
         """SpecError unless the delta rule's fields fit: causal, identity features,
-        unnormalised, a decay of DELTA_DECAYS; qk_l2norm only with the delta rule."""
+        unnormalised, a decay of DELTA_DECAYS; qk_l2norm and value_heads (an integer >= 1)
+        only with the delta rule."""
         if not self.delta_rule:
-            raise SpecError("qk_l2norm (--qk-l2norm) is for the delta rule (--delta-rule)")
+            what = "qk_l2norm (--qk-l2norm)" if self.qk_l2norm else "value_heads (--value-heads)"
+            raise SpecError(f"{what} is for the delta rule (--delta-rule)")
+        if isinstance(self.value_heads, bool) or not isinstance(self.value_heads, int):
+            raise SpecError(f"value_heads must be an integer >= 1, got {self.value_heads!r}")
+        if self.value_heads < 1:
+            raise SpecError(f"value_heads must be an integer >= 1, got {self.value_heads}")
         missing = [
             need
             for need, holds in (
@@ -276,4 +284,5 @@ class Spec:
         words += [f"decay={self.decay}"] * (self.decay is not None)
         words += [f"{self.dot_precision} products"] * (self.dot_precision is not None)
         words += ["delta rule"] * self.delta_rule + ["qk-l2norm"] * self.qk_l2norm
+        words += [f"value-heads={self.value_heads}"] * (self.value_heads != 1)
         return f"{self.feature_map} ({', '.join(words)})"

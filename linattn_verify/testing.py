@@ -34,6 +34,7 @@ def assert_linear_attention(
     dot_precision: str | None = None,
     delta_rule: bool = False,
     qk_l2norm: bool = False,
+    value_heads: int = 1,
     layout: str = "bhnd",
     cost: str | None = None,
     state: str | None = None,

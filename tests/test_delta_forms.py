@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -321,3 +321,24 @@ def test_bad_delta_rule_inputs_are_one_line_spec_errors():
         attention(q, k, v, "identity", True, beta=beta)
     with pytest.raises(SpecError, match="packed"):
         golden_attention(q, k, v, _spec("gates", False), decay=beta)
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_grouped_value_heads_read_query_head_hv_over_g(decay):
+    """q and k of H heads with v, beta, g of 2 H (fla's grouped value heads): each form
+    gives exactly its output for q and k repeated so that value head hv has head hv // 2,
+    and the spec declares the grouping in one line or names what is wrong."""
+    q, k, v, beta, g, s0 = _inputs(decay, False, seed=5)
+    few = [t[:, ::2] for t in (q, k)]  # H / 2 query and key heads
+    wide = [t.repeat_interleave(2, dim=1) for t in few]
+    for form, chunk in (("recurrent", None), ("chunked", 16)):
+        kw = _kwargs(decay, False, beta, g, form, chunk or 64)
+        grouped = attention_with_state(*few, v, initial_state=s0, **kw)
+        expanded = attention_with_state(*wide, v, initial_state=s0, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(grouped, expanded, strict=True)), form
+    assert "value-heads=2" in str(replace(_spec(decay, False), value_heads=2))
+    for bad in (0, True, 1.5):
+        with pytest.raises(SpecError, match="value_heads must be an integer >= 1"):
+            replace(_spec(decay, False), value_heads=bad)
+    with pytest.raises(SpecError, match=r"value_heads \(--value-heads\) is for the delta rule"):
+        Spec("identity", True, normalize=False, value_heads=2)

@@ -43,6 +43,7 @@ def implementation(entry: Entry) -> Implementation:
         decay=entry.decay,
         normalize=entry.normalize,
         delta_rule=entry.delta_rule,
+        value_heads=entry.value_heads,
         triton="interpret" if entry.triton else None,
     )
 

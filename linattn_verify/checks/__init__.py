@@ -16,6 +16,7 @@ from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
 from .state import final_state, initial_state, state_split
 from .state_gradient import state_gradient
+from .value_heads import value_heads
 from .varlen import varlen
 
 CHECKS = {
@@ -37,6 +38,7 @@ CHECKS = {
         final_state,
         varlen,
         decay,
+        value_heads,
     )
 }
 STATE_CHECKS = ("state-split", "initial-state", "final-state")  # with --state
@@ -94,6 +96,8 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return _state_not_applicable(name, impl)
     if name == "varlen" and not impl.varlen:
         return "no --varlen declared"
+    if name == "value-heads" and spec.value_heads == 1:
+        return "no --value-heads declared"
     return None
 
 
@@ -135,5 +139,6 @@ __all__ = [
     "state_gradient",
     "state_split",
     "v_affine",
+    "value_heads",
     "varlen",
 ]

@@ -188,6 +188,18 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def grouped(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """The delta rule's grouped value heads (fla's HV = G H): q and k of H heads where v has
+    G H, repeated so that value head hv reads head hv // G; as given otherwise (check_tensors
+    then names a mismatch)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return q, k
+    h, hv = q.shape[1], v.shape[1]
+    if h in (0, hv) or k.shape[1] != h or hv % h:
+        return q, k
+    return q.repeat_interleave(hv // h, dim=1), k.repeat_interleave(hv // h, dim=1)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -220,6 +232,8 @@ def attention(
     kinds = {"delta_rule": delta_rule, "qk_l2norm": qk_l2norm}
     spec = Spec(feature_map, causal, eps, normalize, scale, decay, **kinds)
     _check_keywords(spec, beta, gamma)
+    if spec.delta_rule:
+        q, k = grouped(q, k, v)
     check_tensors(q, k, v, spec, projection)
     if spec.delta_rule:
         check_finite(q, k, v, projection)
@@ -409,6 +423,7 @@ def attention_with_state(
     spec = Spec(feature_map, True, eps, normalize, scale, decay, **kinds)
     _check_keywords(spec, beta, gamma)
     if spec.delta_rule:
+        q, k = grouped(q, k, v)
         check_tensors(q, k, v, spec, projection)
         check_finite(q, k, v, projection)
         return delta_attention(q, k, v, spec, form, beta, g, chunk_size, initial_state)

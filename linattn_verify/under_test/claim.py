@@ -192,6 +192,11 @@ CLAIM = (
     Option("qk_l2norm", "--qk-l2norm", bool, False,
            f"with --delta-rule: fn normalises q and k itself, x / sqrt(|x|^2 + "
            f"{QK_L2NORM_EPS:g}) (fla's use_qk_l2norm_in_kernel); without it k is used as given"),
+    Option("value_heads", "--value-heads", int, 1,
+           "with --delta-rule: fn also takes G times as many value heads as query and key "
+           "heads (fla's grouped value heads, HV = G H): v, beta, g and the output of HV "
+           "heads, head hv reading q and k of head hv // G; every other check calls it with "
+           "HV = H (default 1: not declared)", metavar="G"),
     Option("layout", "--layout", str, "bhnd",
            "the layout fn takes and returns: bhnd (B, H, N, d; the default) or bnhd",
            choices=LAYOUTS),

@@ -227,12 +227,13 @@ class Implementation:
         return self._output(out, (*q.shape[:3], v.shape[-1]), " for a packed batch")
 
     def __call__(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
-        """The output (B, H, N, dv) for (B, H, N, d) inputs, contiguous in fn's layout; decay:
+        """The output (B, H, N, dv) for (B, H, N, d) inputs (H: v's heads, G times q's for
+        grouped value heads, Spec.value_heads), contiguous in fn's layout; decay:
         a decayed spec's gamma (H,) or log-gates (B, H, N) or (B, H, N, d), or the delta
         rule's packed beta and gates (inputs.pack_delta; Case.arguments)."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self.call_raw(*args, projection, decay)
-        return self._output(out, (*q.shape[:3], v.shape[-1]))
+        return self._output(out, (*v.shape[:2], q.shape[2], v.shape[-1]))
 
 
 def _state_problem(state: Any, want: tuple[int, int, int, int], layout: str) -> str | None:

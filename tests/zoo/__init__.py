@@ -34,6 +34,8 @@ class Entry:
     unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). triton: its
     kernels are Triton code, run in Triton's interpreter (--triton interpret). delta_rule:
     the delta rule's spec (fn(q, k, v, beta=(B, H, N)[, g=...]), specs.DELTA_SOURCE).
+    value_heads: the G of grouped value heads it claims (--value-heads G: q and k of H heads,
+    v and beta of G H), or 1.
     smallest: vet it at the smallest plan (one typical case per dtype, no search), as the
     Triton entries: a backward bug whose forward is a correct entry's, judged there.
     """
@@ -57,6 +59,7 @@ class Entry:
     normalize: bool = True
     triton: bool = False
     delta_rule: bool = False
+    value_heads: int = 1
     smallest: bool = False
 
 

@@ -211,6 +211,26 @@ def gated_delta_prefix_in_input_dtype(q, k, v, beta, g):
     return _gated_chunked(q, k, v, beta, g, flaw="prefix-in-input-dtype")[0]
 
 
+def _grouped_heads(q, k, v, flaw: str | None = None):
+    """q and k of H heads repeated to v's G H, head hv reading hv // G (fla's grouped value
+    heads); flaw "modulo": head hv reads hv % H (q.repeat), the layout of another grouping."""
+    group = v.shape[1] // q.shape[1]
+    if flaw == "modulo":
+        return q.repeat(1, group, 1, 1), k.repeat(1, group, 1, 1)
+    return q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+
+
+def kda_grouped_value_heads(q, k, v, beta, g):
+    """Channel gates with grouped value heads: q and k repeated to v's heads, blocked."""
+    return _recurrent(*_grouped_heads(q, k, v), v, beta, g)[0]
+
+
+def kda_grouped_modulo(q, k, v, beta, g):
+    """BUG: grouped value heads read q and k of head hv % H, not hv // G (the same for G = 1
+    or H = 1: only a call with more value heads than query heads, H > 1, shows it)."""
+    return _recurrent(*_grouped_heads(q, k, v, "modulo"), v, beta, g)[0]
+
+
 def _entry(name, fn, broken: bool, bug: str, caught_by=(), decay=None, **kw) -> Entry:
     return Entry(name, fn, "identity", True, broken, bug, caught_by=caught_by, decay=decay,
                  normalize=False, delta_rule=True, **kw)  # fmt: skip
@@ -245,4 +265,10 @@ ENTRIES = (
            decay=GATES),
     _entry("gated-delta-prefix-in-input-dtype", gated_delta_prefix_in_input_dtype, True,
            "the gates' prefix sums in float16/bfloat16", ("decay",), decay=GATES),
+    _entry("kda-grouped-value-heads", kda_grouped_value_heads, False,
+           "correct: channel gates, two value heads per query head", decay=CHANNEL,
+           value_heads=2),
+    _entry("kda-grouped-modulo", kda_grouped_modulo, True,
+           "grouped value heads read query head hv % H, not hv // G", ("value-heads",),
+           decay=CHANNEL, value_heads=2, smallest=True),
 )  # fmt: skip
