@@ -499,7 +499,7 @@ def not_applicable(spec: Spec) -> str | None:
     """Why the known-answer vectors do not judge a kernel of `spec`, or None."""
     if spec.eps != 0:
         return "the known-answer vectors are for eps = 0"
-    if replace(spec, dot_precision=None) in DECAYED_KAT_SPECS + DELTA_KAT_SPECS:
+    if spec.defining in DECAYED_KAT_SPECS + DELTA_KAT_SPECS:
         return None
     if not spec.plain:
         covered = ", ".join(str(s) for s in DECAYED_KAT_SPECS + DELTA_KAT_SPECS)
@@ -518,7 +518,7 @@ def run_vectors(
     exactly; the a-priori bound there, and how many elements exceed their bound. NaN is
     required where the exact value is 0/0 (a number there is an infinite error); an output
     of the wrong type, shape, dtype or device, or an exception, is reported as `problem`."""
-    spec = replace(impl.spec, eps=0.0, dot_precision=None)
+    spec = replace(impl.spec.defining, eps=0.0)
     rows = []
     for entry in load_manifest(directory)["vectors"]:
         if _spec_of({"spec": entry}) != spec:

@@ -8,7 +8,7 @@ similarity; a decay multiplies sim(q_i, k_j) by w_ij (`decay_weight`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class SpecError(ValueError):
@@ -257,6 +257,12 @@ class Spec:
         """Whether the decay argument the checks pass is given per token, sliced along N
         with q's tokens: gates, or the delta rule's beta (inputs.pack_delta)."""
         return self.gated or self.delta_rule
+
+    @property
+    def defining(self) -> Spec:
+        """The spec without what says how the kernel rounds or may be called, not what it
+        computes (dot_precision, value_heads): the key of the known-answer vectors."""
+        return replace(self, dot_precision=None, value_heads=1)
 
     def scale_for(self, d: int) -> float:
         """The similarity scale at head dimension d (rounded to float64 for RSQRT_D)."""
