@@ -23,10 +23,10 @@ from linattn_verify.reference.common import ReferenceAccuracyError
 from linattn_verify.reference.delta import mp_delta
 from linattn_verify.reference.delta_grad import (
     arb_delta_gradients,
-    delta_gradient_names,
     exact_delta_gradients,
     mp_delta_gradients,
 )
+from linattn_verify.reference.grad import gradient_names
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
 DECAYS = [None, "gates", "channel-gates"]
@@ -77,7 +77,7 @@ def _case(decay, l2, seed, kind="typical", s0=True, gs=True, n=5, d=3, dv=2, b=1
 
 
 def _expected_names(spec: Spec, s0, gs) -> set[str]:
-    return set(delta_gradient_names(spec)) | ({"S0"} if s0 is not None or gs is not None else set())
+    return set(gradient_names(spec)) | ({"S0"} if s0 is not None or gs is not None else set())
 
 
 # --------------------------------------------------------------------- mpmath == arb
@@ -433,8 +433,8 @@ def test_the_first_gate_is_inert_without_an_initial_state(engine, decay):
 
 def test_names_and_the_initial_state_key():
     x, spec, g_out, g_state, s0 = _case("gates", False, 93)
-    assert delta_gradient_names(spec) == ("q", "k", "v", "beta", "g")
-    assert delta_gradient_names(_spec(None, True)) == ("q", "k", "v", "beta")
+    assert gradient_names(spec) == ("q", "k", "v", "beta", "g")
+    assert gradient_names(_spec(None, True)) == ("q", "k", "v", "beta")
     assert "S0" not in exact_delta_gradients(x, spec, g_out)
     assert exact_delta_gradients(x, spec, g_out, initial_state=s0)["S0"].shape == s0.shape
     assert exact_delta_gradients(x, spec, g_out, g_state)["S0"].shape == g_state.shape

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from linattn_verify.accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
-from linattn_verify.accuracy.gradient import judge_gradients
+from linattn_verify.accuracy.gradient import allowance, judge_gradients
 from linattn_verify.cases import Case
 from linattn_verify.checks.core import as_array, inputs_of
 from linattn_verify.checks.gradients import autograd_gradients, loss_weights
@@ -88,16 +88,24 @@ def test_the_state_terms_are_bounded_too():
     assert verdict.violations > 0 and verdict.worst[0] == "S0", verdict.message
 
 
-def test_a_five_percent_error_in_dbeta_leaves_the_bound():
-    """The bound is loose (M holds the propagated sums: 1 % is 31 units of u M here, against
-    103) but not vacuous in float32: dbeta off by 5 % everywhere is outside it."""
-    impl = _impl("recurrent", None, None, False)
+# the largest relative error the bound lets through at the element where it is tightest,
+# per tensor, float32, N = 33 (measured 0.0017, 0.11, 0.0017, 0.12 and 0.18 at most over the
+# decays): the bound is loose (M holds the local errors summed over the sequence, every key
+# channel's dk the column norms'), the budget judges what it lets through
+LOOSEST = {"q": 0.01, "k": 0.2, "v": 0.01, "beta": 0.2, "g": 0.5}
+
+
+@pytest.mark.parametrize("decay", DECAYS)
+def test_the_bound_is_loose_but_judges(decay):
+    impl = _impl("recurrent", None, decay, False)
     case = Case(1, 2, 33, 8, 8, "float32", seed=7)
     (q, _, v, _, _), x = inputs_of(case, impl.spec)
     g = as_array(loss_weights(case, q, v))
     exact = exact_delta_gradients(x, impl.spec, g)
     mags = delta_gradient_magnitudes(x, impl.spec, g)
-    wrong = exact | {"beta": exact["beta"] * 1.05}
-    n = delta_roundings(x, impl.spec)
-    verdict = judge_gradients(wrong, exact, mags, "float32", UNIT_ROUNDOFF["float32"], n)
-    assert verdict.violations > 0, verdict.message
+    n, u = delta_roundings(x, impl.spec), UNIT_ROUNDOFF["float32"]
+    for name, loosest in LOOSEST.items():
+        if name in exact:
+            with np.errstate(divide="ignore"):
+                relative = allowance(mags[name], "float32", u, n) / np.abs(exact[name])
+            assert np.min(relative) < loosest, name

@@ -17,18 +17,18 @@ y_t = D_t x_(t-1): forming D_t x (exp within C_LIB units), the dot k^T y (gamma_
 difference with v, the product with beta, the outer-product update and the addition, and
 a chunked kernel's sums over the C = DECAY_CHUNK tokens of its chunk (W S, K^T U):
     l_t <= gamma_n [ |y_t| (1 + |beta_t| |k_t|^2) + |beta_t| |k_t| |v_tc| ]
-           + (2 gamma_C + u) |G| |y_t|,
-n = d + 5 + C_LIB + C, and 2 (d + 3) more for q and k normalised inside (qk_l2norm: the
-relative error gamma_(d + 3) of k enters A_t = I - beta k k^T twice); |G| the gates'
-largest sum over C tokens: a chunked kernel forms its decays exp(G_i - G_j) from prefix
-sums within a chunk, each within gamma_C |G|, their difference within one more rounding
-(verdict.decay_floor's window). A chunked kernel solves the chunk's triangular
-system (I + L) W = diag(beta) K (the UT transform, L = tril(diag(beta) K K^T, -1), gated
-as the decays say; Yang et al. 2024, DeltaNet, sec. 3.1) by substitution, whose forward
-error is its backward error gamma_C |I + L| times Skeel's condition number cond(I + L) =
-|| |(I + L)^-1| |I + L| ||_inf (Higham, Thm. 8.5 and eq. 7.13): the local errors of a
-chunk are taken cond(I + L) times larger (>= 1), the largest over the chunks of at most
-DECAY_CHUNK tokens that hold the token, wherever they start (_wy_condition). This
+n = d + 5 + C_LIB + C, 2 (d + 3) more for q and k normalised inside (qk_l2norm: the
+relative error gamma_(d + 3) of k enters A_t = I - beta k k^T twice), and (2 C + 1) |G|
+more with gates (step_roundings), |G| the gates' largest sum over C tokens: a chunked
+kernel forms its decays exp(G_i - G_j) from prefix sums within a chunk, each within gamma_C
+|G|, their difference within one more rounding (verdict.decay_floor's window), a relative
+(2 gamma_C + u) |G| <= gamma_((2 C + 1) |G|) to first order. A chunked kernel solves the
+chunk's triangular system (I + L) W = diag(beta) K (the UT transform, L = tril(diag(beta) K
+K^T, -1), gated as the decays say; Yang et al. 2024, DeltaNet, sec. 3.1) by substitution,
+whose forward error is its backward error gamma_C |I + L| times Skeel's condition number
+cond(I + L) = || |(I + L)^-1| |I + L| ||_inf (Higham, Thm. 8.5 and eq. 7.13): the local
+errors of a chunk are taken cond(I + L) times larger (>= 1), the largest over the chunks of
+at most DECAY_CHUNK tokens that hold the token, wherever they start (_wy_condition). This
 factor is a model of the chunked algorithms, not a proof for each: the bound is tested
 against arb on adversarial cases (tests/test_delta_bound.py).
 
@@ -53,6 +53,7 @@ that the computation of row t passed through, times the query's; errors are in u
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,8 +87,8 @@ class Steps:
     """The per-token factors of the module docstring's steps, shared with the gradients'
     model (delta_gradient.py): q and k as the recurrence uses them (normalised with
     qk_l2norm), the factors exp(g) (B, H, N, d), |k_t|^2 and rho_t (B, H, N), the WY
-    condition number cond_t (B, H, N), and the local relative error of a step, gamma_n +
-    (2 gamma_C + u) |G|."""
+    condition number cond_t (B, H, N), and the local relative error of a step,
+    gamma_n for n = step_roundings."""
 
     q: np.ndarray
     k: np.ndarray
@@ -103,14 +104,19 @@ def steps(x: AttentionInputs, spec: Spec, u: float) -> Steps:
     q, k = x.q, x.k
     if spec.qk_l2norm:
         q, k = (t / np.sqrt(np.sum(t * t, -1, keepdims=True) + QK_L2NORM_EPS) for t in (q, k))
-    d = q.shape[-1]
     logs = _log_decays(x, spec)
     decays = np.exp(logs)
     k2 = np.sum(k * k, -1)
     rho = decays.max(-1) * np.maximum(1.0, np.abs(1 - x.beta * k2))
-    n_local = d + 5 + C_LIB + DECAY_CHUNK + 2 * (d + 3) * spec.qk_l2norm
-    local = gamma(n_local, u) + (2 * gamma(DECAY_CHUNK, u) + u) * widest_gate_sum(spec, x)
+    local = gamma(step_roundings(x, spec), u)
     return Steps(q, k, decays, k2, rho, _wy_condition(k, x.beta, logs), local)
+
+
+def step_roundings(x: AttentionInputs, spec: Spec) -> int:
+    """The n of a step's local error (module docstring), the gates' term included."""
+    d = x.q.shape[-1]
+    n = d + 5 + C_LIB + DECAY_CHUNK + 2 * (d + 3) * spec.qk_l2norm
+    return n + math.ceil((2 * DECAY_CHUNK + 1) * widest_gate_sum(spec, x))
 
 
 def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:

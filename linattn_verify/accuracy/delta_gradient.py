@@ -17,9 +17,9 @@ y_t = D_t S_(t-1), u_t = v_t - y_t^T k_t and Lam'_t = (I - beta_t k_t k_t^T) Lam
 
 Error model (first order; Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed.,
 Lemma 3.1 and eq. 3.5; norms of columns bound their elements). Every step's local error is
-at most eps = delta_bound.steps' local (gamma_a, a = d + 5 + C_LIB + C (+ 2 (d + 3)
-for qk_l2norm), and the gates' prefix sums (2 gamma_C + u) |G|) times the step's
-magnitude, enlarged by the UT transform's condition number cond_t as in the forward model:
+at most eps = gamma_a (a = delta_bound.step_roundings: the forward model's local error,
+the gates' prefix sums included) times the step's magnitude, enlarged by the UT
+transform's condition number cond_t as in the forward model:
 
     |dS_t[:, c]| <= eps F_t,c,   F_t = rho_t F_(t-1) + cond_t (|y_t| (1 + |beta| |k|^2)
                                                               + |beta| |k| |v_tc|),
@@ -56,24 +56,19 @@ gradients).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..inputs import AttentionInputs
 from ..specs import QK_L2NORM_EPS, Spec
-from .bound import C_LIB, SAFETY
-from .delta_bound import steps
-from .verdict import DECAY_CHUNK, widest_gate_sum
+from .bound import SAFETY
+from .delta_bound import step_roundings, steps
+from .verdict import DECAY_CHUNK
 
 
 def delta_roundings(x: AttentionInputs, spec: Spec) -> int:
-    """n = a + b of the module docstring, the gates' prefix sums' (2 gamma_C + u) |G|
-    counted as (2 C + 1) |G| roundings (gamma_m gamma_n <= gamma_(mn) to first order)."""
+    """n = a + b of the module docstring (a: delta_bound.step_roundings)."""
     d, dv = x.q.shape[-1], x.v.shape[-1]
-    a = d + 5 + C_LIB + DECAY_CHUNK + 2 * (d + 3) * spec.qk_l2norm
-    a += math.ceil((2 * DECAY_CHUNK + 1) * widest_gate_sum(spec, x))
-    return a + d + dv + 8 + 2 * (d + 3) * spec.qk_l2norm
+    return step_roundings(x, spec) + d + dv + 8 + 2 * (d + 3) * spec.qk_l2norm
 
 
 def _norm(a: np.ndarray, axis: int = -2) -> np.ndarray:

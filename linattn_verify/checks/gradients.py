@@ -177,10 +177,11 @@ def _implementation_gradients(impl: Implementation, case: Case):
     return (q, k, v, w, decay), g, autograd_gradients(impl, q, k, v, w, g, decay, impl.spec)
 
 
-NO_GATE_GRADIENT = (
-    "; dg is 0 everywhere: the output has no gradient in the log-gates g (taken as a "
-    "constant, or detached)"
+NO_DECAY_GRADIENT = (
+    "; d{name} is 0 everywhere: the output has no gradient in {what} (taken as a constant, "
+    "or detached)"
 )
+DECAY_LEAVES = {"beta": "beta", "g": "the log-gates g"}
 
 
 @check("gradient")
@@ -199,8 +200,9 @@ def gradient(impl: Implementation, case: Case) -> Outcome:
         figures[f"budget_d{name}"] = budget
     severity = "wrong" if verdict.violations else "inaccurate"
     message = verdict.message
-    if not verdict.passed and "g" in grads and not grads["g"].any() and np.any(exact["g"]):
-        message += NO_GATE_GRADIENT
+    for name, what in DECAY_LEAVES.items():  # the decay's leaf, detached or a constant
+        if not verdict.passed and name in grads and not grads[name].any() and exact[name].any():
+            message += NO_DECAY_GRADIENT.format(name=name, what=what)
     return Outcome(verdict.passed, message, figures, severity=severity)
 
 
@@ -243,10 +245,11 @@ def _disagreement(
 @check("gradient-causality")
 @judged
 def gradient_causality(impl: Implementation, case: Case) -> Outcome:
-    """Redrawing G_i for i < t leaves dk_j and dv_j, j >= t, unchanged, and dg_s, s >= t
-    (rows i >= s alone reach it): within 2 K_BUDGET roundings of the exact gradient (a
-    correct backward never combines G_i with them, so it reproduces them to the bit but
-    for reassociation; a leak moves them by a whole term), and within twice the bound."""
+    """Redrawing G_i for i < t leaves dk_j and dv_j (the delta rule's dbeta_j), j >= t,
+    unchanged, and dg_s, s >= t (rows i >= s alone reach it): within 2 K_BUDGET roundings
+    of the exact gradient (a correct backward never combines G_i with them, so it
+    reproduces them to the bit but for reassociation; a leak moves them by a whole term),
+    and within twice the bound."""
     if case.n < 2:
         return Outcome(True, "N = 1: there is no earlier row of G to change")
     (q, k, v, w, decay), g, exact, magnitude, n, grads = _setup(impl, case)

@@ -24,8 +24,9 @@ import torch
 
 from ..accuracy.bound import state_gradient_bound
 from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
-from ..accuracy.gradient import gradient_bound, judge_gradients
+from ..accuracy.gradient import judge_gradients
 from ..cases import Case
+from ..implementations.golden_delta import golden_delta_with_state
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, delta_arguments
 from ..reference.common import ReferenceAccuracyError
 from ..reference.delta_grad import exact_delta_gradients
@@ -45,12 +46,13 @@ def _draw(like: torch.Tensor, shape: tuple[int, ...], case: Case, salt: int) -> 
 
 
 def _backward(impl: Implementation, q, k, v, w, decay, initial, cotangents, g_out):
-    """(dq, dk, dv, dg (zeros without gates), d initial...) of sum(out * g_out) + sum(final *
+    """(dq, dk, dv, dg (zeros without gates; the delta rule's packed (beta, g) one), d
+    initial...) of sum(out * g_out) + sum(final *
     cotangents) through the kernel's autograd (g_out None: the final state's terms alone),
     as float64 arrays; initial and cotangents: the state's parts, (S,) or (S, z)."""
     per_token = impl.spec.per_token  # gates, or the delta rule's packed beta and gates
-    gates = decay if per_token else torch.zeros(())
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, gates, *initial)]
+    leaf = decay if per_token else torch.zeros(())
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, leaf, *initial)]
     state = leaves[4] if len(initial) == 1 else tuple(leaves[4:])
     given_decay = leaves[3] if per_token else decay
     with torch.enable_grad():
@@ -165,9 +167,10 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
 
 def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, cotangents):
     """The delta rule's: every gradient of L = sum(out * G) + sum(S_N * G_S) from S_0 ~
-    N(0, 1), dL/dS_0 included, against the exact ones (reference/delta_grad.py), within the
-    a-priori bound gamma_n M of accuracy/delta_gradient.py (no golden form takes a state:
-    where the bound is vacuous, in float16 and bfloat16, nothing is judged)."""
+    N(0, 1), dL/dS_0 included, against the exact ones (reference/delta_grad.py), within
+    the a-priori bound gamma_n M of accuracy/delta_gradient.py and the budget of the golden
+    recurrence's backward from the same S_0 (gradient.py: the budget judges where the loose
+    bound cannot, in float16 and bfloat16 above all)."""
     spec = impl.spec
     (q, k, v, w, decay), s0 = inputs, _draw(cotangents[0], tuple(cotangents[0].shape), case, 31)
     arrays = [as_array(t) for t in (g_out, cotangents[0], s0)]
@@ -175,15 +178,27 @@ def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, co
         exact = exact_delta_gradients(x, spec, *arrays)
     except ReferenceAccuracyError as err:
         return Outcome(True, f"not judged: {err}")
-    n, u = delta_roundings(x, spec), UNIT_ROUNDOFF[case.dtype]
-    if not np.isfinite(gradient_bound(n, u)):
-        return Outcome(True, f"not judged in {case.dtype}: the bound is vacuous (n u >= 1)")
     grads = _backward(impl, q, k, v, w, decay, (s0,), cotangents, g_out)
-    got = dict(zip(("q", "k", "v"), grads[:3]))
-    got |= delta_arguments(spec, grads[3]) | {"S0": grads[4]}
+    got = dict(zip(("q", "k", "v"), grads[:3])) | delta_arguments(spec, grads[3])
+    golden = _golden_delta_gradients(spec, (q, k, v, decay, s0), g_out, cotangents[0])
     mags = delta_gradient_magnitudes(x, spec, *arrays)
-    verdict = judge_gradients(got, exact, mags, case.dtype, u, n)
+    n, u = delta_roundings(x, spec), UNIT_ROUNDOFF[case.dtype]
+    verdict = judge_gradients(got | {"S0": grads[4]}, exact, mags, case.dtype, u, n, [golden])
     what = ", ".join(f"dL/d{name}" for name in exact)
     if verdict.passed:
-        return Outcome(True, f"{what} of the output and final state within the bound")
-    return Outcome(False, f"{what} of the output and final state: {verdict.message}")
+        return Outcome(True, f"{what} of the output and final state: {verdict.message}")
+    severity = "wrong" if verdict.violations else "inaccurate"
+    message = f"{what} of the output and final state: {verdict.message}"
+    return Outcome(False, message, severity=severity)
+
+
+def _golden_delta_gradients(spec, tensors, g_out, g_state) -> dict[str, np.ndarray]:
+    """The golden recurrence's gradients (implementations/golden_delta.py, autograd) of
+    sum(out * g_out) + sum(S_N * g_state) for (q, k, v, packed beta and gates, S_0)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
+    with torch.enable_grad():
+        out, final = golden_delta_with_state(*leaves[:3], spec, leaves[3], leaves[4])
+        loss = (out * g_out).sum() + (final * g_state.to(final.dtype)).sum()
+        grads = torch.autograd.grad(loss, leaves)
+    named = dict(zip(("q", "k", "v"), grads[:3])) | delta_arguments(spec, grads[3])
+    return {name: as_array(t) for name, t in (named | {"S0": grads[4]}).items()}

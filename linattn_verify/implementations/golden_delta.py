@@ -7,9 +7,10 @@ Gated DeltaNet, eq. 10; KDA, eq. 1):
     S <- A_t S with A_t = exp(g_t) (gates) or diag(exp(g_t)) (channel gates), or S;
     S <- S + beta_t k_t (v_t - S^T k_t)^T;    o_t = c (S^T q_t),
 
-from S = 0; q and k first x / sqrt(|x|^2 + QK_L2NORM_EPS) with qk_l2norm. float16/bfloat16/
-float32 inputs are computed in float32, float64 in float64: the state never leaves the
-compute dtype, and the output is rounded once, to the inputs' dtype, at the end.
+from S = 0 (or a given S_0); q and k first x / sqrt(|x|^2 + QK_L2NORM_EPS) with
+qk_l2norm. float16/bfloat16/float32 inputs are computed in float32, float64 in float64: the
+state never leaves the compute dtype, and the output is rounded once, to the inputs'
+dtype, at the end.
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ def golden_delta(
 ) -> torch.Tensor:
     """The delta-rule `spec`'s output (B, H, N, dv) in the inputs' dtype and device; decay
     is beta with its gates packed (inputs.pack_delta). SpecError for bad inputs."""
+    return golden_delta_with_state(q, k, v, spec, decay, form=form, projection=projection)[0]
+
+
+def golden_delta_with_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: Spec,
+    decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    form: str = "recurrent",
+    projection: object = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, S_N (B, H, d, dv)) from S = initial_state (None: 0), S_N in the compute
+    dtype (float32 for float16, bfloat16 and float32 inputs: as a kernel carries it)."""
     if form not in GOLDEN_DELTA_FORMS:
         raise SpecError(f"the delta rule's golden form is 'recurrent', not {form!r}")
     validate(q, k, v, spec, projection, decay)  # shapes, dtypes, finite values, beta, g
@@ -55,6 +71,10 @@ def golden_delta(
         g = given["g"].to(device=q.device, dtype=compute)
         factors = torch.exp(g if spec.decay == "channel-gates" else g[..., None])
     state = torch.zeros(b, h, d, vc.shape[-1], dtype=compute, device=q.device)
+    if initial_state is not None:
+        if tuple(initial_state.shape) != tuple(state.shape):
+            raise SpecError(f"initial_state must have shape {tuple(state.shape)} (B, H, d, dv)")
+        state = initial_state.to(device=q.device, dtype=compute)
     out = torch.empty_like(vc)
     for t in range(n):
         if factors is not None:
@@ -63,4 +83,4 @@ def golden_delta(
         error = vc[:, :, t] - torch.einsum("bhm,bhmc->bhc", key, state)
         state = state + torch.einsum("bhm,bhc->bhmc", key, beta[:, :, t, None] * error)
         out[:, :, t] = torch.einsum("bhm,bhmc->bhc", qc[:, :, t], state) * spec.scale_for(d)
-    return out.to(q.dtype)
+    return out.to(q.dtype), state

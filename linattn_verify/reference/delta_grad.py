@@ -76,15 +76,8 @@ from .grad import agree
 from .mp import DEFAULT_PREC as MP_PREC
 from .mp import nearest
 
-NAMES = ("q", "k", "v", "beta")
 FAITHFUL = 2.0**-64  # the relative error estimate under which an mp element is accepted
 TINY = 2.0**-1076  # half the smallest subnormal: an estimate below it decides 0 or the subnormal
-
-
-def delta_gradient_names(spec: Spec) -> tuple[str, ...]:
-    """The inputs the loss is differentiated in: q, k, v, beta and the log-gates g of a
-    gated spec (dS_0 comes as "S0" when an initial state or G_S is given)."""
-    return NAMES + ("g",) * (spec.decay is not None)
 
 
 def _inputs(x: AttentionInputs, spec: Spec, g_out: Any, g_state: Any, initial_state: Any):

@@ -98,12 +98,11 @@ def _hand_written(flaw: str | None, state: bool):
     return fn
 
 
-def _entry(name, flaw, bug, caught_by=(), decay=None, state=False) -> Entry:
-    """The broken ones at the smallest plan: their forward is the correct one's."""
+def _entry(name, flaw, bug, caught_by=(), decay=None, state=False, smallest=True) -> Entry:
+    """At the smallest plan but for the first correct one: their forward is its."""
     return Entry(name, _hand_written(flaw, state), "identity", True, flaw is not None, bug,
                  caught_by=caught_by, decay=decay, normalize=False, delta_rule=True,
-                 grad=True, state="S" if state else None,
-                 smallest=flaw is not None)  # fmt: skip
+                 grad=True, state="S" if state else None, smallest=smallest)  # fmt: skip
 
 
 GRADIENTS = ("gradient", "gradient-associativity")
@@ -113,6 +112,19 @@ ENTRIES = (
         None,
         "correct: the reverse recurrence by hand, scalar gates, its state S",
         decay="gates",
+        state=True,
+        smallest=False,
+    ),
+    _entry(
+        "delta-hand-backward",
+        None,
+        "correct: the same without a decay, the twin of the mutants below at their plan",
+    ),
+    _entry(
+        "kda-hand-backward",
+        None,
+        "correct: the same with channel gates and a state, at the mutants' plan",
+        decay="channel-gates",
         state=True,
     ),
     _entry(
