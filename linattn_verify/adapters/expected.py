@@ -44,8 +44,6 @@ def variants(adapter: Adapter) -> tuple[str, ...]:
     where it takes them, packed batches (--varlen)."""
     if not adapter.triton:
         return ()
-    if adapter.spec.delta_rule:  # no --grad verdicts recorded yet (hours in the interpreter)
-        return ("--tf32 --dtypes float32", *(["--varlen --smallest"] * adapter.varlen))
     backward = "--state --grad --smallest" if adapter.state else "--grad --smallest"
     return ("--tf32 --dtypes float32", backward, *(["--varlen --smallest"] * adapter.varlen))
 

@@ -22,21 +22,29 @@ and fused_recurrent_delta_rule also with True (L2NORM_SAMPLE; the spec's qk_l2no
 sqrt(|x|^2 + 1e-6), in fla/modules/norm/l2norm.py before its kernel, inside the kernel in
 the other fused-recurrent ones), the path fla's DeltaNet, GatedDeltaNet and KDA layers
 take. fused_recurrent_kda goes through fla.backends.dispatch, which would hand the call to
-flash_kda or tilelang where installed: none is here, so fla's own Triton kernel runs. Not
-yet declared (their default plans take tens of minutes to hours in the interpreter, so
-their verdicts are not recorded): chunk_delta_rule (it asserts q.dtype != float32,
-fla/ops/delta_rule/chunk.py:303, and its float64 does not compile:
-merge_16x16_to_64x64_inverse_kernel, fla/ops/utils/solve_tril.py:336, casts a float32 block
-to the float64 output with fp_downcast_rounding="rtne", which Triton refuses for a widening
-cast), chunk_gated_delta_rule (float64 mixes float64 and float32 blocks in tl.dot,
-fla/ops/gated_delta_rule/chunk_fwd.py:142 and 257) and chunk_kda (6 s a call at N = 64;
-a float32 initial state asserted, fla/ops/kda/chunk.py:466; float64 fails in
-chunk_gla_fwd_kernel_o as chunk_gla does). Left out: fused_chunk_delta_rule, a
-stub that raises NotImplementedError ("deprecated. Please use chunk_delta_rule instead");
-naive.py's delta_rule_parallel, which returns (o, A) with the (B, H, N, N) matrix A and
-needs N % BM == 0 (BM = 128 by default; N = 64 raises a size mismatch);
-fla/ops/delta_rule/parallel.py's parallel_delta_rule, not exported by the package and
-without a backward.
+flash_kda or tilelang where installed: none is here, so fla's own Triton kernel runs; so do
+chunk_kda (the same backends) and chunk_gated_delta_rule (flash_qla). The chunk kernels are
+declared as their fused-recurrent twins (use_qk_l2norm_in_kernel=False, their state,
+cu_seqlens; chunks of 64, fla's default), and their refusals are findings of their verdicts
+(as chunk_gla's float64 is), not translated away: chunk_delta_rule asserts q.dtype !=
+float32 (fla/ops/delta_rule/chunk.py:303, "Please use bfloat16"), so float32 inputs raise,
+and its float64 does not compile (merge_16x16_to_64x64_inverse_kernel, fla/ops/utils/
+solve_tril.py:336, casts a float32 block to the float64 output with
+fp_downcast_rounding="rtne", which Triton refuses for a widening cast); float64 in
+chunk_gated_delta_rule mixes float64 and float32 blocks in tl.dot (fla/ops/gated_delta_rule/
+chunk_fwd.py:142 and 257, "Both operands must be same dtype"; at N = 64 the interpreter
+meets the store of line 319 first, which the suite's shim refuses) and in chunk_kda fails in
+chunk_gla_fwd_kernel_o (fla/ops/gla/chunk.py:455) as chunk_gla does. chunk_kda asserts a
+float32 initial state (fla/ops/kda/chunk.py:466; its docstring's example passes a bfloat16
+one, which the assert refuses): the adapter passes the state as given, and the suite gives
+it in the dtype of the kernel's own final state, float32, so no call of the suite meets the
+assert. In the interpreter a call at N = 64 (B = 1, H = 2, d = 4) takes 0.5 s
+(chunk_delta_rule), 0.6 s (chunk_gated_delta_rule) and 6 s (chunk_kda). Left out:
+fused_chunk_delta_rule, a stub that raises NotImplementedError ("deprecated. Please use
+chunk_delta_rule instead"); naive.py's delta_rule_parallel, which returns (o, A) with the
+(B, H, N, N) matrix A and needs N % BM == 0 (BM = 128 by default; N = 64 raises a size
+mismatch); fla/ops/delta_rule/parallel.py's parallel_delta_rule, not exported by the package
+and without a backward.
 """
 
 from __future__ import annotations
@@ -384,11 +392,42 @@ _DELTA_TRITON = {
     "fused_recurrent.py:302); it takes **kwargs, so a misspelt keyword is dropped unread.",
     "fused_recurrent_kda": "State and products in float32, the output in the input dtype; it "
     "is no autograd Function: its output carries no gradient.",
+    "chunk_delta_rule": "Chunks of 64 (the WY representation, a triangular solve per chunk); "
+    "w, u, the chunk states and v_new stored in the input dtype, the final state float32. It "
+    "asserts q.dtype != float32 (fla/ops/delta_rule/chunk.py:303): float32 inputs raise; "
+    "float64 does not compile (merge_16x16_to_64x64_inverse_kernel, fla/ops/utils/"
+    "solve_tril.py:336, casts float32 to float64 with fp_downcast_rounding); it takes "
+    "**kwargs, so a misspelt keyword is dropped unread.",
+    "chunk_gated_delta_rule": "Chunks of 64; the final state float32, the output in the input "
+    "dtype. float64 does not compile (float64 and float32 blocks in one tl.dot, fla/ops/"
+    "gated_delta_rule/chunk_fwd.py:142 and 257); it takes **kwargs, so a misspelt keyword is "
+    "dropped unread.",
+    "chunk_kda": "Chunks of 64; the final state float32, the output in the input dtype. It "
+    "asserts a float32 initial state (fla/ops/kda/chunk.py:466), which the suite gives (a "
+    "state in the dtype of the kernel's own final state); float64 does not compile "
+    "(chunk_gla_fwd_kernel_o, as chunk_gla's); it takes **kwargs, so a misspelt keyword is "
+    "dropped unread.",
 }
 _GROUPED = (
-    " Called with as many value heads as query heads: fla's grouped value heads (HV a "
-    "multiple of H) are not exercised. Its state [N, H, K, V] (state_v_first=False) is ours."
+    " Its state [N, HV, K, V] (state_v_first=False) is ours. fla's grouped value heads (HV a "
+    "multiple of H) are declared (--value-heads 2) where the function takes them "
+    "(GROUPED_VALUE_HEADS); elsewhere it is called with as many value heads as query heads."
 )
+# the delta-rule functions that take grouped value heads (q, k [B, T, H, K], v, beta, g
+# [B, T, HV, ...], head hv reading hv // (HV // H)), declared so: the value-heads check calls
+# them with HV = 2 H (fused_recurrent_delta_rule is not one: given more value heads than
+# query heads it writes the output of the first H alone and leaves the rest unwritten, NaN in
+# the guard bands). The chunk kernels take them too but are not declared: their verdicts were
+# recorded without the check (minutes a call in the interpreter)
+GROUPED_VALUE_HEADS = (
+    "naive_recurrent_kda", "naive_chunk_kda", "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_kda",
+)  # fmt: skip
+
+
+def _value_heads(function: str) -> int:
+    """The G the delta-rule `function` is declared with (GROUPED_VALUE_HEADS: 2, else 1)."""
+    return 2 if function in GROUPED_VALUE_HEADS else 1
 
 
 def _based(name: str, function: str, layout: str, note: str, load, **options) -> Adapter:
@@ -411,8 +450,9 @@ def _naive_delta_adapter(
     """An fla adapter of fla/ops/<module>/naive.py's delta-rule `function` (DELTA_SPEC with
     `decay`), with its state S unless `state` is False (_naive_delta)."""
     relative = f"ops/{module}/naive.py"
+    spec = replace(DELTA_SPEC, decay=decay, value_heads=_value_heads(function))
     return Adapter(
-        name, "fla-core", f"fla/{relative}:{function}", replace(DELTA_SPEC, decay=decay), layout,
+        name, "fla-core", f"fla/{relative}:{function}", spec, layout,
         _DELTA_RULES[decay] + note, _naive_delta(relative, function, False, layout, chunk),
         INSTALL, state="S" if state else None,
         load_state=_naive_delta(relative, function, True, layout, chunk) if state else None,
@@ -578,7 +618,7 @@ ADAPTERS = (
             f"fla.{module.replace('_', '-')}-{short}{'-l2norm' * l2norm}",
             "fla-core",
             f"fla.ops.{module}.{function}",
-            replace(DELTA_SPEC, decay=decay, qk_l2norm=l2norm),
+            replace(DELTA_SPEC, decay=decay, qk_l2norm=l2norm, value_heads=_value_heads(function)),
             "bnhd",
             _DELTA_RULES[decay] + f" Triton {how}, use_qk_l2norm_in_kernel={l2norm}"
             + (" (q and k normalised by fla, x / sqrt(|x|^2 + 1e-6): qk-l2norm). " if l2norm
@@ -597,6 +637,9 @@ ADAPTERS = (
             ("gated_delta_rule", "gates", "fused-recurrent", "fused_recurrent_gated_delta_rule",
              "recurrent kernel"),
             ("kda", "channel-gates", "fused-recurrent", "fused_recurrent_kda", "recurrent kernel"),
+            ("delta_rule", None, "chunk", "chunk_delta_rule", "chunk kernel"),
+            ("gated_delta_rule", "gates", "chunk", "chunk_gated_delta_rule", "chunk kernel"),
+            ("kda", "channel-gates", "chunk", "chunk_kda", "chunk kernel"),
         )
         for l2norm in (False, True)
         if not l2norm or function == L2NORM_SAMPLE

@@ -208,7 +208,7 @@ class Implementation:
             got = type(result).__name__
             raise ImplementationFailure(f"returned {got}, not the pair (out, final_state)")
         q_, v_ = self.to_layout(q), self.to_layout(v)  # (B, H, N, d) views
-        want = (*q_.shape[:3], v_.shape[-1])
+        want = (*v_.shape[:2], q_.shape[2], v_.shape[-1])  # v's heads (Spec.value_heads)
         out, final = self._output(result[0], want), result[1]
         m = None if projection is None else projection.shape[0]
         f = self.spec.info.feature_dim(q_.shape[-1], m)

@@ -220,9 +220,10 @@ def _grouped_heads(q, k, v, flaw: str | None = None):
     return q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
 
 
-def kda_grouped_value_heads(q, k, v, beta, g):
-    """Channel gates with grouped value heads: q and k repeated to v's heads, blocked."""
-    return _recurrent(*_grouped_heads(q, k, v), v, beta, g)[0]
+def kda_grouped_value_heads(q, k, v, beta, g, initial_state=None):
+    """(out, S): channel gates with grouped value heads (q and k repeated to v's heads,
+    blocked), continuing initial_state of v's heads."""
+    return _recurrent(*_grouped_heads(q, k, v), v, beta, g, initial_state)
 
 
 def kda_grouped_modulo(q, k, v, beta, g):
@@ -266,8 +267,8 @@ ENTRIES = (
     _entry("gated-delta-prefix-in-input-dtype", gated_delta_prefix_in_input_dtype, True,
            "the gates' prefix sums in float16/bfloat16", ("decay",), decay=GATES),
     _entry("kda-grouped-value-heads", kda_grouped_value_heads, False,
-           "correct: channel gates, two value heads per query head", decay=CHANNEL,
-           value_heads=2),
+           "correct: channel gates, two value heads per query head, its state S",
+           decay=CHANNEL, value_heads=2, state="S"),
     _entry("kda-grouped-modulo", kda_grouped_modulo, True,
            "grouped value heads read query head hv % H, not hv // G", ("value-heads",),
            decay=CHANNEL, value_heads=2, smallest=True),
