@@ -31,13 +31,15 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..inputs import AttentionInputs
-from ..specs import Spec, SpecError
+from ..specs import RSQRT_D, Spec, SpecError
+from .common import ReferenceAccuracyError
 
 U64 = 2.0**-53
 LIB_ULPS = 2  # numpy's exp, sin, cos, ** within 2 ulps = 4 u
 LIB = 2 * LIB_ULPS * U64
 SAFETY = 1 + 2.0**-20
 UNDERFLOW = 2.0**-1070  # 16 subnormal units: the absolute error one underflowing step adds
+SUBNORMAL = 2.0**-1074  # one subnormal unit: a rounding below 2^-1022 errs by half of it
 # Below this, a product of three factors (feature, feature, value) may underflow; at or
 # above it (every nonzero factor), none does, and a sum that is 0 is exactly 0.
 SMALL = 2.0**-300
@@ -244,27 +246,33 @@ class Certified:
 
 def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
     """Attention within CERTIFIED_SHARE s of the exact value, element by element (module
-    docstring); NaN where the value is 0/0 exactly (relu rows with eps = 0)."""
+    docstring), for every spec but the delta rule's (delta.certified_delta); NaN where the
+    value is 0/0 exactly (relu rows with eps = 0). Decayed specs: certified_decay.py."""
     from .arb import arb_attention
+    from .certified_decay import decayed_sums
 
-    if not spec.plain:
-        raise SpecError(f"the certified engine is for plain specs, not {spec}: engine='arb'")
-    b_, h_, nq, _, _, dv = x.shape
+    if spec.delta_rule:
+        raise SpecError(f"{spec}: the delta rule's certified engine is delta.certified_delta")
+    if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
+        raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
+    b_, h_, nq, _, d, dv = x.shape
     values, bound, scale = (np.empty((b_, h_, nq, dv)) for _ in range(3))
     pending: dict[tuple[int, int], list[int]] = {}
     for b in range(b_):
         for h in range(h_):
             q, k, v = x.q[b, h], x.k[b, h], x.v[b, h]
-            colmax = np.abs(v).max(axis=0, initial=0.0)
-            for relative in (spec.feature_map in RELATIVE, False):
-                lost = [False]
-                for start, stop, sums in _head_sums(q, k, v, x.projection, spec, relative, lost):
-                    out = _quotients(*sums, colmax)
-                    rows = slice(start, stop)
-                    values[b, h, rows], bound[b, h, rows], scale[b, h, rows] = out
-                if not lost[0]:
-                    break
-            ok = bound[b, h] <= CERTIFIED_SHARE * scale[b, h]  # 0 <= 0 where 0/0 exactly
+            if spec.decay is not None:
+                decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+                for start, stop, value, total, magnitude in decayed_sums(
+                    q, k, v, x.projection, decay, spec
+                ):
+                    out = _finish(value, total, magnitude, spec.eps, 0.0, spec, d)
+                    values[b, h, start:stop], bound[b, h, start:stop] = out[:2]
+                    scale[b, h, start:stop] = out[2]
+            else:
+                _plain_head(q, k, v, x.projection, spec, (values, bound, scale), (b, h))
+            # 0 <= 0 where 0/0 exactly; an infinite bound (a denominator lost) never passes
+            ok = (bound[b, h] <= CERTIFIED_SHARE * scale[b, h]) & np.isfinite(bound[b, h])
             rows = np.flatnonzero(~ok.all(axis=1)).tolist()
             if rows:
                 pending[b, h] = rows
@@ -272,8 +280,29 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
         exact = arb_attention(x, spec, pending=pending)
         for (b, h), rows in pending.items():
             values[b, h, rows] = exact[b, h, rows]
-            bound[b, h, rows] = np.abs(exact[b, h, rows]) * 2 * U64  # within one ulp
+            # within one ulp, or half a subnormal unit
+            bound[b, h, rows] = np.maximum(np.abs(exact[b, h, rows]) * 2 * U64, SUBNORMAL)
     return Certified(values, bound, scale, sum(map(len, pending.values())))
+
+
+def _plain_head(q, k, v, w, spec: Spec, outs: tuple[np.ndarray, ...], at: tuple[int, int]):
+    """One head of a spec without a decay into outs (values, bound, scale) at (b, h)."""
+    later = np.append(np.maximum(np.abs(v).max(axis=0, initial=0.0), 1.0), 1.0)
+    for relative in (spec.feature_map in RELATIVE, False):
+        lost = [False]
+        for start, stop, sums in _head_sums(q, k, v, w, spec, relative, lost):
+            value, magnitude, errors, n_value, n_errors, eps, eps_rel, small = sums
+            g = gamma64(n_value)
+            # the computed sums of non-negative terms err by gamma_n: divide by 1 - gamma
+            total = magnitude * (g / (1 - g) * SAFETY) + errors * (SAFETY / (1 - gamma64(n_errors)))
+            # a product below 2^-1022 may underflow: its error times the factors after it,
+            # |v| and (`small`, 0 where no factor is that small) the query features' max
+            total += n_value * UNDERFLOW * small * later * SAFETY
+            out = _finish(value, total, magnitude / (1 - g), eps, eps_rel, spec, q.shape[1])
+            for array, part in zip(outs, out):
+                array[(*at, slice(start, stop))] = part
+        if not lost[0]:
+            return
 
 
 # Maps whose features' error bounds are relative (err <= r |phi|), so that the features'
@@ -283,11 +312,12 @@ RELATIVE = ("elu", "relu", "identity", "performer-positive", "performer-hyperbol
 
 def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
     """Per block of query rows: (start, stop, (value sums [num, den], |term| sums [num,
-    den], error sums [num, den], their depths, eps, small)) of one head, the numerator and
-    denominator and bounds on their error, and eps in the sums' units. With `relative`,
-    the error sums come from the largest relative error r met so far; lost[0] is set if a
-    feature's error was not relative after all (an underflow): the sums are then not
-    certified, and the caller runs the head again without `relative`."""
+    den], error sums [num, den], their depths, eps, its relative error, small)) of one head:
+    the numerator and denominator, bounds on their error, eps in the sums' units; small is
+    the query features' largest |value| (at least 1) once a factor below SMALL was met, else
+    0. With `relative`, the error sums come from the largest relative error r met so far;
+    lost[0] is set if a feature's error was not relative after all (an underflow): the sums
+    are then not certified, and the caller runs the head again without `relative`."""
     name, causal = spec.feature_map, spec.causal
     if name == "softmax":
         yield from _softmax_sums(q, k, v, causal, spec.eps)
@@ -296,6 +326,7 @@ def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
     big_m = max(nq, nk)
     positive = spec.info.positive and name != "taylor"  # features >= 0
     smallest = [math.inf]  # the least nonzero |factor| met so far
+    largest_q = [1.0]  # the largest |phi(q)| met so far, at least 1
     worst = [0.0]  # the largest relative error of a feature met so far
 
     def features(x: np.ndarray, start: int, stop: int) -> Features:
@@ -311,6 +342,7 @@ def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
     def lefts(start: int, stop: int) -> list[np.ndarray]:
         f = features(q, start, stop)
         a = np.abs(f.phi)
+        largest_q[0] = max(largest_q[0], float(a.max(initial=0.0)))
         error = [] if relative else [np.concatenate([f.err, a], 1)]
         return [f.phi] + ([] if positive else [a]) + error
 
@@ -336,8 +368,8 @@ def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
         r = worst[0] * SAFETY
         errors = (2 * r + r * r) * magnitude if relative else sums[-1]
         lost[0] |= relative and smallest[0] < SMALL
-        small = smallest[0] < SMALL
-        yield start, stop, (value, magnitude, errors, *depths, spec.eps, small)
+        small = largest_q[0] if smallest[0] < SMALL else 0.0
+        yield start, stop, (value, magnitude, errors, *depths, spec.eps, 0.0, small)
 
 
 def _least_nonzero(a: np.ndarray) -> float:
@@ -347,7 +379,7 @@ def _least_nonzero(a: np.ndarray) -> float:
 
 def _softmax_sums(q, k, v, causal: bool, eps: float):
     """The quadratic form of softmax, exp(q.k / sqrt(d) - row max), in blocks of rows; the
-    max shifts eps too (exp(-max) eps, within LIB of its value)."""
+    max shifts eps too (exp(-max) eps, within LIB + u of its value)."""
     nq, nk, d = q.shape[0], k.shape[0], q.shape[1]
     cols = np.concatenate([v, np.abs(v), np.ones((nk, 1))], 1)
     dv = v.shape[1]
@@ -366,34 +398,50 @@ def _softmax_sums(q, k, v, causal: bool, eps: float):
         both = weights @ cols
         errors = (rel * weights + UNDERFLOW) @ cols[:, dv:]
         value, magnitude = both[:, [*range(dv), 2 * dv]], both[:, dv:]
-        shifted_eps = eps * np.exp(-top)
-        errors[:, -1:] += LIB * shifted_eps * SAFETY
-        yield start, rows[-1] + 1, (value, magnitude, errors, nk + 2, nk + 2, shifted_eps, True)
+        shifted_eps = eps * np.exp(-top)  # the exponential and the product
+        sums = (value, magnitude, errors, nk + 2, nk + 2, shifted_eps, LIB + U64, 1.0)
+        yield start, rows[-1] + 1, sums
 
 
-def _quotients(value, magnitude, errors, n_value, n_errors, eps, small: bool, colmax):
-    """(out, bound, scale) from the sums: out = N / (eps + D), |d out| <= (|dN| + |out|
-    |dD|) / (|eps + D| - |dD|) (1 + u) + u |out|, dN and dD the value sums' rounding
-    (gamma_n |terms|) and the features' error (the error sums), eps + D one more rounding;
-    `small`: some factor is below SMALL, so that products may have underflowed (colmax:
-    the largest |v| per column). Per-row factors first: few passes over the elements."""
-    g, g_err = gamma64(n_value), gamma64(n_errors)
-    # the computed sums of non-negative terms err by gamma_n: divide by 1 - gamma
-    total = magnitude * (g / (1 - g) * SAFETY) + errors * (SAFETY / (1 - g_err))
-    if small:  # products below 2^-1022
-        total += n_value * UNDERFLOW * np.append(colmax, 1.0) * SAFETY
+def _finish(value, total, magnitude, eps, eps_rel: float, spec: Spec, d: int):
+    """(out, bound, scale) from the unscaled sums `value` [N, D] (the spec's out: c N /
+    (eps + c D) = N / (eps / c + D), or c N unnormalised), `total`, a bound on their errors,
+    and `magnitude`, on sum_j |a_ij| [|v_j|, 1]; eps within eps_rel of its value (an array
+    per row for softmax's shifted eps). c = spec.scale_for(d) is within LIB of 1/sqrt(d) for
+    RSQRT_D and exact otherwise. The quotient: |d out| <= (|dN| + |out| |dD|) / (|eps / c +
+    D| - |dD|) (1 + u) + u |out| (Higham eq. 3.2 style, as accuracy/bound.py); c N: |c^ N^ -
+    c N| <= |c^ - c| |N^| + c |dN|, one rounding more. Per-row factors first: few passes."""
     dv = total.shape[1] - 1
-    den = value[:, dv] + np.ravel(eps)
-    err_den = total[:, dv] + U64 * np.abs(den)
-    slack = np.abs(den) - err_den
-    zero = (den == 0) & (err_den == 0)  # every weight exactly 0: 0/0
+    c, c_rel = spec.scale_for(d), LIB if spec.scale == RSQRT_D else 0.0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if not spec.normalize:
+            out = c * value[:, :dv]
+            bound = c / (1 - c_rel) * (total[:, :dv] + c_rel * np.abs(value[:, :dv]))
+            bound = bound * ((1 + U64) * SAFETY) + _rounding(out, bound)
+            scale = c * magnitude[:, :dv]
+            bound[~np.isfinite(bound) | ~np.isfinite(out)] = np.inf
+            return out, bound, scale
+        eps_c = eps / c if c != 1.0 else eps
+        eps_rel = (1 + eps_rel) * (1 + U64) / (1 - c_rel) - 1 if c != 1.0 else eps_rel
+        den = value[:, dv] + np.ravel(eps_c)
+        err_den = total[:, dv] + np.ravel(np.abs(eps_c)) * eps_rel * SAFETY + U64 * np.abs(den)
+        slack = np.abs(den) - err_den
+        zero = (den == 0) & (err_den == 0)  # every weight exactly 0: 0/0
         out = value[:, :dv] / den[:, None]
         a_out = np.abs(out) * (1 + U64)
         per_row = np.where(slack > 0, (1 + U64) * SAFETY / slack, np.inf)[:, None]
-        bound = (total[:, :dv] + a_out * err_den[:, None]) * per_row + U64 * a_out
-        scale = magnitude[:, :dv] * (1 / ((1 - g) * np.abs(den)))[:, None]
+        bound = (total[:, :dv] + a_out * err_den[:, None]) * per_row
+        bound += _rounding(out, bound)
+        scale = magnitude[:, :dv] * (1 / np.abs(den))[:, None]
     out[zero], bound[zero], scale[zero] = np.nan, 0.0, 0.0
     unresolved = ~np.isfinite(bound) | ~np.isfinite(out)
     bound[unresolved & ~zero[:, None]] = np.inf
     return out, bound, scale
+
+
+def _rounding(out: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """The last operation's rounding: u |out|, or a subnormal unit where the result is
+    below 2^-1022 and may be inexact (its error bound or its value nonzero)."""
+    with np.errstate(invalid="ignore"):
+        subnormal = (np.abs(out) < 2.0**-1022) & ((bound > 0) | (out != 0))
+    return np.where(subnormal, SUBNORMAL, U64 * np.abs(out) * SAFETY)
