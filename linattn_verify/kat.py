@@ -204,28 +204,44 @@ def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
 
 
 # the maps with published vectors of their plain specs (identity, added after them, has none
-# yet), and the decayed specs with vectors: GLA's channel gates (the other decayed specs'
-# come with the long-context issue)
+# yet); the decayed specs with vectors: GLA's channel gates (fla's, and elu's normalised),
+# and as fla calls them simple GLA / Mamba2's scalar gates and retention's constant decay
 KAT_MAPS = tuple(name for name in FEATURE_MAPS if name != "identity")
+_FLA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D)
 DECAYED_KAT_SPECS = (
-    Spec("identity", causal=True, normalize=False, scale=RSQRT_D, decay="channel-gates"),
+    replace(_FLA, decay="channel-gates"),
     Spec("elu", causal=True, decay="channel-gates"),
+    replace(_FLA, decay="gates"),
+    replace(_FLA, decay="constant"),
+)
+# the denominator eps of shipped kernels: 1e-6 (fast-transformers' elu, performer-pytorch's
+# causal relu and FAVOR+, fla's based), and fla's linear attention (1e-10, scale d^-0.5)
+EPS_KAT_SPECS = (
+    Spec("elu", eps=1e-6),
+    Spec("elu", causal=True, eps=1e-6),
+    Spec("relu", causal=True, eps=1e-6),
+    Spec("performer-positive", causal=True, eps=1e-6),
+    Spec("taylor", causal=True, eps=1e-6),
+    Spec("relu", causal=True, eps=1e-10, scale=RSQRT_D),
 )
 # the delta rule as fla's layers call it (scale d^-0.5): DeltaNet, Gated DeltaNet, KDA, and
 # DeltaNet with q and k normalised inside the kernel
-_DELTA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
+_DELTA = replace(_FLA, delta_rule=True)
 DELTA_KAT_SPECS = (
     _DELTA,
     replace(_DELTA, decay="gates"),
     replace(_DELTA, decay="channel-gates"),
     replace(_DELTA, qk_l2norm=True),
 )
+# the specs other than the KAT_MAPS' plain ones (eps 0) that have vectors
+OTHER_KAT_SPECS = DECAYED_KAT_SPECS + EPS_KAT_SPECS + DELTA_KAT_SPECS
 
 
 def spec_label(spec: Spec) -> str:
-    """The part of a vector's name that names its spec: map, causality, and for a decayed
-    or delta-rule spec unnormalised, scaled, delta, its decay, l2norm."""
+    """The part of a vector's name that names its spec: map, causality, and where they are
+    not the plain spec's eps, unnormalised, scaled, delta, its decay, l2norm."""
     words = [spec.feature_map, "causal" if spec.causal else "full"]
+    words += [f"eps{spec.eps:g}"] * (spec.eps != 0)
     words += ["unnormalised"] * (not spec.normalize) + ["scaled"] * (spec.scale != 1.0)
     words += ["delta"] * spec.delta_rule + [spec.decay] * (spec.decay is not None)
     return "-".join(words + ["l2norm"] * spec.qk_l2norm)
@@ -240,6 +256,9 @@ def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
                 yield f"{spec_label(spec)}-{label}", spec, case
     for spec in DECAYED_KAT_SPECS:
         for label, case in gated_vector_cases(spec):
+            yield f"{spec_label(spec)}-{label}", spec, case
+    for spec in EPS_KAT_SPECS:
+        for label, case in vector_cases(spec):
             yield f"{spec_label(spec)}-{label}", spec, case
     for spec in DELTA_KAT_SPECS:
         for label, case in delta_vector_cases(spec):
@@ -269,21 +288,33 @@ def decode(entry: dict[str, Any] | None) -> torch.Tensor | None:
     return signed.view(getattr(torch, dtype)).reshape(entry["shape"])
 
 
+def vector_inputs(spec: Spec, case: Case) -> tuple[tuple[torch.Tensor | None, ...], dict]:
+    """(q, k, v, projection, decay) as Case.arguments draws them, and a vector's stored
+    inputs: q, k, v, the projection, and the decay's gamma or g, or the delta rule's beta
+    (and g) apart, as the kernels take them."""
+    q, k, v, w, decay = tensors = case.arguments(spec)
+    inputs = {"q": _encode(q), "k": _encode(k), "v": _encode(v), "projection": _encode(w)}
+    if spec.delta_rule:
+        inputs |= {key: _encode(t) for key, t in delta_arguments(spec, decay).items()}
+    elif spec.decay:
+        inputs |= {DECAY_ARGUMENTS[spec.decay]: _encode(decay)}
+    return tensors, inputs
+
+
 def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
-    """The vector `name`: inputs from `case` (Case.arguments), output from the arb engine."""
-    q, k, v, w, decay = case.arguments(spec)
+    """The vector `name`: inputs from `case` (vector_inputs), output from the arb engine."""
+    (q, k, v, w, decay), inputs = vector_inputs(spec, case)
     out = _exact_decimal(validate(q, k, v, spec, w, decay), spec)
     described = {"feature_map": spec.feature_map, "causal": spec.causal, "eps": spec.eps}
-    inputs = {"q": _encode(q), "k": _encode(k), "v": _encode(v), "projection": _encode(w)}
     formula = spec.info.source
-    if spec.delta_rule:  # beta (and g) apart, as the kernels take them
+    if spec.delta_rule:
         described |= _decayed_fields(spec) | _delta_fields(spec)
-        inputs |= {key: _encode(t) for key, t in delta_arguments(spec, decay).items()}
         l2norm = f"; q and k first x / sqrt(|x|^2 + {QK_L2NORM_EPS:g})" * spec.qk_l2norm
         formula = DELTA_SOURCE + l2norm
     elif not spec.plain:  # a plain vector's bytes are those of generator version 1
-        described |= _decayed_fields(spec) | {"decay_formula": DECAY_SOURCES[spec.decay]}
-        inputs |= {DECAY_ARGUMENTS[spec.decay]: _encode(decay)}
+        described |= _decayed_fields(spec)
+    if spec.decay and not spec.delta_rule:
+        described |= {"decay_formula": DECAY_SOURCES[spec.decay]}
     return {
         "format": FORMAT,
         "generator_version": GENERATOR_VERSION,
@@ -497,28 +528,25 @@ def _agree(a: str, b: str) -> bool:
 
 def not_applicable(spec: Spec) -> str | None:
     """Why the known-answer vectors do not judge a kernel of `spec`, or None."""
-    if spec.eps != 0:
-        return "the known-answer vectors are for eps = 0"
-    if spec.defining in DECAYED_KAT_SPECS + DELTA_KAT_SPECS:
+    defining = spec.defining
+    if defining in OTHER_KAT_SPECS:
         return None
-    if not spec.plain:
-        covered = ", ".join(str(s) for s in DECAYED_KAT_SPECS + DELTA_KAT_SPECS)
-        return f"the known-answer vectors are for plain specs and {covered}, not {spec}"
-    if spec.feature_map not in KAT_MAPS:
-        return f"no known-answer vectors for {spec.feature_map} yet"
-    return None
+    if defining.plain and defining.eps == 0 and defining.feature_map in KAT_MAPS:
+        return None
+    return f"no known-answer vectors for {spec} (references/README.md lists the specs they cover)"
 
 
 def run_vectors(
     impl: Implementation, directory: Path = DEFAULT_DIR, device: str = "cpu"
 ) -> list[dict[str, Any]]:
-    """Run the implementation on every vector of its spec's feature map and causality (the
-    vectors have eps = 0) and report, per vector, its largest error in units of u s, u the
-    unit roundoff of the vector's input dtype, the difference to the 34-digit output taken
-    exactly; the a-priori bound there, and how many elements exceed their bound. NaN is
-    required where the exact value is 0/0 (a number there is an infinite error); an output
-    of the wrong type, shape, dtype or device, or an exception, is reported as `problem`."""
-    spec = replace(impl.spec.defining, eps=0.0)
+    """Run the implementation on every vector of its spec (Spec.defining: map, causality,
+    eps, normalisation, scale, decay, delta rule) and report, per vector, its largest error
+    in units of u s, u the unit roundoff of the vector's input dtype, the difference to the
+    34-digit output taken exactly; the a-priori bound there, and how many elements exceed
+    their bound. NaN is required where the exact value is 0/0 (a number there is an
+    infinite error); an output of the wrong type, shape, dtype or device, or an exception,
+    is reported as `problem`."""
+    spec = impl.spec.defining
     rows = []
     for entry in load_manifest(directory)["vectors"]:
         if _spec_of({"spec": entry}) != spec:

@@ -35,11 +35,19 @@ def test_build_is_byte_for_byte_reproducible_and_matches_the_committed_vectors(t
     kat.build(first, only=_small)
     kat.build(second, only=_small)
     files = sorted(p.name for p in (first / "vectors").iterdir())
-    assert len(files) == 28  # elu-causal-channel-gates and the delta rule's among them
+    assert len(files) == 34  # elu's channel gates and eps 1e-6, the delta rule's among them
     for name in files:
         data = (first / "vectors" / name).read_bytes()
         assert data == (second / "vectors" / name).read_bytes(), name
         assert data == (REFERENCES / "vectors" / name).read_bytes(), f"committed {name} differs"
+
+
+def test_every_stored_input_is_what_the_generator_draws():
+    """The committed vectors' inputs are the generator's (a drawing changed without a
+    rebuild leaves vectors whose hashes and outputs still agree with themselves)."""
+    for name, spec, case in kat.all_vectors():
+        stored = json.loads((REFERENCES / "vectors" / f"{name}.json").read_text())["inputs"]
+        assert stored == kat.vector_inputs(spec, case)[1], f"{name}: rebuild the vectors"
 
 
 def test_committed_vectors_pass_the_check():
@@ -240,3 +248,65 @@ def test_delta_rule_vectors_judge_delta_kernels():
     bad = kat.run_vectors(resolve(_delta_recurrence(True), **DELTA_CLAIM), REFERENCES)
     wide = [r for r in bad if r["dtype"] in ("float32", "float64") and "-n1-" not in r["name"]]
     assert len(wide) == 5 and all(r["outside_bound"] for r in wide), bad  # S_0 = 0 at N = 1
+
+
+FLA_DECAYED = {"feature_map": "identity", "causal": True, "normalize": False, "scale": "d^-0.5"}
+
+
+def _scaled(fn, decay: str):
+    """fn (q, k, v, g) or (q, k, v, gamma) under scale d^-0.5: q scaled first, as fla's
+    kernels do."""
+    if decay == "constant":
+        return lambda q, k, v, gamma: fn(q * q.shape[-1] ** -0.5, k, v, gamma)
+    return lambda q, k, v, g: fn(q * q.shape[-1] ** -0.5, k, v, g)
+
+
+@pytest.mark.parametrize(
+    ("decay", "correct", "broken"),
+    [
+        ("gates", "gates_recurrent", "gates_exclusive_prefix"),
+        ("constant", "gamma_chunked", "gamma_one_step_off"),
+    ],
+)
+def test_scalar_gate_and_constant_decay_vectors_judge_decayed_kernels(decay, correct, broken):
+    """Simple GLA's (Mamba2's) scalar gates and retention's constant decay as fla calls them:
+    the zoo's correct kernel passes their 10 vectors within the bound (gates next to 1 and
+    next to 0 among them), one with exclusive prefix sums or a decay one step off fails."""
+    from tests.zoo import decay as zoo
+
+    claim = FLA_DECAYED | {"decay": decay}
+    rows = kat.run_vectors(resolve(_scaled(getattr(zoo, correct), decay), **claim), REFERENCES)
+    assert len(rows) == 10 and all(r["outside_bound"] == 0 for r in rows), rows
+    bad = kat.run_vectors(resolve(_scaled(getattr(zoo, broken), decay), **claim), REFERENCES)
+    assert sum(r["outside_bound"] for r in bad) > 0
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        {"feature_map": "relu", "causal": True, "eps": 1e-10, "scale": "d^-0.5"},
+        {"feature_map": "taylor", "causal": True, "eps": 1e-6},
+        {"feature_map": "elu", "eps": 1e-6},
+    ],
+    ids=["fla-linear-attn", "based", "fast-transformers"],
+)
+def test_eps_vectors_pass_the_built_in_form_of_the_claim(claim):
+    """The vectors of a shipped kernel's eps (fla's linear attention 1e-10 with scale
+    d^-0.5, based's and fast-transformers' 1e-6) are its spec's, and the built-in form of
+    the claim passes them within the bound."""
+    rows = kat.run_vectors(resolve(**claim), REFERENCES)  # linear, or chunked if causal
+    assert len(rows) >= 10 and all(r["outside_bound"] == 0 for r in rows), rows
+    assert all("eps" in r["name"] for r in rows)
+
+
+def test_relu_eps_vectors_fail_a_kernel_without_the_eps():
+    """fla's linear attention without its eps of 1e-10: relu's rows with no positive
+    similarity are 0/0 = NaN where the exact value is 0."""
+    claim = {"feature_map": "relu", "causal": True, "eps": 1e-10, "scale": "d^-0.5"}
+
+    def without_eps(q, k, v):
+        return lv.attention(q, k, v, "relu", causal=True, scale="d^-0.5")
+
+    rows = kat.run_vectors(resolve(without_eps, **claim), REFERENCES)
+    zero_rows = [r for r in rows if "zero-rows" in r["name"]]
+    assert zero_rows and all(r["outside_bound"] > 0 for r in zero_rows), rows
