@@ -134,10 +134,10 @@ def propagated(x: AttentionInputs, spec: Spec, u: float) -> Propagated:
         y = decays[:, :, t, :, None] * state
         y_norm = np.sqrt(np.sum(y * y, -2))  # (B, H, dv)
         kt, bt = k[:, :, t], beta[:, :, t, None]
-        local = f.local * (
-            y_norm * (1 + np.abs(bt) * k2[:, :, t, None])
-            + np.abs(bt) * np.sqrt(k2[:, :, t, None]) * np.abs(x.v[:, :, t])
-        )
+        size = y_norm * (1 + np.abs(bt) * k2[:, :, t, None])
+        size = size + np.abs(bt) * np.sqrt(k2[:, :, t, None]) * np.abs(x.v[:, :, t])
+        with np.errstate(invalid="ignore"):  # a vacuous gamma (inf) times 0 is 0
+            local = np.where(size > 0, f.local * size, 0.0)
         carried = rho[:, :, t, None] * carried
         within = rho[:, :, t, None] * within + cond[:, :, t, None] * local
         transition = decays[:, :, t, None, :] * (
@@ -169,8 +169,8 @@ def delta_scale_and_bound(
     query = p.query[..., None]
     out = query * p.norms if ref is None else np.abs(ref)
     scale = p.scale
-    absolute = query * (p.error + g_out * p.norms) * (1 + u) + u * out + tiny / 2
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # vacuous: inf, NaN
+        absolute = query * (p.error + g_out * p.norms) * (1 + u) + u * out + tiny / 2
         bound = np.where(absolute == 0, 0.0, absolute * SAFETY / (u * scale))
     return scale, np.where(np.isnan(bound), np.inf, bound)
 
