@@ -408,21 +408,29 @@ _DELTA_TRITON = {
     "(chunk_gla_fwd_kernel_o, as chunk_gla's); it takes **kwargs, so a misspelt keyword is "
     "dropped unread.",
 }
-_GROUPED = (
-    " Its state [N, HV, K, V] (state_v_first=False) is ours. fla's grouped value heads (HV a "
-    "multiple of H) are declared (--value-heads 2) where the function takes them "
-    "(GROUPED_VALUE_HEADS); elsewhere it is called with as many value heads as query heads."
-)
 # the delta-rule functions that take grouped value heads (q, k [B, T, H, K], v, beta, g
 # [B, T, HV, ...], head hv reading hv // (HV // H)), declared so: the value-heads check calls
-# them with HV = 2 H (fused_recurrent_delta_rule is not one: given more value heads than
-# query heads it writes the output of the first H alone and leaves the rest unwritten, NaN in
-# the guard bands). The chunk kernels take them too but are not declared: their verdicts were
-# recorded without the check (minutes a call in the interpreter)
+# them with HV = 2 H. chunk_gated_delta_rule and chunk_kda take them too, not declared: their
+# verdicts were recorded without the check. fused_recurrent_delta_rule and chunk_delta_rule
+# do not (their strides are H's: given HV > H they return wrong values or NaN)
 GROUPED_VALUE_HEADS = (
     "naive_recurrent_kda", "naive_chunk_kda", "fused_recurrent_gated_delta_rule",
     "fused_recurrent_kda",
 )  # fmt: skip
+UNDECLARED_VALUE_HEADS = ("chunk_gated_delta_rule", "chunk_kda")
+
+
+def _grouped(function: str) -> str:
+    """What a Triton delta-rule adapter's note says of its state's layout and of fla's
+    grouped value heads (HV a multiple of H)."""
+    state = " Its state [N, HV, K, V] (state_v_first=False) is ours." * (
+        function in GROUPED_VALUE_HEADS + UNDECLARED_VALUE_HEADS
+    )
+    if function in GROUPED_VALUE_HEADS:
+        return state + " fla's grouped value heads are declared (--value-heads 2)."
+    if function in UNDECLARED_VALUE_HEADS:
+        return state + " It takes grouped value heads; not declared (recorded without them)."
+    return " It takes no grouped value heads: called with as many value heads as query heads."
 
 
 def _value_heads(function: str) -> int:
@@ -623,7 +631,7 @@ ADAPTERS = (
             _DELTA_RULES[decay] + f" Triton {how}, use_qk_l2norm_in_kernel={l2norm}"
             + (" (q and k normalised by fla, x / sqrt(|x|^2 + 1e-6): qk-l2norm). " if l2norm
                else ". ")
-            + _DELTA_TRITON[function] + _GROUPED,
+            + _DELTA_TRITON[function] + _grouped(function),
             _delta_triton(module, function, l2norm, False),
             INSTALL_TRITON,
             triton=True,

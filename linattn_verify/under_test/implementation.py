@@ -224,7 +224,7 @@ class Implementation:
             raise SpecError(f"{self.name} takes no packed batch: declare it with --varlen")
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self._run(*args, projection, decay, cu_seqlens=cu_seqlens)
-        return self._output(out, (*q.shape[:3], v.shape[-1]), " for a packed batch")
+        return self._output(out, (*v.shape[:2], q.shape[2], v.shape[-1]), " for a packed batch")
 
     def __call__(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
         """The output (B, H, N, dv) for (B, H, N, d) inputs (H: v's heads, G times q's for
