@@ -533,7 +533,7 @@ def not_applicable(spec: Spec) -> str | None:
         return None
     if defining.plain and defining.eps == 0 and defining.feature_map in KAT_MAPS:
         return None
-    return f"no known-answer vectors for {spec} (references/README.md lists the specs they cover)"
+    return f"no known-answer vectors for {spec}; {DEFAULT_DIR / 'README.md'} lists the specs"
 
 
 def run_vectors(
@@ -581,7 +581,7 @@ def run_vectors(
             }
         )
     if not rows:
-        raise SpecError(f"no vector for {spec} under {directory}")
+        raise SpecError(f"no known-answer vector for {spec} under {directory}")
     return rows
 
 

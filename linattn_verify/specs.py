@@ -31,6 +31,12 @@ class FeatureMap:
     needs_projection: bool
     source: str
 
+    @property
+    def nonnegative_features(self) -> bool:
+        """phi(x) >= 0 element by element: the positive kernelised maps but taylor, whose
+        kernel 1 + x + x^2 / 2 is positive while its features x_m are signed."""
+        return self.kernelised and self.positive and self.name != "taylor"
+
     def feature_dim(self, d: int, m: int | None = None) -> int:
         """Length of phi(x) for head dimension d (and m projection rows)."""
         if not self.kernelised:

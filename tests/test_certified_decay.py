@@ -160,3 +160,33 @@ def test_the_delta_rule_has_its_own_engine():
     spec = Spec("identity", causal=True, normalize=False, delta_rule=True)
     with pytest.raises(SpecError, match="certified_delta"):
         certified_attention(_inputs("normal", Spec("identity", causal=True), seed=0), spec)
+
+
+def _within(x, spec: Spec) -> None:
+    """Every defined element within its bound of arb's value (no share: these are at the
+    edge of float64's range, where arb settles rows)."""
+    got, ref = certified_attention(x, spec), exact(x, spec, "arb")
+    defined = np.isfinite(ref)
+    assert np.all(np.abs(got.values - ref)[defined] <= got.bound[defined])
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_an_underflowed_product_scaled_by_the_query_is_bounded(normalize):
+    """phi(k) v = 1e-10 x 1.2345e-310 underflows (half a subnormal unit of error), then
+    times phi(q) = 1e10 through the state (key 0, query 128, beyond a chunk): the bound
+    carries the error times the query's features (it was 0, the value off by 1.4e-4)."""
+    n = 129
+    q, k, v = np.zeros((3, 1, 1, n, 1))
+    q[0, 0, 128], k[0, 0, 0], v[0, 0, 0] = 1e10, 1e-10, 1.2345e-310
+    spec = Spec("relu", causal=True, normalize=normalize)
+    _within(validate(q, k, v, spec), spec)
+
+
+def test_a_result_rounded_below_2_to_the_minus_1022_is_charged_a_subnormal_unit():
+    """c = 2^-1074 times N = 3.5 - 5e-18 (computed 3.5): fl(c N^) is 4 units, the exact
+    value rounds to 3; the bound was u |out| = 0."""
+    q, k = np.ones((2, 1, 1, 2, 1))
+    v = np.array([0.5, 3.0]).reshape(1, 1, 2, 1)
+    g = np.array([0.0, -1e-17]).reshape(1, 1, 2)
+    spec = Spec("identity", causal=True, normalize=False, scale=2.0**-1074, decay="gates")
+    _within(validate(q, k, v, spec, None, g), spec)

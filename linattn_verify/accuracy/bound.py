@@ -507,7 +507,7 @@ def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
     b_, h_, nq, nk, _, _ = x.shape
     kappa = np.ones((b_, h_, nq, 1))
     name = spec.feature_map
-    if not spec.info.kernelised or (spec.info.positive and name != "taylor"):
+    if not spec.info.kernelised or spec.info.nonnegative_features:
         return kappa
     for b in range(b_):
         for h in range(h_):

@@ -324,7 +324,7 @@ def _head_sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
         return
     nq, nk, dv = q.shape[0], k.shape[0], v.shape[1]
     big_m = max(nq, nk)
-    positive = spec.info.positive and name != "taylor"  # features >= 0
+    positive = spec.info.nonnegative_features
     smallest = [math.inf]  # the least nonzero |factor| met so far
     largest_q = [1.0]  # the largest |phi(q)| met so far, at least 1
     worst = [0.0]  # the largest relative error of a feature met so far

@@ -207,7 +207,7 @@ def decayed_sums(
     rho = (gamma64(depth) + (1 + gamma64(depth)) * math.expm1(exps * LIB)) * SAFETY
     a_h = 2 * gamma_e
     c_h = (2 * a_h / math.e) / (1 - 2 * a_h) * SAFETY
-    positive = spec.info.positive and name != "taylor"  # taylor's features are signed
+    positive = spec.info.nonnegative_features
     seen = Maxima()
     support = np.zeros((1, m), dtype=bool)  # the key features possibly nonzero so far
     states: dict[str, np.ndarray] = {}
