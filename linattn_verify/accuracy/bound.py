@@ -24,8 +24,10 @@ any summation order. "relative" (vet --strict) holds elu features to relative ac
 entirely negative rows too, as a shifted evaluation attains (the golden implementation's).
 The bound is reported in units of u * s_ic, s_ic = sum_j |a_ij| |v_jc| / |eps + D_i| (for
 the signed performer-trig map: |phi(q)|.|phi(k)| in place of |a|), the magnitude the
-computation works at (docs/accuracy.md). All sums are evaluated in arb balls, so the bound
-itself carries no rounding error of its own; it is infinite where n u >= 1.
+computation works at (docs/accuracy.md). The sums are evaluated in arb balls, so that the
+bound carries no rounding error of its own, or, for long sequences of kernelised specs, in
+float64 with their own rounding bounded (_fast_sums: within about 1e-12 of the balls',
+never below); the bound is infinite where n u >= 1.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from flint import arb, arb_mat
+from threadpoolctl import threadpool_limits
 
 from ..inputs import AttentionInputs
 from ..reference.balls import (
@@ -54,6 +57,7 @@ from ..reference.balls import (
     working_precision,
 )
 from ..reference.certified import (
+    LIB,
     SAFETY,
     U64,
     depth,
@@ -62,6 +66,7 @@ from ..reference.certified import (
     performer_arguments,
     streamed_sums,
 )
+from ..reference.certified_decay import FEW_ROUNDINGS, decayed_sums, log_decays, one_sided_sums
 from ..reference.common import MAX_PREC
 from ..specs import RSQRT_D, Spec, SpecError
 
@@ -211,7 +216,7 @@ def _stabiliser(q: np.ndarray, k: np.ndarray, w, name: str) -> float:
 def _features(x: np.ndarray, positions: np.ndarray, big_m: int, w, name: str, u, stab):
     """(features in float64, upper bounds on the exact |phi(x_i)|, psi(x_i))."""
     f = float_features(x, positions, big_m, w, name)
-    a = (np.abs(f.phi) + f.err) * SAFETY
+    a = (np.abs(f.phi) + f.err) * FEW_ROUNDINGS  # |phi^| + err, rounded: two roundings
     return f, a, feature_errors(x, positions, big_m, w, name, u, stab, a)
 
 
@@ -362,39 +367,133 @@ def _upper(t: arb) -> float:
 
 
 def _fast_sums(head: Head, spec: Spec, u: float) -> HeadSums:
-    """HeadSums in float64 (reference/certified.py's streamed sums), whose own rounding is
-    bounded a posteriori: for long sequences, where ball arithmetic is too slow."""
-    name, causal, eps = spec.feature_map, spec.causal, spec.eps
-    q, k, v, w = head.q, head.k, head.v, head.w
+    """HeadSums in float64 for every kernelised spec, the same quantities as _arb_sums' and
+    in the same way, only with the sums' own rounding bounded a posteriori: for long
+    sequences, where ball arithmetic is too slow. Within about 1e-12 of _arb_sums' (rho and
+    the FEW_ROUNDINGS of certified_decay.py, and the features' upper bounds)."""
+    q, k, w, name = head.q, head.k, head.w, spec.feature_map
+    big_m, stab = max(q.shape[0], k.shape[0]), _stabiliser(q, k, w, name)
+
+    def features(x: np.ndarray, start: int, stop: int):
+        """(features, upper bounds on the exact |phi|, psi) of rows start:stop of x."""
+        return _features(x[start:stop], np.arange(start, stop), big_m, w, name, u, stab)
+
+    sums = _fast_decayed if spec.decay is not None else _fast_plain
+    a, f, den = sums(head, spec, features)
+    if spec.decay is not None:  # each weight's own decay error, relative: (A + F) eta
+        eta = _decay_errors(head, spec, u)[:, None]
+        with np.errstate(invalid="ignore", over="ignore"):  # arb: 0 inf is NaN, then inf
+            f = np.where(np.isfinite(eta), (f + (a + f) * eta) * FEW_ROUNDINGS, np.inf)
+    m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
+    return _fast_ratios(a, f, den, spec, q.shape[1], u, m)
+
+
+def _fast_plain(head: Head, spec: Spec, features):
+    """(A, F, (D^, a bound on |D^ - D|) or None unnormalised) of a head without a decay,
+    unscaled, from certified.streamed_sums: the computed sums of n non-negative terms are
+    at least (1 - gamma_n) the exact ones (Higham 2002, Lemma 3.1 and eq. 3.5), n the
+    summation depth; D^ errs by its rounding, gamma_n sum |phi^(q)|.|phi^(k)| <= gamma_n A,
+    and by the features' errors, sum err_q.(|phi^(k)| + err_k) + |phi(q)|.err_k."""
+    q, k, v = head.q, head.k, head.v
     nq, nk = q.shape[0], k.shape[0]
-    big_m, stab = max(nq, nk), _stabiliser(q, k, w, name)
+    normalize = spec.normalize
 
     def lefts(start: int, stop: int) -> list[np.ndarray]:
-        f, a, psi = _features(q[start:stop], np.arange(start, stop), big_m, w, name, u, stab)
-        return [f.phi, a, np.concatenate([psi, a], 1), np.concatenate([f.err, a], 1)]
+        f, a, psi = features(q, start, stop)
+        both = [f.phi, np.concatenate([f.err, a], 1)] if normalize else []
+        return [a, np.concatenate([psi, a], 1), *both]
 
     def rights(start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        f, a, psi = _features(k[start:stop], np.arange(start, stop), big_m, w, name, u, stab)
+        f, a, psi = features(k, start, stop)
         ones = np.ones((stop - start, 1))
         mags = np.concatenate([np.abs(v[start:stop]), ones], 1)
-        return [
-            (f.phi, ones),
-            (a, mags),
-            (np.concatenate([a + psi, psi], 1), mags),
-            (np.concatenate([a + f.err, f.err], 1), ones),
-        ]
+        grown = (a + psi) * FEW_ROUNDINGS
+        both = [(f.phi, ones), (np.concatenate([a + f.err, f.err], 1), ones)] if normalize else []
+        return [(a, mags), (np.concatenate([grown, psi], 1), mags), *both]
 
-    blocks = list(streamed_sums(lefts, rights, nq, nk, causal))
-    value, mags, errs, errs64 = (np.concatenate([b[2][i] for b in blocks]) for i in range(4))
-    m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
+    blocks = list(streamed_sums(lefts, rights, nq, nk, spec.causal))
+    sums = [np.concatenate([b[2][i] for b in blocks]) for i in range(len(blocks[0][2]))]
+    m = spec.info.feature_dim(q.shape[1], None if head.w is None else head.w.shape[0])
     g64 = gamma64(depth(2 * m, nk))
-    a, f = mags / (1 - g64) * SAFETY, errs / (1 - g64) * SAFETY
-    den_hat = np.abs(value[:, 0] + eps)
-    den = den_hat * (1 - 2 * U64) - (g64 * a[:, -1] + errs64[:, 0] / (1 - g64)) * SAFETY
-    zero = (den_hat == 0) & (a[:, -1] == 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        over = np.where(den > 0, 1 / den, np.inf)[:, None] * SAFETY
-        return HeadSums(a * over, f * over, zero, m)
+    a, f = (t / (1 - g64) * FEW_ROUNDINGS for t in sums[:2])
+    if not normalize:
+        return a, f, None
+    value, errs = sums[2][:, 0], sums[3][:, 0]
+    return a, f, (value, (g64 * a[:, -1] + errs / (1 - g64)) * SAFETY)
+
+
+def _fast_decayed(head: Head, spec: Spec, features):
+    """_fast_plain's (A, F, den) of a decayed head: A and F upper bounds from
+    certified_decay.one_sided_sums (F as psi_q.(|phi(k)| + psi_k) + |phi(q)|.psi_k: chains
+    of m features, the decay's channels). The denominator: for non-negative features a
+    lower bound on D from the same sums of lower bounds on the features, max(phi^ - err,
+    0) (radius 0: eps + c D >= eps + c D_low), within about 1e-12 of D however small the
+    weights make it; for signed ones D^ and the bound on |D^ - D| of
+    certified_decay.decayed_sums (an interval for the exact D, which cancels)."""
+    q, k, v = head.q, head.k, head.v
+    n = k.shape[0]
+    logs, gamma_e = log_decays(head.decay, spec, n)
+
+    def lefts(start: int, stop: int) -> list[np.ndarray]:
+        _, a, psi = features(q, start, stop)
+        return [a, psi, a]
+
+    def rights(start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        _, a, psi = features(k, start, stop)
+        mags = np.concatenate([np.abs(v[start:stop]), np.ones((stop - start, 1))], 1)
+        return [(a, mags), ((a + psi) * FEW_ROUNDINGS, mags), (psi, mags)]
+
+    def lows(x: np.ndarray, start: int, stop: int) -> np.ndarray:
+        f = features(x, start, stop)[0]  # phi^ - err rounded up by at most u: divided
+        return np.maximum(f.phi - f.err, 0.0) / FEW_ROUNDINGS
+
+    with threadpool_limits(1, user_api="blas"):  # small matmuls: as streamed_sums
+        blocks = list(one_sided_sums(lefts, rights, logs, gamma_e))
+        a, f1, f2 = (np.concatenate([b[2][i] for b in blocks]) for i in range(3))
+        f = (f1 + f2) * FEW_ROUNDINGS
+        if not spec.normalize:
+            return a, f, None
+        if spec.info.nonnegative_features:
+            low = one_sided_sums(
+                lambda start, stop: [lows(q, start, stop)],
+                lambda start, stop: [(lows(k, start, stop), np.ones((stop - start, 1)))],
+                logs,
+                gamma_e,
+                upper=False,
+            )
+            value = np.concatenate([sums[0][:, 0] for _, _, sums in low])
+            return a, f, (value, np.zeros_like(value))
+        parts = list(decayed_sums(q, k, v[:, :0], head.w, head.decay, spec))
+    value, radius = (np.concatenate([p[i][:, -1] for p in parts]) for i in (2, 3))
+    return a, f, (value, radius)
+
+
+def _fast_ratios(a, f, den, spec: Spec, d: int, u: float, m: int) -> HeadSums:
+    """HeadSums from the unscaled A, F and den = (D^, r) of _fast_plain or _fast_decayed
+    (|eps + c D| >= |eps + c D^| - c r), as _arb_sums' end: a scale c (within LIB of
+    1/sqrt(d) for RSQRT_D: certified._finish), A and F times it and u c A added to F;
+    unnormalised the sums themselves, the last column 0; normalised over a lower bound on
+    |eps + c D|: |eps + c^ D^| less c r, |c - c^| |D^| and the two roundings of eps + c^ D^."""
+    c, c_rel = spec.scale_for(d), LIB if spec.scale == RSQRT_D else 0.0
+    if spec.scale != 1.0:
+        with np.errstate(invalid="ignore", over="ignore"):
+            a = a * (c * (1 + c_rel) * FEW_ROUNDINGS)
+            f = (f * (c * (1 + c_rel)) + u * a) * FEW_ROUNDINGS
+    if den is None:
+        a[:, -1], f[:, -1] = 0.0, 0.0
+        return HeadSums(a, f, np.zeros(a.shape[0], dtype=bool), m)
+    value, radius = den
+    scaled = c * value
+    mid = scaled + spec.eps
+    with np.errstate(invalid="ignore", over="ignore"):
+        slack = c * ((1 + c_rel) * radius + c_rel * np.abs(value))
+        low = np.abs(mid) - (slack + 2 * U64 * (np.abs(scaled) + np.abs(mid))) * SAFETY
+    zero = (mid == 0) & (a[:, -1] == 0)  # every term exactly 0, and eps
+    resolved = (low > 0)[:, None]  # else inf, as arb's quotient by a ball around 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        over = FEW_ROUNDINGS / low[:, None]
+        a, f = (np.where(resolved, t * over, np.inf) for t in (a, f))
+    return HeadSums(a, f, zero, m)
 
 
 def _bound_rows(sums: HeadSums, out, u: float, nk: int, tiny: float, lam: float | None):
@@ -444,10 +543,9 @@ def scale_and_bound(
         return delta_scale_and_bound(x, spec, ref, u, tiny)
     b_, h_, nq, nk, _, dv = x.shape
     if engine == "auto":
-        fast = spec.info.kernelised and spec.plain and nq * nk > FAST_BOUND_WORK
-        engine = "fast" if fast else "arb"
-    if engine == "fast" and not spec.plain:
-        raise SpecError(f"the fast bound is for plain specs, not {spec}: engine='arb'")
+        engine = "fast" if spec.info.kernelised and nq * nk > FAST_BOUND_WORK else "arb"
+    if engine == "fast" and not spec.info.kernelised:
+        raise SpecError(f"the fast bound is for kernelised specs, not {spec}: engine='arb'")
     scale = np.full((b_, h_, nq, dv), np.nan)
     bound = np.full((b_, h_, nq, dv), np.nan)
     for b in range(b_):

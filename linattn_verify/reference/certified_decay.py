@@ -32,6 +32,10 @@ bounded from the computed sums of the same chains (their weights err the same wa
 sum w Y <= (computed + (1 + rho) c_h H) / (1 - rho), c_h = c_h(2 gamma_e). Underflow
 (gradual: an absolute error of at most UNDERFLOW per operation, times the later factors,
 the largest features and values, the decays at most 1) adds an absolute term per sum.
+
+one_sided_sums gives upper or lower bounds on such sums of non-negative terms (the a-priori
+bound's, accuracy/bound.py) from the same form run on log-decays scaled so that every
+computed factor is on one side of the exact one: within about rho of the exact sums.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from .certified import (
     SAFETY,
     UNDERFLOW,
     Features,
+    Lefts,
+    Rights,
     float_features,
     gamma64,
 )
@@ -61,6 +67,9 @@ TINY = 2.0**-1000
 # The half-decay factor: 2 HALF (1 + gamma_e)(1 + u) <= 1 for CHUNK < 2^13, so that the
 # chain H's computed exponents are at least half the exact ones
 HALF = 0.5 - 2.0**-40
+# Covers a short formula's rounding on non-negative float64 numbers, up to 2^12 operations:
+# (1 + u)^(2^12) < 1 + 2^-40 (SAFETY's 2^-20 would put 1e-6 on upper bounds kept tight)
+FEW_ROUNDINGS = 1 + 2.0**-40
 
 
 def path_depth(m: int, n_keys: int) -> tuple[int, int]:
@@ -70,6 +79,14 @@ def path_depth(m: int, n_keys: int) -> tuple[int, int]:
     features' own upper bounds (H) and the query and key factors."""
     chunks, subs = -(-n_keys // CHUNK), CHUNK // SUB
     return m + CHUNK + SUB + 2 * (chunks + subs) + 12, chunks + subs + 2
+
+
+def path_errors(m: int, n_keys: int) -> tuple[float, int]:
+    """(rho, ops): a term's relative error on its path, rho = (1 + gamma_D)(1 + LIB)^K - 1
+    (Higham 2002, Lemma 3.1: D roundings and K exponentials, path_depth), and its
+    operations, D + K, each of which may underflow instead."""
+    depth, exps = path_depth(m, n_keys)
+    return (gamma64(depth) + (1 + gamma64(depth)) * math.expm1(exps * LIB)) * SAFETY, depth + exps
 
 
 def log_decays(decay: np.ndarray, spec: Spec, n: int) -> tuple[np.ndarray, float]:
@@ -203,8 +220,7 @@ def decayed_sums(
     m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
     relative = name in RELATIVE
     width = m if relative else 2 * m  # the features of a term (E: [psi, |phi|])
-    depth, exps = path_depth(width, n)
-    rho = (gamma64(depth) + (1 + gamma64(depth)) * math.expm1(exps * LIB)) * SAFETY
+    rho, ops = path_errors(width, n)
     a_h = 2 * gamma_e
     c_h = (2 * a_h / math.e) / (1 - 2 * a_h) * SAFETY
     positive = spec.info.nonnegative_features
@@ -240,13 +256,11 @@ def decayed_sums(
                 sums[key], states[key] = chain(f, left, right, cols, state)
         value = sums["V"][:, [*range(dv), -1]]
         magnitude = sums["V"][:, dv:] if positive else sums["M"]
-        support = np.logical_or.accumulate(np.vstack([support, ak + fk.err > 0]))[1:]
-        touches = np.any((aq + fq.err > 0) & support, axis=1)
-        support = support[-1:]
+        touches, support = _touching(aq + fq.err, ak + fk.err, support)
         big_q = np.where(touches, np.max(aq + fq.err, axis=1), 0.0)
         a_q = np.where(touches, np.max(fq.err, where=aq < TINY, initial=0.0, axis=1), 0.0)
         rows_q = (big_q, a_q)
-        bounds = _errors(sums, magnitude, seen, rows_q, (rho, c_h), (width, n, depth + exps))
+        bounds = _errors(sums, magnitude, seen, rows_q, (rho, c_h), (width, n, ops))
         yield start, stop, value, *bounds
 
 
@@ -263,7 +277,7 @@ def _errors(sums, magnitude, seen: Maxima, rows_q, factors, sizes):
     big_k = (1 + seen.r) * seen.top_k + seen.a_k
     columns = np.append(seen.top_v, 1.0)  # the largest |v_jc| so far, and 1
     later = max(big_k, 1.0) * max(columns.max(), 1.0) * np.maximum(big_q, 1.0)
-    tiny = np.where(big_q > 0, ops * UNDERFLOW * m * n * later * SAFETY, 0.0)[:, None]
+    tiny = np.where(big_q > 0, _underflow(ops, m, n, later), 0.0)[:, None]
     prefix = np.concatenate([seen.prefix_v, np.ones((seen.prefix_v.shape[0], 1))], 1)
     h = sums["H"] * prefix / (1 - rho) * SAFETY + tiny  # |v_jc| <= max_(t<=i) |v_tc|
     grown = (1 + rho) * c_h * h
@@ -277,3 +291,104 @@ def _errors(sums, magnitude, seen: Maxima, rows_q, factors, sizes):
         bound_f = (1 + seen.r) ** 2 * bound_a + absolute
     total = (1 + rho) * bound_e + rho * bound_f + 2 * (1 + rho) * c_h * h
     return total * SAFETY + tiny, bound_a
+
+
+def _touching(left: np.ndarray, right: np.ndarray, support: np.ndarray):
+    """(per row i, whether a feature of left_i may be nonzero where one of right_j is, for
+    some key j <= i; the features of right possibly nonzero so far, (1, m)) from the
+    step's rows and `support`, the same before them. Where a row touches nothing, every
+    term of its sums is exactly 0, computed (products with 0, no key after i) and exact."""
+    support = np.logical_or.accumulate(np.vstack([support, right > 0]))[1:]
+    return np.any((left > 0) & support, axis=1), support[-1:]
+
+
+def _underflow(ops: int, m: int, n: int, later: np.ndarray) -> np.ndarray:
+    """The absolute error gradual underflow may add to a sum of m n terms whose paths have
+    `ops` operations: UNDERFLOW per operation, times `later`, a bound on the factors after
+    it (features, values; the decay factors are at most 1)."""
+    return ops * UNDERFLOW * m * n * later * SAFETY
+
+
+def one_sided_sums(
+    lefts: Lefts, rights: Rights, logs: np.ndarray, gamma_e: float, upper: bool = True
+) -> Iterator[tuple[int, int, list[np.ndarray]]]:
+    """Per step of rows: (start, stop, [an upper (or lower) bound on S_ic = sum_(j<=i)
+    sum_m left_im right_jm w_ijm cols_jc for each chain]), for chains of non-negative
+    float64 numbers (lefts, rights as certified.streamed_sums'), w the exact decay weights of
+    the log-decays l (log_decays' (logs, gamma_e) for one head, (N, 1) or (N, m) per
+    channel): w_ijm = exp(-y_ijm), y_ijm = -(l_(j+1),m + ... + l_im).
+
+    The module's form runs on the log-decays times s = fl(1 - 4 gamma_e) for the upper
+    bounds, fl(1 + 4 gamma_e) for the lower. A computed exponent is a recursive sum of at
+    most CHUNK terms fl(s l_t) of one sign over a segment P of the path from j to i, within
+    gamma_e (log_decays) of the exact sum of its terms (Higham 2002, Lemma 3.1 and eq. 3.5:
+    |s^ - s| <= gamma_(n-1) sum |x_t|): upper, at most (1 - 4 gamma_e)(1 + u)^2 (1 +
+    gamma_e) y_P <= y_P in magnitude; lower, at least (1 + 4 gamma_e)(1 - u)^2 (1 -
+    gamma_e) y_P >= y_P (u <= gamma_e < 1/12). So each computed factor, exp of it within
+    LIB, is at least exp(-y_P)(1 - LIB) (at most exp(-y_P)(1 + LIB); one_sided_factors),
+    and the K on a path multiply to at least w_ij (1 - LIB)^K (at most w_ij (1 + LIB)^K).
+    The terms are non-negative: every rounding on a term's path (D, path_depth) multiplies
+    it by a factor in [1 - u, 1 + u], so the computed sum is within [1 - rho, 1 + rho]
+    times the sum of the terms with the computed weights, rho = (1 + gamma_D)(1 + LIB)^K - 1
+    (>= 1 - (1 - u)^D (1 - LIB)^K: path_errors; Higham 2002, Lemma 3.1), unless an operation
+    underflows: then an absolute UNDERFLOW each (_underflow), times the factors after it,
+    at most max(left_i, 1) max(right, 1) max(cols_c, 1) (0 where no term can be nonzero:
+    _touching, or column c zero so far). So S_ic <= (computed + underflow) / (1 - rho), and
+    S_ic >= max((computed - underflow) / (1 + rho), 0), in FEW_ROUNDINGS. Each errs by about
+    rho + 5 gamma_e y on the terms of exponent y: below 1e-10 relative at N = 2^20 while the
+    weights that matter exceed 1e-300."""
+    n, channels = logs.shape
+    carried: list[_Carried] = []  # per chain
+    for start in range(0, n, CHUNK * GROUP):
+        stop = min(start + CHUNK * GROUP, n)
+        padded = _padded(logs[start:stop], -(-(stop - start) // CHUNK) * CHUNK)
+        factors = one_sided_factors(padded.reshape(-1, channels), gamma_e, upper)
+        chains = list(zip(lefts(start, stop), rights(start, stop), strict=True))
+        carried = carried or [_Carried.empty(left, cols) for left, (_, cols) in chains]
+        bounds = [
+            _one_sided_step(factors, left, right, cols, c, n, upper)
+            for (left, (right, cols)), c in zip(chains, carried, strict=True)
+        ]
+        yield start, stop, bounds
+
+
+def one_sided_factors(logs: np.ndarray, gamma_e: float, upper: bool) -> Factors:
+    """Factors.of the log-decays (n, F), n a multiple of CHUNK, times fl(1 - 4 gamma_e)
+    (upper) or fl(1 + 4 gamma_e): each factor at least (at most) exp of the exact sum of
+    its log-decays times 1 - LIB (1 + LIB) (one_sided_sums)."""
+    return Factors.of(logs * (1 - 4 * gamma_e if upper else 1 + 4 * gamma_e))
+
+
+@dataclass
+class _Carried:
+    """One chain of one_sided_sums between steps: its state, the right features possibly
+    nonzero so far (_touching), the largest right feature and each column's largest."""
+
+    state: np.ndarray
+    support: np.ndarray
+    top_right: float
+    top_cols: np.ndarray
+
+    @classmethod
+    def empty(cls, left: np.ndarray, cols: np.ndarray) -> _Carried:
+        m, c = left.shape[1], cols.shape[1]
+        return cls(np.zeros((m, c)), np.zeros((1, m), dtype=bool), 0.0, np.zeros((1, c)))
+
+
+def _one_sided_step(f: Factors, left, right, cols, carried: _Carried, n: int, upper: bool):
+    """one_sided_sums' bound for one chain and step, carrying its state on."""
+    with np.errstate(over="ignore", invalid="ignore"):  # inf features: bound inf
+        sums, carried.state = chain(f, left, right, cols, carried.state)
+    touches, carried.support = _touching(left, right, carried.support)
+    carried.top_right = max(carried.top_right, float(right.max(initial=0.0)))
+    prefix = np.maximum.accumulate(np.vstack([carried.top_cols, cols]))[1:]
+    carried.top_cols = prefix[-1:]
+    m = left.shape[1]
+    rho, ops = path_errors(m, n)
+    later = np.maximum(left.max(axis=1, initial=0.0), 1.0)[:, None] * np.maximum(prefix, 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        later *= max(carried.top_right, 1.0)
+        tiny = np.where(touches[:, None] & (prefix > 0), _underflow(ops, m, n, later), 0.0)
+        if upper:
+            return (sums + tiny) / (1 - rho) * FEW_ROUNDINGS
+        return np.maximum((sums - tiny) / (1 + rho) / FEW_ROUNDINGS, 0.0)
