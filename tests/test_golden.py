@@ -13,15 +13,17 @@ delta in every weight moves output row i by at most
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from linattn_verify.implementations import GOLDEN_FORMS, golden_attention
+from linattn_verify.implementations import GOLDEN_FORMS, golden, golden_attention
+from linattn_verify.implementations.golden import golden_forms, long_form
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.sampling import sample_projection
-from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
+from linattn_verify.specs import FEATURE_MAPS, RSQRT_D, Spec, SpecError
 
 # identity's denominators are signed and near 0 on these random inputs (0/0 with zero
 # keys): its golden forms are tested in test_decay_reference.py
@@ -527,6 +529,208 @@ def test_relu_negative_queries_give_nan_without_eps_and_zero_with_eps(
     zero_out = golden_attention(q, k, v, spec_for("relu", causal, eps=0.5), form=form)
     assert (zero_out[:, :, 2] == 0).all()
     assert torch.isfinite(zero_out).all()
+
+
+# ------------------------------------- the linear form of scaled, unnormalised, decayed specs
+
+
+def phi64(name: str, x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """phi(x) of every token (.., N, d) in float64, as docs/contract.md writes it."""
+    if name == "elu":
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "identity":
+        return x
+    assert name == "performer-positive", name
+    xs = x * x.shape[-1] ** -0.25
+    return np.exp(xs @ w.T - (xs * xs).sum(-1, keepdims=True) / 2) / math.sqrt(w.shape[0])
+
+
+def decay_weights(spec: Spec, decay: np.ndarray, rows: slice, n: int) -> np.ndarray:
+    """w_ij of rows i, 0 where j > i, in float64: gamma^(i - j) (1, H, r, N), exp(G_i - G_j)
+    (B, H, r, N) or per key channel (B, H, r, N, d), G the prefix sums of the log-gates
+    (Sun et al. 2023, eq. 5; Yang et al. 2024, eq. 3 and sec. 4.1)."""
+    i, j = np.arange(n)[rows, None], np.arange(n)[None, :]
+    if spec.decay == "constant":
+        log_w = (i - j) * np.log(decay)[None, :, None, None]
+    elif spec.decay == "gates":
+        prefix = np.cumsum(decay, axis=-1)
+        log_w = prefix[..., rows, None] - prefix[..., None, :]
+    else:
+        prefix = np.cumsum(decay, axis=-2)
+        log_w = prefix[..., rows, None, :] - prefix[..., None, :, :]
+        i, j = i[..., None], j[..., None]
+    return np.where(i >= j, np.exp(np.minimum(log_w, 0.0)), 0.0)
+
+
+def error_scale(
+    spec: Spec, q: np.ndarray, k: np.ndarray, v: np.ndarray, w: np.ndarray | None, decay
+) -> np.ndarray:
+    """Per element, what a relative perturbation of every weight moves the output by: c
+    sum_j w_ij A_ij |v_j| unnormalised, (c sum_j w_ij A_ij |v_j| + |out_i| c sum_j w_ij
+    A_ij) / |eps + c sum_j w_ij sim_ij| normalised, A_ij = |phi(q_i)| . |phi(k_j)| (channel
+    gates: sum_m |phi(q_i)_m| |phi(k_j)_m| w_ijm); computed 256 rows at a time."""
+    n, c = k.shape[-2], spec.scale_for(q.shape[-1])
+    phi_q, phi_k = phi64(spec.feature_map, q, w), phi64(spec.feature_map, k, w)
+    parts = []
+    for start in range(0, q.shape[-2], 256):
+        rows = slice(start, start + 256)
+        pq = phi_q[..., rows, :]
+        if spec.decay == "channel-gates":
+            weights = decay_weights(spec, decay, rows, n)
+            sim = c * np.einsum("bhim,bhjm,bhijm->bhij", pq, phi_k, weights)
+            absim = c * np.einsum("bhim,bhjm,bhijm->bhij", np.abs(pq), np.abs(phi_k), weights)
+        else:
+            weights = 1.0
+            if spec.decay is not None:
+                weights = decay_weights(spec, decay, rows, n)
+            elif spec.causal:
+                weights = np.tril(np.ones((n, n)))[rows]
+            sim = c * weights * (pq @ np.swapaxes(phi_k, -2, -1))
+            absim = c * weights * (np.abs(pq) @ np.swapaxes(np.abs(phi_k), -2, -1))
+        spread = absim @ np.abs(v)
+        if not spec.normalize:
+            parts.append(spread)
+            continue
+        den = spec.eps + sim.sum(-1, keepdims=True)
+        out = (sim @ v) / den
+        parts.append((spread + np.abs(out) * absim.sum(-1, keepdims=True)) / np.abs(den))
+    return np.concatenate(parts, axis=-2)
+
+
+def make_decay(spec: Spec, shape: tuple[int, ...], rate: float, seed: int) -> torch.Tensor | None:
+    """float64 gamma = exp(-rate U) per head, or log-gates -rate U (B, H, N) or (B, H, N, d),
+    U ~ U[1/2, 1]: every token decays by between rate / 2 and rate."""
+    if spec.decay is None:
+        return None
+    b, h, n, d = shape
+    size = {"constant": (h,), "gates": (b, h, n), "channel-gates": (b, h, n, d)}[spec.decay]
+    u = 0.5 + 0.5 * torch.rand(size, generator=torch.Generator().manual_seed(seed))
+    return torch.exp(-rate * u.double()) if spec.decay == "constant" else -rate * u.double()
+
+
+def scan_blocks(monkeypatch: pytest.MonkeyPatch, scan: str) -> None:
+    """The causal linear form token by token ("tokens"), or in blocks of 4 beyond 8 tokens
+    ("blocks": 21 tokens are five blocks and a block of one)."""
+    if scan == "blocks":
+        monkeypatch.setattr(golden, "SCAN_TOKENS", 8)
+        monkeypatch.setattr(golden, "SCAN_BLOCK", 4)
+
+
+def with_eps(specs: list[Spec]) -> list[Spec]:
+    """Each spec with eps 0 and, normalised, eps 1e-6."""
+    return [replace(s, eps=e) for s in specs for e in ((0.0, 1e-6) if s.normalize else (0.0,))]
+
+
+# identity only unnormalised: its signed denominators are near 0 on random inputs
+SCALED_SPECS = with_eps(
+    [
+        Spec("elu", causal=True, scale=0.3),
+        Spec("elu", scale=RSQRT_D),
+        Spec("relu", causal=True, normalize=False, scale=RSQRT_D),
+        Spec("performer-positive", causal=True, scale=2.5),
+        Spec("performer-positive", normalize=False, scale=0.3),
+        Spec("identity", causal=True, normalize=False, scale=RSQRT_D),
+    ]
+)
+DECAYED_SPECS = with_eps(
+    [
+        Spec("elu", causal=True, decay="constant", scale=0.3),
+        Spec("identity", causal=True, normalize=False, decay="constant", scale=RSQRT_D),
+        Spec("elu", causal=True, decay="gates", scale=RSQRT_D),
+        Spec("performer-positive", causal=True, normalize=False, decay="gates"),
+        Spec("relu", causal=True, decay="channel-gates", scale=RSQRT_D),
+        Spec("identity", causal=True, normalize=False, decay="channel-gates", scale=RSQRT_D),
+    ]
+)
+# per-token decay rates: weak; moderate; strong (factors more than 15 tokens apart underflow
+# float64, a block of 4 still factored); and strong enough that a block of 4 spans more than
+# FACTORED_SPAN: its channel gates weighed factor by factor
+RATES = {"weak": 0.01, "moderate": 1.0, "underflow": 50.0, "pairwise": golden.FACTORED_SPAN}
+# the two forms err by ~(F + N) u64 of the scale (2e-15 at most seen here); 1e-12 leaves
+# the float64 prefix sums of strong decays (|G| up to ~5e3 here) |G| u64 in an exponent
+FORMS_AGREE = 1e-12
+
+
+def assert_forms_agree(
+    spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w, decay
+) -> None:
+    quad = golden_attention(q, k, v, spec, projection=w, form="quadratic", decay=decay)
+    lin = golden_attention(q, k, v, spec, projection=w, form="linear", decay=decay)
+    assert lin.dtype == q.dtype and lin.shape == quad.shape
+    scale = error_scale(spec, f64(q), f64(k), f64(v), f64(w), f64(decay))
+    assert_within(lin, f64(quad), FORMS_AGREE * scale, f"{spec} linear vs quadratic")
+
+
+@pytest.mark.parametrize("scan", ["tokens", "blocks"])
+@pytest.mark.parametrize("spec", SCALED_SPECS, ids=str)
+def test_linear_form_matches_quadratic_form_scaled_and_unnormalised(
+    spec: Spec, scan: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scan_blocks(monkeypatch, scan)
+    q, k, v, w = make_inputs(spec.feature_map, 2, 2, 21, 21, d=4, dv=3, m=6, seed=59)
+    assert_forms_agree(spec, q, k, v, w, None)
+
+
+@pytest.mark.parametrize("rate", list(RATES.values()), ids=list(RATES))
+@pytest.mark.parametrize("scan", ["tokens", "blocks"])
+@pytest.mark.parametrize("spec", DECAYED_SPECS, ids=str)
+def test_linear_form_matches_quadratic_form_decayed(
+    spec: Spec, scan: str, rate: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scan_blocks(monkeypatch, scan)
+    q, k, v, w = make_inputs(spec.feature_map, 2, 2, 21, 21, d=4, dv=3, m=6, seed=61)
+    assert_forms_agree(spec, q, k, v, w, make_decay(spec, q.shape, rate, seed=67))
+
+
+# a careful float32 scan errs by a few u32 of the scale on these inputs (the largest: 1.7)
+FLOAT32_UNITS = 4.0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Spec("elu", causal=True, decay="gates", scale=RSQRT_D, eps=1e-6),
+        Spec("elu", causal=True, normalize=False, decay="channel-gates", scale=RSQRT_D),
+        Spec("identity", causal=True, normalize=False, decay="constant", scale=RSQRT_D),
+        Spec("performer-positive", causal=True, decay="constant", scale=0.3),
+    ],
+    ids=str,
+)
+def test_float32_linear_form_is_accurate_over_many_blocks(
+    spec: Spec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N = 2048 in 32 blocks of 64, decays of memory 128 to 256 tokens: within FLOAT32_UNITS
+    u32 of the scale of the float64 quadratic form on the same inputs."""
+    monkeypatch.setattr(golden, "SCAN_TOKENS", 1024)
+    n = 2048
+    x32 = make_inputs(spec.feature_map, 1, 1, n, n, d=4, dv=2, m=6, seed=71, dtype=torch.float32)
+    x32 = (*x32, make_decay(spec, x32[0].shape, 1 / 128, seed=73).float())
+    q, k, v, w, decay = (None if t is None else t.double() for t in x32)
+    want = golden_attention(q, k, v, spec, projection=w, form="quadratic", decay=decay)
+    got = golden_attention(*x32[:3], spec, projection=x32[3], form="linear", decay=x32[4])
+    scale = error_scale(spec, f64(q), f64(k), f64(v), f64(w), f64(decay))
+    assert got.dtype == torch.float32
+    assert_within(got, f64(want), FLOAT32_UNITS * U32 * scale, f"{spec} float32 at N = {n}")
+
+
+def test_forms_of_scaled_and_decayed_specs() -> None:
+    """The budgets' forms stay the quadratic one; the long-context check takes the linear
+    one of every kernelised spec, which golden_attention accepts."""
+    decayed = Spec("elu", causal=True, normalize=False, scale=RSQRT_D, decay="gates")
+    assert golden_forms(decayed) == ("quadratic",)
+    assert golden_forms(Spec("elu", scale=0.5)) == ("quadratic",)
+    assert golden_forms(Spec("elu")) == GOLDEN_FORMS
+    assert long_form(decayed) == long_form(Spec("taylor", normalize=False)) == "linear"
+    assert long_form(Spec("softmax", causal=True)) == "quadratic"
+    delta = Spec("identity", causal=True, normalize=False, delta_rule=True)
+    assert long_form(delta) == golden_forms(delta)[-1]
+    q, k, v, _ = make_inputs("elu", 1, 1, 3, 3, d=4, dv=2, m=1, seed=0)
+    g = torch.zeros(1, 1, 3, dtype=torch.float64)
+    assert golden_attention(q, k, v, decayed, form="linear", decay=g).shape == (1, 1, 3, 2)
+    with pytest.raises(SpecError, match="linear"):
+        golden_attention(q, k, v, Spec("softmax", causal=True), form=long_form(decayed))
 
 
 # ------------------------------------------------------------------------- bad input

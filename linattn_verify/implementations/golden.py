@@ -19,7 +19,10 @@ Forms (docs/architecture.md, "Vocabulary"):
 
 - quadratic: materialise the (Nq, Nk) similarities, mask, multiply by V;
 - linear: phi(Q) (phi(K)^T V) and phi(Q) (phi(K)^T 1); causal as a scan over the tokens,
-  over blocks of them for long sequences, the state carried between them.
+  over blocks of them for long sequences, the state carried between them and multiplied by
+  each block's decay (GLA's chunk form, Yang et al. 2024, sec. 3.2 and 4.2). Every
+  kernelised spec but the delta rule's has it; the accuracy budgets take the forms of
+  golden_forms, the long-context check long_form's.
 """
 
 from __future__ import annotations
@@ -44,15 +47,30 @@ GATED_ELEMENTS = 2**24  # channel gates' factors exp(G_im - G_jm) held at once (
 # SCAN_BLOCK beyond (a token loop at N = 2^16 is the long-context check's largest cost)
 SCAN_TOKENS = 4096
 SCAN_BLOCK = 64
+# Channel gates inside a block of the scan in GLA's factored form (q e^a)(k e^-a)^T where the
+# block's decay spans at most this: its float64 operands stay within e^256 = 2^369 of the
+# features (float64 reaches 2^1023), pairwise factors (N x N x d exps) beyond
+FACTORED_SPAN = 256.0
 
 
 def golden_forms(spec: Spec) -> tuple[str, ...]:
-    """The golden forms that evaluate `spec`: both associations of a plain kernelised spec,
-    the quadratic form alone for softmax (it has no finite feature map) and for a scaled,
-    unnormalised or decayed one, the recurrence itself for the delta rule (golden_delta.py)."""
+    """The golden forms whose larger error sets `spec`'s accuracy budgets: both associations
+    of a plain kernelised spec, the quadratic form alone for softmax (it has no finite
+    feature map) and for a scaled, unnormalised or decayed one (whose linear form is the
+    long-context check's, long_form), the recurrence itself for the delta rule
+    (golden_delta.py)."""
     if spec.delta_rule:
         return GOLDEN_DELTA_FORMS
     return GOLDEN_FORMS if spec.info.kernelised and spec.plain else ("quadratic",)
+
+
+def long_form(spec: Spec) -> str:
+    """The golden form of the long-context check (checks/long_context.py), O(N) where the
+    spec allows: the linear one for every kernelised spec, the delta rule's recurrence, the
+    quadratic form for softmax."""
+    if spec.delta_rule:
+        return golden_forms(spec)[-1]
+    return "linear" if spec.info.kernelised else "quadratic"
 
 
 def golden_attention(
@@ -64,9 +82,13 @@ def golden_attention(
     form: str | None = None,
     decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention for `spec`, evaluated carefully in `form` (golden_forms: "quadratic" or
-    "linear", the quadratic one for specs that are not plain; None: the first of them). A
-    delta-rule spec is golden_delta.py's, decay its beta and gates (inputs.pack_delta).
+    """Attention for `spec`, evaluated carefully in `form` ("quadratic", or "linear" for
+    every kernelised spec; None: the first of golden_forms). A delta-rule spec is
+    golden_delta.py's, decay its beta and gates (inputs.pack_delta).
+
+    The linear form of a scaled spec takes c once: c N / (c D + eps) as N / (D + eps / c)
+    normalised (c cancels but against eps), c N unnormalised; a decayed one carries the
+    state between blocks times the block's decay (_causal_scan).
 
     q: (B, H, Nq, d), k: (B, H, Nk, d), v: (B, H, Nk, dv), all of one floating dtype
     (float16, bfloat16, float32, float64) and one device; any strides. projection: W of
@@ -97,21 +119,22 @@ def golden_attention(
         if spec.decay is not None and gates is None:
             weights = weights * decay_matrix(decay, spec, qc.shape).to(compute)
         weights = weights * spec.scale_for(q.shape[-1])
-        num = weights @ vc
-        if not spec.normalize:
-            return (num if shift is None else num * torch.exp(shift)).to(q.dtype)
-        den = weights.sum(dim=-1, keepdim=True)
+        num, den, scale = weights @ vc, weights.sum(dim=-1, keepdim=True), 1.0  # c in weights
     else:
         big_m = max(qc.shape[-2], kc.shape[-2])
         shifted = shifted_form(spec, qc, kc)
         phi_q, shift_q = golden_features(qc, spec, w, big_m, shifted, divide=True)
         body_k, scale_k = golden_features(kc, spec, w, big_m, shifted, divide=True)
         if spec.causal:
-            num, den, shift_k = _causal_scan(phi_q, body_k, scale_k, vc)
+            logs = _log_decays(decay, spec, q.shape[-2], q.device)
+            num, den, shift_k = _causal_scan(phi_q, body_k, scale_k, vc, logs)
         else:
             num, den, shift_k = _linear_contract(phi_q, *at_one_scale(body_k, scale_k), vc)
-        shift = total(shift_q, shift_k)
-    return (num / (den + eps_in_units(spec.eps, shift))).to(q.dtype)
+        shift, scale = total(shift_q, shift_k), spec.scale_for(q.shape[-1])
+    if not spec.normalize:  # c N exp(shift)
+        num = num * scale
+        return (num if shift is None else num * torch.exp(shift)).to(q.dtype)
+    return (num / (den + eps_in_units(spec.eps / scale, shift))).to(q.dtype)
 
 
 # --------------------------------------------------------------------------- checks
@@ -125,7 +148,7 @@ def _check_call(
         raise SpecError(f"spec must be a linattn_verify.Spec, got {type(spec).__name__}")
     if form not in GOLDEN_FORMS:
         raise SpecError(f"unknown form {form!r}; golden forms: {', '.join(GOLDEN_FORMS)}")
-    if form not in golden_forms(spec):
+    if form == "linear" and not spec.info.kernelised:
         raise SpecError(f"{spec} has no golden {form} form: use form='quadratic'")
     validate(q, k, v, spec, projection, decay)  # shapes, dtypes, values, projection, decay
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -247,16 +270,40 @@ def _linear_contract(
     return phi_q @ state, phi_q @ normaliser, shift_k
 
 
+def _log_decays(
+    decay: torch.Tensor | None, spec: Spec, n: int, device: torch.device
+) -> torch.Tensor | None:
+    """The log-decay of each token in float64, (H, N, 1) ln gamma, (B, H, N, 1) g or (B, H,
+    N, d) the channel gates g, for the scan to sum inside its blocks; None without a decay."""
+    if spec.decay is None:
+        return None
+    logs = decay.to(device=device, dtype=torch.float64)
+    if spec.decay == "constant":
+        return torch.log(logs)[:, None, None].expand(-1, n, 1)
+    return logs[..., None] if spec.decay == "gates" else logs
+
+
 def _causal_scan(
-    phi_q: torch.Tensor, body_k: torch.Tensor, scale_k: torch.Tensor | None, v: torch.Tensor
+    phi_q: torch.Tensor,
+    body_k: torch.Tensor,
+    scale_k: torch.Tensor | None,
+    v: torch.Tensor,
+    logs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Causal (numerator, denominator, key shift per row), token by token up to SCAN_TOKENS
     tokens and SCAN_BLOCK tokens at a time beyond (Katharopoulos et al. 2020, eq. 10-12):
-    S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j), out_i = phi(q_i) S_i /
-    phi(q_i) z_i: the state of the blocks before plus the masked products inside the block.
-    With log-scales, row i is in units
-    of the running maximum of the scales up to i, and the state in those of the end of the
-    blocks before it, rescaled as the maximum grows (every factor exp(.) <= 1)."""
+    S_i = sum_{j<=i} w_ij phi(k_j) v_j^T, z_i = sum_{j<=i} w_ij phi(k_j), out_i = phi(q_i)
+    S_i / phi(q_i) z_i: the state of the blocks before plus the masked products inside the
+    block. With log-scales, row i is in units of the running maximum of the scales up to i,
+    and the state in those of the end of the blocks before it, rescaled as the maximum grows.
+
+    logs (_log_decays): w_ij = exp(l_(j+1) + ... + l_i), per key channel for channel gates,
+    in GLA's chunk form (Yang et al. 2024, sec. 3.2, 4.2): with a_i the float64 sum of the
+    block's log-decays up to i, row i reads the state times exp(a_i), the block's keys
+    weigh exp(a_i - a_j) and join the state times exp(a_end - a_j), the state itself times
+    exp(a_end). Every factor exp(.) <= 1, formed in float64 with the log-scales' and rounded
+    once (_factor; channel gates inside a block: _gated_block): nothing overflows, a decay
+    too strong for the dtype underflows to 0."""
     n, dv = body_k.shape[-2], v.shape[-1]
     s = v.new_zeros(*body_k.shape[:-2], body_k.shape[-1], dv + 1)  # [S, z]
     vz = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
@@ -266,17 +313,72 @@ def _causal_scan(
     for start in range(0, n, block):
         stop = min(start + block, n)
         q, k, x = phi_q[..., start:stop, :], body_k[..., start:stop, :], vz[..., start:stop, :]
-        inner = (q @ k.transpose(-2, -1)).tril()
-        before = q @ s
+        a = a_end = None
+        if logs is not None:
+            a = torch.cumsum(logs[..., start:stop, :], dim=-2)  # (.., L, 1) or (.., L, F)
+            a_end = a[..., -1:, :]
+        row = key = state = gap = None  # differences of log-scales, in the compute dtype
         if shifts is not None:
             here, prev = shifts[..., start:stop, :], shifts[..., max(start - 1, 0), None, :]
-            gap = (scale_k[..., start:stop, :].transpose(-2, -1) - here).clamp(max=0.0)
-            inner = inner * torch.exp(gap).tril()
-            before = before * torch.exp(prev - here) if start else before
             end = shifts[..., stop - 1, None, :]
-            k = k * torch.exp(scale_k[..., start:stop, :] - end)
-            s = s * torch.exp(prev - end) if start else s
-        out.append(before + inner @ x)
+            gap = (scale_k[..., start:stop, :].transpose(-2, -1) - here).clamp(max=0.0)
+            row, key, state = prev - here, scale_k[..., start:stop, :] - end, prev - end
+        before = _read(q, s, _factor(row, a, q.dtype))
+        out.append(before + _block_weights(q, k, a, gap) @ x)
+        join = _factor(key, None if a is None or stop - start == 1 else a_end - a, q.dtype)
+        keep = _factor(state, a_end, q.dtype)  # (.., 1, 1) or (.., 1, F)
+        k = k if join is None else k * join
+        s = s if keep is None else s * keep.transpose(-2, -1)
         s = s + k.transpose(-2, -1) @ x
     num_den = torch.cat(out, dim=-2)
     return num_den[..., :dv], num_den[..., dv:], shifts
+
+
+def _factor(
+    x: torch.Tensor | None, logs: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """exp(x + logs) in `dtype`: x a difference of log-scales (in dtype), logs a sum of
+    log-decays (float64), either absent (None where both are); formed in float64 where a
+    decay takes part and rounded once."""
+    if logs is None:
+        return None if x is None else torch.exp(x)
+    return torch.exp(logs if x is None else x.to(torch.float64) + logs).to(dtype)
+
+
+def _read(q: torch.Tensor, s: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
+    """The state as the rows read it: q s times a factor per row (.., L, 1), or (q times a
+    factor per key channel (.., L, F)) s."""
+    if factor is None:
+        return q @ s
+    return (q @ s) * factor if factor.shape[-1] == 1 else (q * factor) @ s
+
+
+def _block_weights(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor | None, gap: torch.Tensor | None
+) -> torch.Tensor:
+    """The weights inside a block, masked (0 where j > i): phi(q_i).phi(k_j) exp(gap_ij)
+    exp(a_i - a_j), a per token or per key channel (_gated_block); w_ii = 1, so a block of
+    one token is undecayed."""
+    decay = None
+    if a is None or a.shape[-2] == 1 or a.shape[-1] == 1:
+        inner = (q @ k.transpose(-2, -1)).tril()
+        if a is not None and a.shape[-2] > 1:
+            decay = (a - a.transpose(-2, -1)).tril()
+    else:
+        inner = _gated_block(q, k, a)
+    factor = _factor(gap, decay, q.dtype)
+    return inner if factor is None else inner * factor.tril()
+
+
+def _gated_block(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """sum_m q_im k_jm exp(a_im - a_jm) for j <= i (0 above), a (.., L, F) the block's
+    float64 prefix sums of the channel gates, formed in float64 and rounded once to q's
+    dtype: as (q_i exp(a_i)) . (k_j exp(-a_j)), GLA's chunk form (Yang et al. 2024, sec.
+    4.2), where the block's decay spans at most FACTORED_SPAN, else factor by factor
+    (_gated_products, whose exp(a_im - a_jm) <= 1 cannot overflow)."""
+    q64, k64 = q.to(torch.float64), k.to(torch.float64)
+    if bool((a[..., -1, :] >= -FACTORED_SPAN).all()):  # a decreases: its last row is least
+        inner = ((q64 * torch.exp(a)) @ (k64 * torch.exp(-a)).transpose(-2, -1)).tril()
+    else:
+        inner = _gated_products(q64, k64, a)
+    return inner.to(q.dtype)
