@@ -29,7 +29,8 @@ RUN = (
            "also the checks of its backward: " + ", ".join(GRAD_CHECKS)),
     Option("longest", "--long", int | None, None,
            f"the long-context check at N = 2^10, 2^12, ... up to N and N + 1 (default "
-           f"{LONGEST}; in Triton's interpreter {INTERPRETED_LONGEST}, with --smallest "
+           f"{LONGEST}; in Triton's interpreter and for the delta rule {INTERPRETED_LONGEST}, "
+           f"with --smallest "
            f"{SMALLEST_LONGEST}; 0 skips it); an N beyond this machine's memory is refused up "
            "front", metavar="N", check=_long_problem),
 )  # fmt: skip

@@ -14,7 +14,7 @@ from linattn_verify.pytest_plugin import run_values
 def test_long_context(impl, device, request):
     longest = run_values(request.config)["longest"]
     if longest is None:
-        longest = default_longest(impl.triton == "interpret")
+        longest = default_longest(impl.triton == "interpret", delta_rule=impl.spec.delta_rule)
     if longest == 0:
         pytest.skip("--long 0")
     result = long_context(impl, ("float32",), device, longest, dims=(16,))

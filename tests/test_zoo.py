@@ -42,6 +42,7 @@ def implementation(entry: Entry) -> Implementation:
         varlen=entry.varlen,
         decay=entry.decay,
         normalize=entry.normalize,
+        scale=entry.scale,
         delta_rule=entry.delta_rule,
         value_heads=entry.value_heads,
         triton="interpret" if entry.triton else None,

@@ -100,10 +100,21 @@ def widest_gate_sum(spec: Spec, x: AttentionInputs) -> float:
     return float((sums - ahead).max())
 
 
+def beyond_range(ref: np.ndarray, dtype: str) -> np.ndarray:
+    """Where the exact value is beyond the dtype's largest finite value."""
+    return np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)
+
+
+def rounded_to_inf(out: np.ndarray, ref: np.ndarray, dtype: str) -> np.ndarray:
+    """Where an exact value beyond the dtype's range was rounded to the infinity of its
+    sign, as it must be: no error there."""
+    return beyond_range(ref, dtype) & np.isinf(out) & (np.sign(out) == np.sign(ref))
+
+
 def error_units(out: np.ndarray, ref: np.ndarray, scale: np.ndarray, u: float) -> np.ndarray:
     """e = |out - ref| / (u s); 0 where both are equal (s = 0 included), inf where out is NaN."""
-    diff = np.abs(out - ref)
     with np.errstate(divide="ignore", invalid="ignore"):
+        diff = np.abs(out - ref)
         e = np.where(diff == 0, 0.0, diff / (u * scale))
     return np.where(np.isnan(out) & ~np.isnan(ref), np.inf, e)
 
@@ -242,10 +253,9 @@ def judge(
         if bounds is not None:
             bounds[dtype] = scale, bound
     defined = ~np.isnan(ref)
-    # an exact value beyond the dtype's range rounds to the infinity of its sign: no error
-    overflow = np.abs(ref) > float(torch.finfo(getattr(torch, dtype)).max)
-    rounded_to_inf = overflow & np.isinf(out64) & (np.sign(out64) == np.sign(ref))
-    e = np.where(defined & ~rounded_to_inf, error_units(out64, ref, scale, u), 0.0)
+    overflow = beyond_range(ref, dtype)
+    counted = defined & ~rounded_to_inf(out64, ref, dtype)
+    e = np.where(counted, error_units(out64, ref, scale, u), 0.0)
     worst = np.unravel_index(int(np.argmax(e)), e.shape)
     golden_max = budget = within_budget = None
     if golden is not None:

@@ -48,11 +48,20 @@ from ..accuracy.bound import (
     probabilistic_lambda,
     scale_and_bound,
 )
-from ..accuracy.verdict import AccuracyVerdict, attainable_floor, error_units, judge
-from ..implementations.golden import golden_attention
+from ..accuracy.verdict import (
+    AccuracyVerdict,
+    attainable_floor,
+    beyond_range,
+    error_units,
+    judge,
+    rounded_to_inf,
+)
+from ..cases import CHANNEL_OCTAVES
+from ..implementations.golden import golden_attention, long_form
 from ..implementations.projection import sample_projection_torch
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, pack_delta, unit_roundoff, validate
 from ..reference.certified import certified_attention
+from ..reference.delta import certified_delta
 from ..results import CheckResult
 from ..scaling.cost import Cost, counted
 from ..scaling.growth import SLOPE_TOLERANCE
@@ -62,7 +71,7 @@ from .core import as_array
 
 NAME = "long-context"
 LONGEST = 2**16
-INTERPRETED_LONGEST = 2**14  # vet's default in Triton's interpreter (seconds a call there)
+INTERPRETED_LONGEST = 2**14  # vet's default in Triton's interpreter and for the delta rule
 SMALLEST_LONGEST = 2**12  # vet's smallest plan (every check once per dtype)
 DIMS = (16, 64)  # the long panel's d, the wide panel's d
 WIDE_LONGEST = 2**12  # the wide panel (B = H = 2, d = 64) up to here
@@ -75,6 +84,9 @@ FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (docs/accuracy.md;
 GROWTH_EXCESS = 0.3
 GROWTH_MARGIN = 2.0
 SHARED_DIRECTION = 0.6  # keys: 0.6 r + 0.8 z_j, one direction r shared by every key
+# A decayed spec's effective memories 1 / rate (long_decay), one per head, which is why its
+# long panel has two heads: thousands of tokens, and more than the whole sequence
+MEMORIES = (2**12, 2**20)
 # What one call of the kernel may be predicted to count before a length is not run: 2 GiB
 # of live intermediates (beside the check's own arrays and the process, vet stays within
 # 4 GiB), 2^35 matmul FLOPs (seconds on one core) and a per-token loop of 8 dispatched ops
@@ -90,12 +102,14 @@ PANELS_KEPT = 6
 MEMORY_ARRAYS = 32  # (N, d) float64 arrays the check holds at its peak (memory_estimate; README)
 
 
-def default_longest(interpreted: bool, smallest: bool = False) -> int:
+def default_longest(interpreted: bool, smallest: bool = False, delta_rule: bool = False) -> int:
     """The longest N when none is given: SMALLEST_LONGEST for vet's smallest plan,
-    INTERPRETED_LONGEST in Triton's interpreter (seconds a call), else LONGEST."""
+    INTERPRETED_LONGEST in Triton's interpreter (seconds a call) or for the delta rule
+    (its a-priori bound and its golden are recurrences token by token: README), else
+    LONGEST."""
     if smallest:
         return SMALLEST_LONGEST
-    return INTERPRETED_LONGEST if interpreted else LONGEST
+    return INTERPRETED_LONGEST if interpreted or delta_rule else LONGEST
 
 
 def lengths(longest: int = LONGEST) -> tuple[int, ...]:
@@ -155,19 +169,56 @@ class Panel:
 
 
 def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, device: str):
-    """q, k, v (and W, m = d) of the typical regime, (B, H, n, d), all four in `dtype` on
-    `device` as cases.Case.tensors gives them (module docstring)."""
+    """q, k, v, W (m = d) and the decay (long_decay) of the typical regime, (B, H, n, d),
+    in `dtype` on `device` as cases.Case.tensors gives them (module docstring)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
     r = torch.randn(b, h, 1, d, generator=gen, dtype=torch.float64)
     z = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
     k = SHARED_DIRECTION * r + math.sqrt(1 - SHARED_DIRECTION**2) * z
     v = 1.0 + torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    decay = long_decay(spec, b, h, n, d, seed)
+    if spec.delta_rule:
+        k, decay = _delta_arguments(spec, k, decay, seed)
     w = None
     if spec.info.needs_projection:
         w = sample_projection_torch(d, d, "orthogonal", gen, dtype=torch.float64)
     as_dtype = getattr(torch, dtype)
-    return tuple(None if t is None else t.to(device=device, dtype=as_dtype) for t in (q, k, v, w))
+    return tuple(
+        None if t is None else t.to(device=device, dtype=as_dtype) for t in (q, k, v, w, decay)
+    )
+
+
+def _delta_arguments(spec: Spec, k: torch.Tensor, gates, seed: int):
+    """The delta rule's keys, unit-norm as its layers hand them over (raw where the kernel
+    normalises them itself, qk_l2norm), and its decay argument: beta ~ U(0, 1) packed with
+    the gates (inputs.pack_delta), as cases.Case.arguments draws them."""
+    if not spec.qk_l2norm:
+        k = k / k.norm(dim=-1, keepdim=True)
+    gen = torch.Generator().manual_seed(seed * 7919 + 2)
+    beta = torch.rand(k.shape[:-1], generator=gen, dtype=torch.float64)
+    return k, pack_delta(beta, gates)
+
+
+def long_decay(spec: Spec, b: int, h: int, n: int, d: int, seed: int) -> torch.Tensor | None:
+    """The decay of a decayed spec at long N, in float64 (None without one), from its own
+    generator (q, k, v are those of the spec without it): head h's rate 1 / MEMORIES[h mod
+    2], an effective memory of thousands of tokens and one longer than the longest
+    sequence: gamma_h = exp(-rate) (the dtype may round it: to 1 - 2^-8 or 1 in bfloat16),
+    or log-gates rate ln U, U ~ U(0, 1], per token (mean -rate), with channel gates key
+    channel m's rate times 2^(1 - m mod 4), as cases.Case.decay's."""
+    if spec.decay is None:
+        return None
+    rates = 1.0 / torch.tensor(MEMORIES, dtype=torch.float64).repeat(h)[:h]
+    if spec.decay == "constant":
+        return torch.exp(-rates)
+    gen = torch.Generator().manual_seed(seed * 7919 + 1)
+    shape = (b, h, n) if spec.decay == "gates" else (b, h, n, d)
+    uniform = 1.0 - torch.rand(*shape, generator=gen, dtype=torch.float64)  # (0, 1]
+    rate = rates[:, None] if spec.decay == "gates" else rates[:, None, None]
+    if spec.decay == "channel-gates":
+        rate = rate * CHANNEL_OCTAVES ** -(torch.arange(d, dtype=torch.float64) % 4 - 1)
+    return rate * torch.log(uniform)
 
 
 def long_context(
@@ -187,7 +238,8 @@ def long_context(
     judged = [t for t in dtypes if t != "float64"]
     dims = [d for d in dims if spec.info.feature_dim(d, d) <= MAX_FEATURES]
     wide = tuple(n for n in ns if n <= WIDE_LONGEST)
-    shapes = [(1, 1, dims[0], ns), (2, 2, dims[-1], wide)]
+    heads = len(MEMORIES) if spec.decay else 1  # a decayed spec's heads: one per memory
+    shapes = [(1, heads, dims[0], ns), (2, 2, dims[-1], wide)]
     panels = [(Panel(t, b, h, d), upto) for t in judged for b, h, d, upto in shapes]
     costly = None  # the first stop for a cost growing faster than claimed: it holds for all
     for i, (panel, upto) in enumerate(panels):
@@ -197,6 +249,7 @@ def long_context(
         if runs[-1] > LONGEST + 1:
             _drawn.cache_clear()
             _reference_and_golden.cache_clear()
+            _delta_bound.cache_clear()
         if runs != upto and panel.stop is None:
             panel.stop = costly
         if costly is None and panel.stop and panel.stop.superlinear:
@@ -208,10 +261,6 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
     if impl.cost == "quadratic":
         return "the implementation declares quadratic cost: long N is not what it is for"
-    if impl.spec.delta_rule:
-        return "not wired for the delta rule yet (its certified recurrence is reference/delta.py)"
-    if not impl.spec.plain:
-        return f"its certified reference is for plain specs, not {impl.spec}"
     if all(t == "float64" for t in dtypes):
         return "float64 only: it is judged against correctly rounded references at N <= 1024"
     return None
@@ -220,9 +269,8 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
 def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
     """Judge every length of the panel in turn; stop at the first failure (the smallest N
     shows it) or before a length whose predicted cost is past LIMITS (panel.stop)."""
-    spec, u = impl.spec, UNIT_ROUNDOFF[panel.dtype]
+    spec, u = impl.spec, unit_roundoff(panel.dtype, impl.spec)
     draw = Draw(spec, panel.dtype, panel.b, panel.h, panel.d, ns[-1], seed, device)
-    q, k, v, w = draw.tensors()
     prefix_stable = spec.causal and spec.feature_map != "cosformer"
     runs: dict[int, tuple[np.ndarray, AccuracyVerdict]] = {}
     costs: list[Cost] = []
@@ -230,8 +278,8 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
         panel.stop = predicted_stop(costs, n)
         if panel.stop:
             return
-        qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
-        call = functools.partial(impl, qn, kn, vn, w)
+        qn, kn, vn, w, decay = draw.tensors(n)
+        call = functools.partial(impl, qn, kn, vn, w, decay)
         try:
             if len(costs) < 2 < len(ns):  # the two shortest lengths' counts predict the rest
                 result, cost = counted(call, n)
@@ -242,17 +290,19 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
             panel.problem = (n, "wrong", f"the implementation {err}")
             return
         out = as_array(result)
-        x = validate(qn, kn, vn, spec, w)
+        x = validate(qn, kn, vn, spec, w, decay)
         ref, golden, bounds, resolvable = standard(draw, n)
         verdict = judge(result, x, spec, ref, golden, bounds, resolvable)
-        judged = resolvable & ~np.isnan(ref)  # where the budget and the growth look
+        # where the budget and the growth look; an exact value beyond the dtype's range
+        # rounded to inf is right (an unnormalised output at long N in float16)
+        judged = resolvable & ~np.isnan(ref) & ~rounded_to_inf(out, ref, panel.dtype)
         e = error_units(out, ref, bounds[panel.dtype][0], u)
         panel.errors[n] = float(np.max(e, where=judged, initial=0.0))
         panel.golden[n] = verdict.golden_max_error
         panel.floors[n] = attainable_floor(spec, x, u)
         runs[n] = (out, verdict)
         if not verdict.passed:
-            bad = (~np.isfinite(out) & np.isfinite(ref)).any()
+            bad = (~np.isfinite(out) & ~beyond_range(ref, panel.dtype) & ~np.isnan(ref)).any()
             what = "non-finite" if bad else "bound" if not verdict.within_bound else "budget"
             panel.problem = (n, verdict.severity, f"{what}: {verdict.message}")
             return
@@ -269,6 +319,8 @@ def resolvable_rows(x, spec: Spec, lam: float) -> np.ndarray:
     1/2, Higham & Mary's gamma with `lam`): elsewhere (performer-trig's denominators cancel
     more as N grows) correct evaluations differ by chance beyond any fixed budget, and
     the bound alone judges (vacuous there in these dtypes) with finiteness."""
+    if not spec.normalize:  # no denominator
+        return np.ones((*x.shape[:3], 1), dtype=bool)
     n = spec.info.feature_dim(x.shape[4], x.shape[4]) + x.shape[3] + 1
     g = gamma_probabilistic(n, UNIT_ROUNDOFF["float32"], lam)
     return denominator_condition(x, spec) * g < 0.5
@@ -296,8 +348,11 @@ class Draw:
     device: str
 
     def tensors(self, n: int | None = None):
-        q, k, v, w = _drawn(self)
-        return (*(t[:, :, :n] for t in (q, k, v)), w)
+        """(q, k, v, W, decay) of the first n tokens (all without n)."""
+        q, k, v, w, decay = _drawn(self)
+        if decay is not None and self.spec.gated:
+            decay = decay[:, :, :n]
+        return (*(t[:, :, :n] for t in (q, k, v)), w, decay)
 
 
 @functools.lru_cache(maxsize=PANELS_KEPT)
@@ -321,28 +376,52 @@ def _standard(draw: Draw, n: int, model: str):
     the certified reference, the golden linear form's output,
     {dtype: (scale, bound)} (deterministic and probabilistic, feature model `model`), and
     the rows the budget compares."""
-    spec, u = draw.spec, UNIT_ROUNDOFF[draw.dtype]
-    q, k, v, w = draw.tensors(n)
-    x = validate(q, k, v, spec, w)
+    spec, u = draw.spec, unit_roundoff(draw.dtype, draw.spec)
+    q, k, v, w, decay = draw.tensors(n)
+    x = validate(q, k, v, spec, w, decay)
     if spec.causal and spec.feature_map != "cosformer":  # row i depends on tokens <= i alone
         ref, golden = _reference_and_golden(draw)
         ref, golden = ref[:, :, :n], golden[:, :, :n]
     else:
-        ref = certified_attention(x, spec).values
-        golden = golden_attention(q, k, v, spec, w, "linear")
+        ref = certified(x, spec)
+        golden = golden_attention(q, k, v, spec, w, long_form(spec), decay)
     lam = probabilistic_lambda(probabilistic_terms(x, spec), FALSE_FAILURE, u)
-    tiny = SMALLEST_SUBNORMAL[draw.dtype]
-    with feature_model(model):
-        bounds = {draw.dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}
+    if spec.delta_rule:
+        bounds = {draw.dtype: tuple(t[:, :, :n] for t in _delta_bound(draw))}
+    else:
+        with feature_model(model):
+            tiny = SMALLEST_SUBNORMAL[draw.dtype]
+            bounds = {draw.dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}
     return ref, golden, bounds, resolvable_rows(x, spec, lam)
+
+
+@functools.lru_cache(maxsize=PANELS_KEPT)
+def _delta_bound(draw: Draw) -> tuple[np.ndarray, np.ndarray]:
+    """The delta rule's scale and bound (accuracy/delta_bound.py) at the draw's longest N,
+    whose first n rows bound every prefix of n tokens: both are recurrences from the first
+    token, and the condition number's windows that reach past n tokens hold those cut at n
+    (their condition is at least as large), so computed once (a loop over the tokens)."""
+    q, k, v, w, decay = draw.tensors()
+    x = validate(q, k, v, draw.spec, w, decay)
+    ref = _reference_and_golden(draw)[0]
+    u, tiny = unit_roundoff(draw.dtype, draw.spec), SMALLEST_SUBNORMAL[draw.dtype]
+    return scale_and_bound(x, draw.spec, ref, u, tiny)
 
 
 @functools.lru_cache(maxsize=PANELS_KEPT)
 def _reference_and_golden(draw: Draw) -> tuple[np.ndarray, torch.Tensor]:
     """The certified reference and the golden linear form's output at the longest N."""
-    q, k, v, w = draw.tensors()
-    ref = certified_attention(validate(q, k, v, draw.spec, w), draw.spec).values
-    return ref, golden_attention(q, k, v, draw.spec, w, "linear")
+    q, k, v, w, decay = draw.tensors()
+    ref = certified(validate(q, k, v, draw.spec, w, decay), draw.spec)
+    return ref, golden_attention(q, k, v, draw.spec, w, long_form(draw.spec), decay)
+
+
+def certified(x, spec: Spec) -> np.ndarray:
+    """The certified reference's values: reference/certified.py's, the delta rule's
+    reference/delta.py's certified recurrence."""
+    if spec.delta_rule:
+        return certified_delta(x, spec).values
+    return certified_attention(x, spec).values
 
 
 @dataclass(frozen=True)
@@ -433,7 +512,8 @@ def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
         n, severity, what = first.problem
         also = f" ({len(failed)} of {len(panels)} panels fail)" if len(failed) > 1 else ""
         detail = f"{spec} {first.label}: fails from N = {n}: {what}{also}"
-        figures["relative_error"] = first.errors.get(n, math.inf) * UNIT_ROUNDOFF[first.dtype]
+        u = unit_roundoff(first.dtype, spec)
+        figures["relative_error"] = first.errors.get(n, math.inf) * u
         return CheckResult(
             NAME, False, detail, figures=figures, severity=severity, regime="typical"
         )

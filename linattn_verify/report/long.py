@@ -37,7 +37,7 @@ import numpy as np
 from ..accuracy.bound import scale_and_bound
 from ..accuracy.verdict import judge
 from ..checks.long_context import Draw, standard
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
+from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff, validate
 from ..specs import Spec
 from ..stats.estimators import one_thread
 from ..under_test import Implementation, ImplementationFailure
@@ -124,11 +124,10 @@ def long_rows(
     rows = []
     for dtype in sweep.judged:
         draw = Draw(spec, dtype, 1, 1, sweep.d, ns[-1], sweep.seed, sweep.device)
-        q, k, v, w = draw.tensors()
-        u, tiny = UNIT_ROUNDOFF[dtype], SMALLEST_SUBNORMAL[dtype]
+        u, tiny = unit_roundoff(dtype, spec), SMALLEST_SUBNORMAL[dtype]
         for n in ns:
-            qn, kn, vn = (t[:, :, :n] for t in (q, k, v))
-            x = validate(qn, kn, vn, spec, w)
+            qn, kn, vn, w, decay = draw.tensors(n)
+            x = validate(qn, kn, vn, spec, w, decay)
             ref, golden, bounds, resolvable = standard(draw, n)  # the check's, shared
             deterministic = scale_and_bound(x, spec, ref, u, tiny)
             where = {
@@ -145,7 +144,7 @@ def long_rows(
                 if impl.cost == "quadratic" and n > QUADRATIC_LONGEST:
                     continue
                 try:
-                    out = impl(qn, kn, vn, w)
+                    out = impl(qn, kn, vn, w, decay)
                 except ImplementationFailure as err:
                     rows.append({**where, "form": form, "passed": False, "error": str(err)})
                     continue

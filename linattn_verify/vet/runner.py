@@ -50,12 +50,12 @@ class VetOptions:
     # call takes seconds (Triton's interpreter)
     smallest: bool = False
 
-    def long_n(self, interpreted: bool) -> int:
+    def long_n(self, interpreted: bool, delta_rule: bool = False) -> int:
         """The long-context check's longest N: the one given, else the plan's
         (long_context.default_longest)."""
         if self.longest is not None:
             return self.longest
-        return default_longest(interpreted, self.smallest)
+        return default_longest(interpreted, self.smallest, delta_rule)
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -144,7 +144,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     expected = description["cost"]
     scaling = {"device": options.device, "expected": expected}
     steps.append(("scaling", "scaling", scaling | ({"max_n": 1024} if options.smallest else {})))
-    if longest := options.long_n(description.get("triton") == "interpret"):
+    if longest := options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         long = {"longest": longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
     if options.kat and not kat_not_applicable(spec):
@@ -194,7 +194,7 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
         for name in GRAD_CHECKS:
             if name not in description["not_applicable"]:
                 skipped(name, "without --grad")
-    if not options.long_n(description.get("triton") == "interpret"):
+    if not options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         skipped("long-context", "--long 0")
     if not options.kat and not kat_not_applicable(spec):
         skipped("known-answers", "without --kat")

@@ -31,7 +31,8 @@ class Entry:
     decay: the decay of the spec it claims (specs.DECAYS: "constant", fn(q, k, v,
     gamma=(H,)), "gates", fn(q, k, v, g=(B, H, N)), or "channel-gates", fn(q, k, v,
     g=(B, H, N, d))), or None. normalize: False for an
-    unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). triton: its
+    unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). scale: the
+    spec's c (a number, or "d^-0.5"). triton: its
     kernels are Triton code, run in Triton's interpreter (--triton interpret). delta_rule:
     the delta rule's spec (fn(q, k, v, beta=(B, H, N)[, g=...]), specs.DELTA_SOURCE).
     value_heads: the G of grouped value heads it claims (--value-heads G: q and k of H heads,
@@ -57,6 +58,7 @@ class Entry:
     varlen: bool = False
     decay: str | None = None
     normalize: bool = True
+    scale: float | str = 1.0
     triton: bool = False
     delta_rule: bool = False
     value_heads: int = 1
@@ -75,6 +77,7 @@ from . import (  # noqa: E402
     delta_backward,
     gla,
     long,
+    long_decay,
     state,
     subtle,
     textbook,
@@ -96,6 +99,7 @@ ZOO: tuple[Entry, ...] = (
     + textbook.ENTRIES
     + backward.ENTRIES
     + long.ENTRIES
+    + long_decay.ENTRIES
     + state.ENTRIES
     + varlen.ENTRIES
     + decay.ENTRIES
