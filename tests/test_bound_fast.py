@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from flint import arb
 
 from linattn_verify.accuracy import bound
-from linattn_verify.accuracy.bound import scale_and_bound
+from linattn_verify.accuracy.bound import denominator_condition, scale_and_bound
 from linattn_verify.inputs import UNIT_ROUNDOFF, validate
 from linattn_verify.reference import certified
 from linattn_verify.reference import certified_decay as decayed
@@ -282,3 +283,18 @@ def test_auto_takes_the_fast_engine_past_the_work_for_every_kernelised_spec(
     monkeypatch.setattr(bound, "_fast_sums", lambda *a: calls.append(a) or original(*a))
     scale_and_bound(x, spec, None, 2.0**-24)
     assert bool(calls) == fast
+
+
+def test_the_denominator_condition_takes_the_decay_and_the_scale():
+    """kappa_i = c sum_j w_ij |phi(q_i)|.|phi(k_j)| / |eps + c D_i| (signed features)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 50, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = -0.3 * torch.rand(1, 1, 50, generator=gen, dtype=torch.float64)
+    spec = Spec("identity", causal=True, eps=0.5, scale=0.5, decay="gates")
+    kappa = denominator_condition(validate(q, k, v, spec, None, g), spec)[0, 0, :, 0]
+    prefix = torch.cumsum(g[0, 0], 0)
+    w = torch.exp(prefix[:, None] - prefix[None, :]).tril()
+    terms = (q[0, 0].abs() @ k[0, 0].abs().T) * w
+    den = 0.5 + 0.5 * ((q[0, 0] @ k[0, 0].T) * w).sum(1)
+    expected = (0.5 * terms.sum(1) / den.abs()).numpy()
+    assert np.allclose(kappa, expected, rtol=1e-5)

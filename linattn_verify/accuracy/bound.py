@@ -599,18 +599,28 @@ def _digest(head: Head) -> bytes:
 
 
 def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
-    """kappa_i = sum_j |phi(q_i)|.|phi(k_j)| / |eps + D_i| (B, H, Nq, 1), the factor by which
-    rounding in the denominator's terms is amplified (1 for non-negative features; for
-    softmax 1), from float64 sums (a condition number: estimated, not bounded)."""
-    b_, h_, nq, nk, _, _ = x.shape
+    """kappa_i = c sum_j w_ij |phi(q_i)|.|phi(k_j)| / |eps + c D_i| (B, H, Nq, 1), the factor
+    by which rounding in the denominator's terms is amplified (1 for non-negative features
+    and for softmax, and without a denominator), from float64 sums (a condition number:
+    estimated, not bounded); a decay's sums are certified_decay.decayed_sums'."""
+    b_, h_, nq, nk, d, _ = x.shape
     kappa = np.ones((b_, h_, nq, 1))
     name = spec.feature_map
-    if not spec.info.kernelised or spec.info.nonnegative_features:
+    if not spec.info.kernelised or spec.info.nonnegative_features or not spec.normalize:
         return kappa
+    eps = spec.eps / spec.scale_for(d)  # kappa = sum |a| / |eps / c + D|
     for b in range(b_):
         for h in range(h_):
             q, k, w = x.q[b, h], x.k[b, h], x.projection
             big_m = max(nq, nk)
+            if spec.decay is not None:
+                head = Head.of(x, b, h)
+                for start, stop, value, _, magnitude in decayed_sums(
+                    q, k, x.v[b, h][:, :0], w, head.decay, spec
+                ):
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        kappa[b, h, start:stop, 0] = magnitude[:, -1] / np.abs(value[:, -1] + eps)
+                continue
 
             def lefts(start: int, stop: int, q=q, w=w, big_m=big_m) -> list[np.ndarray]:
                 phi = float_features(q[start:stop], np.arange(start, stop), big_m, w, name).phi
@@ -623,7 +633,7 @@ def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
 
             for start, stop, (d, a) in streamed_sums(lefts, rights, nq, nk, spec.causal):
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    kappa[b, h, start:stop] = a / np.abs(d + spec.eps)
+                    kappa[b, h, start:stop] = a / np.abs(d + eps)
     return kappa
 
 
