@@ -1,6 +1,7 @@
 """Time and memory to a verdict: vet's default plan (long context and envelope included) on
-small O(N) kernels in plain torch, with and without --grad, GLA's channel gates (the zoo's
-chunked kernel and the built-in form, --state --grad), assert_linear_attention with its
+small O(N) kernels in plain torch, with and without --grad, simple GLA's gates and GLA's
+channel gates (the zoo's chunked kernel and the built-in forms, --state --grad), the delta
+rule's built-in forms (KDA, Gated DeltaNet), assert_linear_attention with its
 defaults, and a kernel that materialises N x N weights under a claim of linear cost.
 
     python benchmarks/bench_vet.py [--only NAME ...] [--json PATH]
@@ -47,6 +48,9 @@ RUNS = (
                       "performer-positive", "--grad"], 90, 0),
     ("gla-chunked --state S --grad", [*VET, "tests.zoo.gla:gla_chunked", *GLA, "--state", "S",
                                      "--grad"], 90, 0),
+    ("built-in chunked simple GLA", [*VET, "--feature-map", "identity", "--causal",
+                                     "--no-normalize", "--scale", "d^-0.5", "--decay", "gates",
+                                     "--form", "chunked"], 60, 0),
     ("built-in chunked GLA --state --grad", [*VET, *GLA, "--scale", "d^-0.5", "--form",
                                              "chunked", "--state", "--grad"], 90, 0),
     ("built-in chunked KDA --state --grad", [*VET, *DELTA, "--decay", "channel-gates",

@@ -15,11 +15,15 @@ import pytest
 from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
 from linattn_verify.adapters.expected import (
     EXPECTED_FILE,
+    LONG_CPU,
+    LONG_TRITON,
+    LONG_TRITON_DELTA,
     Expected,
     keys,
     load_expected,
     verdict_table,
 )
+from linattn_verify.checks.long_context import LONGEST, default_longest
 from linattn_verify.cli.adapters import verdict_of
 from linattn_verify.vet.envelope import SPAN, STEPS
 from linattn_verify.vet.verdicts import measured_verdict
@@ -133,8 +137,15 @@ def _variant(key: str):
     name = key.split()[0]
     tf32 = "--tf32" in key and WITHOUT_TL_DOT not in name and name not in TF32_AS_SAMPLE
     sampled = tf32 or name == CI_SAMPLE
-    sampled = sampled and _in_ci(name)
+    sampled = sampled and _in_ci(name) and "--long" not in key  # at length: minutes each
     return pytest.param(key, marks=() if sampled else pytest.mark.all_variants)
+
+
+def test_the_long_variants_run_the_plans_lengths():
+    """The adapters' long-context verdicts are at the lengths vet's plans take."""
+    assert LONG_CPU.endswith(f"--long {LONGEST}")
+    assert LONG_TRITON.endswith(f"--long {default_longest(interpreted=True)}")
+    assert LONG_TRITON_DELTA.endswith(f"--long {default_longest(True, smallest=True)}")
 
 
 def test_every_variant_is_recorded():
@@ -148,8 +159,8 @@ def test_every_variant_is_recorded():
 
 
 @pytest.mark.parametrize("key", [_variant(k) for k in VARIANTS])
-def test_a_triton_variant_fails_what_the_file_expects(key: str):
-    """A variant of a Triton kernel (`vet NAME OPTIONS`): one recorded at the smallest plan
+def test_a_variant_fails_what_the_file_expects(key: str):
+    """A variant (`vet NAME OPTIONS`): one recorded at the smallest plan
     fails exactly the checks expected.txt names; one recorded at the default plan (--tf32)
     is run at the smallest and held to it as test_a_triton_kernel_fails_no_check_... holds
     the default verdict (the smallest plan's cases are typical: a top finding in stress

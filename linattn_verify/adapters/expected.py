@@ -37,15 +37,35 @@ _ENVELOPE = re.compile(rf"^{_KEY} envelope: (?P<low>\S+) \.\. (?P<high>\S+)$")
 _REASON = re.compile(rf"^#\s*{_KEY}:\s+(?P<text>.*)$")
 
 
+# The long-context variant of an adapter of linear cost (vet's smallest plan with the check
+# at length): a CPU kernel in float32 to vet's default longest N (checks/long_context.py's
+# LONGEST); a Triton kernel in the interpreter, every dtype, to INTERPRETED_LONGEST, a delta
+# rule's to SMALLEST_LONGEST: some two minutes of the interpreter each, what the
+# interpreter's plan affords (README). tests/test_adapter_verdicts.py holds these N to them.
+LONG_CPU = "--smallest --dtypes float32 --long 65536"
+LONG_TRITON = "--smallest --long 16384"
+LONG_TRITON_DELTA = "--smallest --long 4096"
+
+
 def variants(adapter: Adapter) -> tuple[str, ...]:
     """The vet options besides the default plan whose verdicts the file records: for a Triton
     kernel, --tf32 on float32 (TF32 rounds float32 products alone) at the default plan, and
     at the smallest plan its backward (--grad, with --state where it carries one) and,
-    where it takes them, packed batches (--varlen)."""
+    where it takes them, packed batches (--varlen); for every adapter of linear cost, the
+    long-context check (long_variant)."""
+    long = () if adapter.cost == "quadratic" else (long_variant(adapter),)
     if not adapter.triton:
-        return ()
+        return long
     backward = "--state --grad --smallest" if adapter.state else "--grad --smallest"
-    return ("--tf32 --dtypes float32", backward, *(["--varlen --smallest"] * adapter.varlen))
+    return ("--tf32 --dtypes float32", backward, *(["--varlen --smallest"] * adapter.varlen),
+            *long)  # fmt: skip
+
+
+def long_variant(adapter: Adapter) -> str:
+    """The options of the adapter's long-context verdict (LONG_CPU, LONG_TRITON...)."""
+    if not adapter.triton:
+        return LONG_CPU
+    return LONG_TRITON_DELTA if adapter.spec.delta_rule else LONG_TRITON
 
 
 def keys(adapters: dict[str, Adapter]) -> list[str]:

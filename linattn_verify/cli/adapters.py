@@ -114,8 +114,9 @@ def record(names: list[str]) -> int:
 def verdict_of(key: str):
     """expected.txt's facts for `key` (an adapter's name, or "NAME OPTIONS") and the report
     they come from: the default plan as vet.verdicts.measured_verdict runs it, a variant as
-    `vet NAME OPTIONS --triton interpret --kat --no-envelope --long 0` does (the variants
-    are the Triton kernels', recorded in the interpreter, CUDA or not)."""
+    `vet NAME OPTIONS --kat --no-envelope` does, with --long 0 unless it gives --long, a
+    Triton kernel's with --triton interpret (recorded in the interpreter, CUDA or not)."""
+    from ..adapters import ADAPTERS
     from ..vet.verdicts import judged, measured_verdict
     from . import build_parser
     from .vet import planned
@@ -123,8 +124,10 @@ def verdict_of(key: str):
     name, _, variant = key.partition(" ")
     if not variant:
         return measured_verdict(name)
-    argv = ["vet", name, *variant.split(), "--triton", "interpret", "--kat", "--no-envelope",
-            "--long", "0"]  # fmt: skip
+    options = variant.split()
+    interpreted = ["--triton", "interpret"] if ADAPTERS[name].triton else []
+    short = [] if "--long" in options else ["--long", "0"]
+    argv = ["vet", name, *options, *interpreted, "--kat", "--no-envelope", *short]
     impl, vet_options = planned(build_parser().parse_args(argv), load=True)
     return judged(impl, vet_options)
 
