@@ -6,6 +6,8 @@ assert_linear_attention's keywords and vet's reproduce line all come from OPTION
 from __future__ import annotations
 
 from .checks import GRAD_CHECKS
+from .checks.gradient_length import NAME as GRADIENT_LENGTH
+from .checks.gradient_length import SHORTEST
 from .checks.long_context import (
     INTERPRETED_LONGEST,
     LONGEST,
@@ -24,6 +26,13 @@ def _long_problem(longest: int, label: str) -> str | None:
     return memory_problem(longest) if longest else None
 
 
+def _long_grad_problem(longest: int, label: str) -> str | None:
+    """Why the gradient checks cannot run to `longest`: below their first length."""
+    if longest < 0 or 0 < longest < SHORTEST:
+        return f"{label} must be 0 (skip) or at least {SHORTEST}, got {longest}"
+    return None
+
+
 RUN = (
     Option("grad", "--grad", bool, False,
            "also the checks of its backward: " + ", ".join(GRAD_CHECKS)),
@@ -33,5 +42,9 @@ RUN = (
            f"with --smallest "
            f"{SMALLEST_LONGEST}; 0 skips it); an N beyond this machine's memory is refused up "
            "front", metavar="N", check=_long_problem),
+    Option("long_grad", "--long-grad", int | None, None,
+           f"with --grad, {GRADIENT_LENGTH}: the backward at N = {SHORTEST}, 1024, ... up to "
+           "N against certified exact gradients (default 4096; not in --smallest; 0 skips "
+           "it)", metavar="N", check=_long_grad_problem),
 )  # fmt: skip
 OPTIONS = (*CLAIM, *RUN)

@@ -43,6 +43,7 @@ def assert_linear_attention(
     tf32: bool = False,
     grad: bool = False,
     longest: int | None = None,
+    long_grad: int | None = None,
     dtypes: tuple[str, ...] = DTYPES,
     device: str = "cpu",
     thorough: bool = False,

@@ -157,7 +157,7 @@ def test_the_reproduce_command_gives_every_option_again(claim):
 
 
 def test_vet_gives_its_run_options_again():
-    given = {"grad": True, "longest": 0}
+    given = {"grad": True, "longest": 0, "long_grad": 1024}
     args = build_parser().parse_args(["vet", TARGET, "--feature-map", "elu", *words(RUN, given)])
     assert checked(RUN, vars(args), from_text=True) == given
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 import pytest
 
 from linattn_verify.checks import ALL_CHECKS, GRAD_CHECKS
+from linattn_verify.checks.gradient_length import NAME as GRADIENT_LENGTH
 from linattn_verify.checks.long_context import LONGEST
 from linattn_verify.checks.long_context import NAME as LONG_CONTEXT
 from linattn_verify.regimes import REGIMES
@@ -77,6 +78,7 @@ def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
         grad=entry.grad,
         envelope=False,
         longest=(None if entry.triton else LONGEST) if entry.long else 0,  # None: the plan's
+        long_grad=None if entry.long else 0,
         smallest=entry.triton or entry.smallest,  # Triton: seconds a call in the interpreter
     )
     report = vet_in_process(implementation(entry), options)
@@ -111,7 +113,7 @@ def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
     else:  # a robustness bug: warned, not rejected, by default
         assert report.verdict == "pass", report.summary()
     if entry.grad:  # a backward bug under a right forward: only the gradient checks see it
-        assert set(killers) <= set(GRAD_CHECKS), report.summary()
+        assert set(killers) <= {*GRAD_CHECKS, GRADIENT_LENGTH}, report.summary()
 
 
 def test_the_zoo_is_big_enough():
@@ -119,7 +121,7 @@ def test_the_zoo_is_big_enough():
     assert len(broken) >= 15 and len(ZOO) - len(broken) >= 5
     assert len({e.name for e in ZOO}) == len(ZOO)
     for entry in broken:  # each bug names the checks it must fail, and they exist
-        known = {*ALL_CHECKS, "scaling", *([LONG_CONTEXT] if entry.long else [])}
+        known = {*ALL_CHECKS, "scaling", *([LONG_CONTEXT, GRADIENT_LENGTH] if entry.long else [])}
         known |= {AUTOTUNE_CONFIGS, INT32_OFFSETS} if entry.triton else set()
         assert entry.caught_by and set(entry.caught_by) <= known, entry.name
     assert (

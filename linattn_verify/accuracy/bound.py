@@ -26,7 +26,7 @@ The bound is reported in units of u * s_ic, s_ic = sum_j |a_ij| |v_jc| / |eps + 
 the signed performer-trig map: |phi(q)|.|phi(k)| in place of |a|), the magnitude the
 computation works at (docs/accuracy.md). The sums are evaluated in arb balls, so that the
 bound carries no rounding error of its own, or, for long sequences of kernelised specs, in
-float64 with their own rounding bounded (_fast_sums: within about 1e-12 of the balls',
+float64 with their own rounding bounded (_fast_sums: within about 1e-9 of the balls',
 never below); the bound is infinite where n u >= 1.
 """
 
@@ -369,7 +369,7 @@ def _upper(t: arb) -> float:
 def _fast_sums(head: Head, spec: Spec, u: float) -> HeadSums:
     """HeadSums in float64 for every kernelised spec, the same quantities as _arb_sums' and
     in the same way, only with the sums' own rounding bounded a posteriori: for long
-    sequences, where ball arithmetic is too slow. Within about 1e-12 of _arb_sums' (rho and
+    sequences, where ball arithmetic is too slow. Within about 1e-9 of _arb_sums' (rho and
     the FEW_ROUNDINGS of certified_decay.py, and the features' upper bounds)."""
     q, k, w, name = head.q, head.k, head.w, spec.feature_map
     big_m, stab = max(q.shape[0], k.shape[0]), _stabiliser(q, k, w, name)

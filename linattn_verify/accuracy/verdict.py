@@ -107,7 +107,7 @@ def beyond_range(ref: np.ndarray, dtype: str) -> np.ndarray:
 
 def rounded_to_inf(out: np.ndarray, ref: np.ndarray, dtype: str) -> np.ndarray:
     """Where an exact value beyond the dtype's range was rounded to the infinity of its
-    sign, as it must be: no error there."""
+    sign, as correct rounding may: no error there."""
     return beyond_range(ref, dtype) & np.isinf(out) & (np.sign(out) == np.sign(ref))
 
 

@@ -1,15 +1,19 @@
 """The long-context check: the implementation at the lengths linear attention is for.
 
-Per dtype, two panels: B = H = 1, d = 16 at every length up to the longest, and B = H = 2,
-d = 64 up to WIDE_LONGEST (a kernel's state is d x dv: the wide panel's N is what a per-token
-cost of d^2 affords); each one input of the typical regime at its longest length (q, k ~
-N(0, 1) with the keys sharing a direction, values ~ N(1, 1): a mean, so that errors
-proportional to the output show), and its prefixes of `lengths` tokens. At each length:
+Every spec: plain, scaled, unnormalised, decayed and the delta rule. Per dtype, two panels:
+B = H = 1 (a decayed spec: H = 2, one head per memory of MEMORIES), d = 16 at every length
+up to the longest, and B = H = 2, d = 64 up to WIDE_LONGEST (a kernel's state is d x dv:
+the wide panel's N is what a per-token cost of d^2 affords); each one input of the typical
+regime at its longest length (q, k ~ N(0, 1) with the keys sharing a direction, values ~
+N(1, 1): a mean, so that errors proportional to the output show; the decay of long_decay),
+and its prefixes of `lengths` tokens. At each length:
 
 - finiteness: a non-finite output where the exact one is finite is wrong;
-- accuracy against the certified reference (reference/certified.py): the a-priori bound at
-  that N, the smaller of Higham's deterministic gamma_n and Higham & Mary's probabilistic
-  one (accuracy/bound.py; the deterministic one is vacuous past n u >= 1, e.g. float16
+- accuracy against the certified reference (reference/certified.py, certified_decay.py,
+  the delta rule's delta.py): the a-priori bound at that N, the smaller of Higham's
+  deterministic gamma_n and Higham & Mary's probabilistic one (accuracy/bound.py; the delta
+  rule's own normwise bound, delta_bound.py; the deterministic one is vacuous past n u >=
+  1, e.g. float16
   past N = 2048), with a false-failure probability of FALSE_FAILURE per case; and the
   budget, K_BUDGET times the golden implementation's error at the same N;
 - for causal specs whose weights do not depend on N (all but cosFormer), prefix
@@ -59,7 +63,7 @@ from ..accuracy.verdict import (
 from ..cases import CHANNEL_OCTAVES
 from ..implementations.golden import golden_attention, long_form
 from ..implementations.projection import sample_projection_torch
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, pack_delta, unit_roundoff, validate
+from ..inputs import SMALLEST_SUBNORMAL, pack_delta, unit_roundoff, validate
 from ..reference.certified import certified_attention
 from ..reference.delta import certified_delta
 from ..results import CheckResult
@@ -84,6 +88,9 @@ FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (docs/accuracy.md;
 GROWTH_EXCESS = 0.3
 GROWTH_MARGIN = 2.0
 SHARED_DIRECTION = 0.6  # keys: 0.6 r + 0.8 z_j, one direction r shared by every key
+# The values of an unnormalised spec (not the delta rule's) times this: its output sums the
+# whole memory, some 0.6 N |q.r| at the longest, past float16's 65504 at 2^16 unscaled
+UNNORMALISED_VALUES = 2.0**-5
 # A decayed spec's effective memories 1 / rate (long_decay), one per head, which is why its
 # long panel has two heads: thousands of tokens, and more than the whole sequence
 MEMORIES = (2**12, 2**20)
@@ -122,8 +129,9 @@ def lengths(longest: int = LONGEST) -> tuple[int, ...]:
 def memory_estimate(longest: int, d: int = DIMS[0]) -> int:
     """Bytes the check needs at `longest`: float64 copies of the inputs, the reference's
     values, bound and scale, the golden's and the kernel's outputs and their temporaries,
-    about MEMORY_ARRAYS arrays of (N, d) doubles (README, "Long context")."""
-    return MEMORY_ARRAYS * 8 * (longest + 1) * d
+    about MEMORY_ARRAYS arrays of (N, d) doubles per head of the long panel (a decayed
+    spec's has len(MEMORIES); README, "Long context")."""
+    return MEMORY_ARRAYS * 8 * (longest + 1) * d * len(MEMORIES)
 
 
 def available_memory() -> int | None:
@@ -177,6 +185,8 @@ def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, de
     z = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
     k = SHARED_DIRECTION * r + math.sqrt(1 - SHARED_DIRECTION**2) * z
     v = 1.0 + torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    if not spec.normalize and not spec.delta_rule:  # exact in any dtype
+        v = v * UNNORMALISED_VALUES
     decay = long_decay(spec, b, h, n, d, seed)
     if spec.delta_rule:
         k, decay = _delta_arguments(spec, k, decay, seed)
@@ -184,6 +194,9 @@ def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, de
     if spec.info.needs_projection:
         w = sample_projection_torch(d, d, "orthogonal", gen, dtype=torch.float64)
     as_dtype = getattr(torch, dtype)
+    if spec.decay == "constant":  # the first memory's gamma below 1 in the dtype too
+        below_one = 1 - torch.finfo(as_dtype).eps / 2
+        decay[::2] = torch.minimum(decay[::2].to(as_dtype).double(), torch.tensor(below_one))
     return tuple(
         None if t is None else t.to(device=device, dtype=as_dtype) for t in (q, k, v, w, decay)
     )
@@ -204,8 +217,9 @@ def long_decay(spec: Spec, b: int, h: int, n: int, d: int, seed: int) -> torch.T
     """The decay of a decayed spec at long N, in float64 (None without one), from its own
     generator (q, k, v are those of the spec without it): head h's rate 1 / MEMORIES[h mod
     2], an effective memory of thousands of tokens and one longer than the longest
-    sequence: gamma_h = exp(-rate) (the dtype may round it: to 1 - 2^-8 or 1 in bfloat16),
-    or log-gates rate ln U, U ~ U(0, 1], per token (mean -rate), with channel gates key
+    sequence: gamma_h = exp(-rate) (float16 and bfloat16 round both to 1: `inputs` keeps
+    the first memory's at the dtype's largest value below 1, 1 - 2^-11 or 1 - 2^-8), or
+    log-gates rate ln U, U ~ U(0, 1], per token (mean -rate), with channel gates key
     channel m's rate times 2^(1 - m mod 4), as cases.Case.decay's."""
     if spec.decay is None:
         return None
@@ -307,7 +321,7 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
             panel.problem = (n, verdict.severity, f"{what}: {verdict.message}")
             return
         if prefix_stable and n != ns[0]:
-            problem = _prefix_problem(runs, n, x, spec, u, bounds[panel.dtype][0])
+            problem = _prefix_problem(runs, n, u, bounds[panel.dtype][0], ref, panel.dtype)
             if problem:
                 panel.problem = (n, "wrong", problem)
                 return
@@ -322,7 +336,7 @@ def resolvable_rows(x, spec: Spec, lam: float) -> np.ndarray:
     if not spec.normalize:  # no denominator
         return np.ones((*x.shape[:3], 1), dtype=bool)
     n = spec.info.feature_dim(x.shape[4], x.shape[4]) + x.shape[3] + 1
-    g = gamma_probabilistic(n, UNIT_ROUNDOFF["float32"], lam)
+    g = gamma_probabilistic(n, unit_roundoff("float32", spec), lam)
     return denominator_condition(x, spec) * g < 0.5
 
 
@@ -350,7 +364,7 @@ class Draw:
     def tensors(self, n: int | None = None):
         """(q, k, v, W, decay) of the first n tokens (all without n)."""
         q, k, v, w, decay = _drawn(self)
-        if decay is not None and self.spec.gated:
+        if decay is not None and self.spec.per_token:
             decay = decay[:, :, :n]
         return (*(t[:, :, :n] for t in (q, k, v)), w, decay)
 
@@ -462,18 +476,23 @@ def predicted_stop(costs: list[Cost], n: int) -> Stop | None:
     return None
 
 
-def _prefix_problem(runs, n: int, x, spec: Spec, u: float, scale) -> str | None:
-    """The first rows of the run at n against each shorter run, within both budgets."""
+def _prefix_problem(runs, n: int, u: float, scale, ref, dtype: str) -> str | None:
+    """The first rows of the run at n against each shorter run, within both budgets, where
+    neither is beyond the dtype's range (an exact value past it rounds to inf or to the
+    largest finite value: both are right)."""
     out, verdict = runs[n]
     for short, (out_short, verdict_short) in runs.items():
         if short >= n:
             continue
-        e = error_units(out[:, :, :short], out_short, scale[:, :, :short], u)
+        head, exact = out[:, :, :short], ref[:, :, :short]
+        e = error_units(head, out_short, scale[:, :, :short], u)
+        compared = ~beyond_range(exact, dtype) & ~np.isnan(exact)
+        largest = float(np.max(e, where=compared, initial=0.0))
         allowed = verdict.budget + verdict_short.budget
-        if e.max() > allowed:
+        if largest > allowed:
             return (
                 f"prefix: the first {short} rows of the run of length {n} differ from the "
-                f"run of length {short} by {e.max():.3g} u s, more than the two budgets "
+                f"run of length {short} by {largest:.3g} u s, more than the two budgets "
                 f"{allowed:.3g}: rows change when the sequence grows"
             )
     return None

@@ -127,6 +127,7 @@ def planned(args: argparse.Namespace, load: bool = False):
         strict=args.strict,
         envelope=not args.no_envelope,
         longest=run_values["longest"],
+        long_grad=run_values["long_grad"],
         smallest=args.smallest,
     )
     return declared, vet_options

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cases import Case
+from ..checks.gradient_length import LONGEST_DEFAULT as LONG_GRAD_DEFAULT
+from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..checks.long_context import LONGEST, default_longest
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..regimes import REGIMES
@@ -45,6 +47,9 @@ class VetOptions:
     envelope: bool = True  # the operating envelope per dtype
     # the long-context check to this N (and N + 1); 0: not run; None: the plan's, long_n()
     longest: int | None = None
+    # with grad, the gradient checks at length to this N; 0: not run; None: the plan's,
+    # long_grad_n()
+    long_grad: int | None = None
     # every check on one typical case per dtype, no search (tasks.smallest_cases), scaling
     # to N = 1024, long context to SMALLEST_LONGEST: what CI checks of kernels whose every
     # call takes seconds (Triton's interpreter)
@@ -56,6 +61,16 @@ class VetOptions:
         if self.longest is not None:
             return self.longest
         return default_longest(interpreted, self.smallest, delta_rule)
+
+    def long_grad_n(self) -> int:
+        """The gradient check at length's longest N: 0 without --grad, the one given, 0 in
+        the smallest plan (a backward in Triton's interpreter at 4096 takes minutes), else
+        gradient_length.LONGEST_DEFAULT."""
+        if not self.grad:
+            return 0
+        if self.long_grad is not None:
+            return self.long_grad
+        return 0 if self.smallest else LONG_GRAD_DEFAULT
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -147,6 +162,9 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if longest := options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         long = {"longest": longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
+    if long_grad := options.long_grad_n():
+        grad = {"longest": long_grad, "seed": options.seed}
+        steps.append((GRADIENT_LENGTH, GRADIENT_LENGTH, {**grad, **where}))
     if options.kat and not kat_not_applicable(spec):
         kat = {"device": options.device, "dtypes": options.dtypes}
         steps.append(("known-answers", "known-answers", kat))
@@ -196,6 +214,8 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
                 skipped(name, "without --grad")
     if not options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         skipped("long-context", "--long 0")
+    if options.grad and not options.long_grad_n():
+        skipped(GRADIENT_LENGTH, "--smallest" if options.long_grad is None else "--long-grad 0")
     if not options.kat and not kat_not_applicable(spec):
         skipped("known-answers", "without --kat")
     if spec.info.needs_projection and not options.sampler:

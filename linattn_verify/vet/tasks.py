@@ -363,6 +363,26 @@ def long_context(
     return [row]
 
 
+def gradient_length(
+    impl: Implementation, device: str, dtypes: tuple[str, ...], longest: int, seed: int
+) -> list[Row]:
+    """checks/gradient_length.py's check: the backward at N = 256 ... longest against
+    certified exact gradients."""
+    from ..checks import gradient_length as length
+
+    reason = length.not_applicable(impl, dtypes)
+    if reason:
+        return [{"name": length.NAME, "status": "not applicable", "detail": reason}]
+    row = length.gradient_length(impl, dtypes, device, longest, seed).to_dict()
+    if row["status"] == "fail":  # vet reruns it on the same draws (the seed)
+        from .commands import vet_command
+
+        seeded = ("--seed", str(seed)) if seed else ()
+        args = ("--dtypes", *dtypes, "--grad", "--long-grad", str(longest), *seeded)
+        row["reproduce"] = vet_command(impl, *args)
+    return [row]
+
+
 def _one_row(name: str, results: list[CheckResult]) -> Row:
     """Several results of one check as one row: the first failure, or a count of passes."""
     failed = [r for r in results if not r.passed]

@@ -59,6 +59,7 @@ TASKS = {
     "rate": tasks.rate,
     "known-answers": tasks.known_answers,
     "long-context": tasks.long_context,
+    "gradient-length": tasks.gradient_length,
     "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
     "envelope": envelope,
     tasks.AUTOTUNE_CONFIGS: tasks.autotune_configs,

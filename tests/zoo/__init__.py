@@ -23,8 +23,9 @@ class Entry:
     (`vet --grad`); a broken entry with grad fails those alone (its forward is right).
     regime: for a broken entry, the mildest regime its bug shows in (regimes.py); a bug
     that shows only in stress or extreme inputs is a robustness warning by default.
-    long: vet it with the long-context check (minutes in CI across the zoo: the other entries,
-    whose bugs show at N <= 65, go without it).
+    long: vet it with the long-context check, and with grad the gradient checks at length
+    (minutes in CI across the zoo: the other entries, whose bugs show at N <= 65, go
+    without them).
     state: the layout of the state fn carries (--state: fn(q, k, v, initial_state=...)
     returns (out, final_state)), or None. varlen: fn also takes packed batches
     (--varlen: fn(q, k, v, cu_seqlens=None)).
@@ -77,6 +78,7 @@ from . import (  # noqa: E402
     delta_backward,
     gla,
     long,
+    long_backward,
     long_decay,
     state,
     subtle,
@@ -100,6 +102,7 @@ ZOO: tuple[Entry, ...] = (
     + backward.ENTRIES
     + long.ENTRIES
     + long_decay.ENTRIES
+    + long_backward.ENTRIES
     + state.ENTRIES
     + varlen.ENTRIES
     + decay.ENTRIES

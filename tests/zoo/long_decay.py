@@ -1,7 +1,7 @@
 """Long-context kernels of the decayed specs (simple GLA's scalar gates, fn(q, k, v, g=(B,
 H, N)), and retention's constant decay, fn(q, k, v, gamma=(H,))): broken ones whose bug
-shows only at long N, where a decay whose memory spans the sequence (the long-context
-check's second head) carries the state far, and their correct twins.
+shows at long N (the gates' prefix sums in the input dtype also in the decay check's
+strong gates at short N), where the state travels far, and their correct twins.
 
 out_i = c sum_(j<=i) w_ij (q_i . k_j) v_j, unnormalised, identity features, c = 1 or d^-0.5,
 w_ij = exp(G_i - G_j) (G the inclusive prefix sums of the log-gates) or gamma^(i - j).

@@ -1,0 +1,136 @@
+"""The gradient check at length: with --grad, the backward at N = 256, 1024, 4096 (`lengths`;
+vet --long-grad N: the powers of 4 from 256 up to N) against exact gradients certified at
+any N (reference/certified_grad.py), so that a backward whose intermediates overflow or
+lose precision as N grows (a reverse cumulative sum of gates in float16, a state gradient
+kept in the input dtype) fails at the smallest N where it does; the gradient checks' own
+cases stop at N = 65.
+
+Per dtype one draw of the long-context check's typical inputs at the longest N (B = 1,
+H = 2, d = dv = 16, a decayed spec's two memories: long_context.inputs) and its prefixes,
+the loss L = sum(out * G) with G ~ N(0, 1) (rounded to the dtype), judged as the gradient
+check judges (accuracy/gradient.py): the a-priori bound, and K_BUDGET times the larger of
+the golden long form's backward error (its linear form: golden.long_form) and the rounding
+floor. An element whose certificate exceeds CERTIFIED_SHARE of its magnitude M is left
+out (counted in the detail). float64 is judged at N <= 65 by the gradient check, not here.
+
+Specs: those certified_grad covers, the unnormalised identity specs (simple GLA, retention,
+GLA, any scale); the others say why not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..accuracy.gradient import judge_gradients
+from ..implementations.golden import golden_attention, long_form
+from ..inputs import unit_roundoff, validate
+from ..reference.certified import CERTIFIED_SHARE
+from ..reference.certified_grad import certified_gradients, covered
+from ..reference.grad import roundings
+from ..results import CheckResult
+from ..under_test import Implementation, ImplementationFailure
+from .core import as_array
+from .gradients import autograd_gradients
+from .long_context import Draw
+
+NAME = "gradient-length"
+SHORTEST = 256
+LONGEST_DEFAULT = 4096
+HEADS, D = 2, 16  # the long-context check's long panel
+
+
+def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
+    """256, 1024, 4096, ... up to `longest` (powers of 4), and `longest` if it is not one."""
+    ns = [SHORTEST * 4**e for e in range(16) if SHORTEST * 4**e <= longest]
+    return (*ns, longest) if longest not in ns else tuple(ns)
+
+
+def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
+    """Why the check does not apply to `impl` in `dtypes`, or None."""
+    if not covered(impl.spec):
+        return (
+            "its exact gradients at length (reference/certified_grad.py) cover the "
+            f"unnormalised identity specs so far, not {impl.spec}"
+        )
+    if all(t == "float64" for t in dtypes):
+        return "float64 only: its backward is judged at N <= 65 by the gradient check"
+    return None
+
+
+def gradient_length(
+    impl: Implementation,
+    dtypes: tuple[str, ...],
+    device: str = "cpu",
+    longest: int = LONGEST_DEFAULT,
+    seed: int = 0,
+    say: Callable[[str], None] = lambda text: None,
+) -> CheckResult:
+    """The check (module docstring) over `dtypes`; fails at the smallest N where some
+    dtype's gradients leave the bound or the budget."""
+    spec, ns = impl.spec, lengths(longest)
+    judged = [t for t in dtypes if t != "float64"]
+    figures: dict[str, float] = {}
+    failures, left_out = [], 0
+    for dtype in judged:
+        draw = Draw(spec, dtype, 1, HEADS, D, ns[-1], seed, device)
+        g_all = _loss_weights(draw)
+        for n in ns:
+            say(f"{NAME}: {dtype} N = {n}")
+            q, k, v, w, decay = draw.tensors(n)
+            g = g_all[:, :, :n]
+            try:
+                grads = autograd_gradients(impl, q, k, v, w, g, decay, spec)
+            except ImplementationFailure as err:
+                failures.append((n, dtype, "wrong", f"the implementation {err}"))
+                break
+            x = validate(q, k, v, spec, w, decay)
+            exact, bounds, magnitude = certified_gradients(x, spec, as_array(g))
+            for name in exact:  # an element not certified is not judged
+                loose = ~(bounds[name] <= CERTIFIED_SHARE * magnitude[name])
+                left_out += int(loose.sum())
+                exact[name] = np.where(loose, np.nan, exact[name])
+            golden = autograd_gradients(_golden(spec), q, k, v, w, g, decay, spec)
+            u = unit_roundoff(dtype, spec)
+            verdict = judge_gradients(grads, exact, magnitude, dtype, u, roundings(x, spec),
+                                      [golden])  # fmt: skip
+            for name, e in verdict.max_error.items():
+                figures[f"max_error_d{name} {dtype} N={n}"] = e
+            if not verdict.passed:
+                severity = "wrong" if verdict.violations else "inaccurate"
+                failures.append((n, dtype, severity, verdict.message))
+                break
+    return _result(spec, ns, judged, failures, figures, left_out)
+
+
+def _loss_weights(draw: Draw) -> torch.Tensor:
+    """G ~ N(0, 1) of the draw's output at its longest N, from its seed, in its dtype."""
+    gen = torch.Generator().manual_seed(draw.seed * 7919 + 3)
+    g = torch.randn(draw.b, draw.h, draw.longest, draw.d, generator=gen, dtype=torch.float64)
+    return g.to(device=draw.device, dtype=getattr(torch, draw.dtype))
+
+
+def _golden(spec):
+    def golden(q, k, v, w, decay):
+        return golden_attention(q, k, v, spec, w, long_form(spec), decay)
+
+    return golden
+
+
+def _result(spec, ns, judged, failures, figures, left_out: int) -> CheckResult:
+    uncertified = f"; {left_out} element(s) not certified, not judged" if left_out else ""
+    if failures:
+        n, dtype, severity, what = min(failures, key=lambda f: (f[0], f[2] != "wrong"))
+        also = f" ({len(failures)} of {len(judged)} dtypes fail)" if len(failures) > 1 else ""
+        detail = f"{spec} {dtype}: fails from N = {n}: {what}{also}{uncertified}"
+        return CheckResult(NAME, False, detail, figures=figures, severity=severity,
+                           regime="typical")  # fmt: skip
+    worst = max(figures, key=figures.get, default=None)
+    top = f"; largest error {figures[worst]:.3g} u M ({worst})" if worst else ""
+    detail = (
+        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, H = {HEADS}, d = {D}): "
+        f"dq, dk, dv{', dg' if spec.gated else ''} within bound and budget{top}{uncertified}"
+    )
+    return CheckResult(NAME, True, detail, figures=figures)

@@ -1,0 +1,112 @@
+"""Certified gradients (reference/certified_grad.py) against the exact ones of
+reference/grad.py: every element within its bound, the bound below 2^-30 of the magnitude
+M (useful for float32), M equal to gradient_magnitudes', across sub-chunks, chunks and
+steps (shrunk), for every decay of the unnormalised identity specs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linattn_verify.inputs import validate
+from linattn_verify.reference import certified_decay as decayed
+from linattn_verify.reference.certified_grad import certified_gradients
+from linattn_verify.reference.grad import exact_gradients_and_magnitudes
+from linattn_verify.specs import RSQRT_D, Spec, SpecError
+
+B, H, D, DV = 1, 2, 4, 3
+# (decay, scale, log-gates per token (gamma for constant)): strong gates kill the state in
+# a token (and underflow past 15), weak ones barely decay
+CASES = [
+    (None, 1.0, None),
+    ("constant", RSQRT_D, 0.8),
+    ("constant", 0.3, 0.05),
+    ("gates", RSQRT_D, -50.0),
+    ("gates", 1.0, -1e-6),
+    ("gates", 0.3, "random"),
+    ("channel-gates", RSQRT_D, "random"),
+    ("channel-gates", 0.3, -50.0),
+    ("channel-gates", 1.0, -1e-6),
+]
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 8 tokens, sub-chunks of 4, 2 chunks per step: N = 45 crosses all three
+    and ends ragged."""
+    monkeypatch.setattr(decayed, "CHUNK", 8)
+    monkeypatch.setattr(decayed, "SUB", 4)
+    monkeypatch.setattr(decayed, "GROUP", 2)
+
+
+def _case(decay, scale, gates, n: int = 45, seed: int = 0):
+    """(inputs, spec, g_out) from float64 torch tensors."""
+    rng = np.random.default_rng(seed)
+    spec = Spec("identity", causal=True, normalize=False, scale=scale, decay=decay)
+    q, k = rng.normal(size=(2, B, H, n, D))
+    v, g_out = rng.normal(size=(2, B, H, n, DV))
+    shape = {"constant": (H,), "gates": (B, H, n), "channel-gates": (B, H, n, D)}.get(decay)
+    if decay is None:
+        given = None
+    elif decay == "constant":
+        given = np.full(shape, gates) * np.linspace(1, 0.9, H)
+    elif gates == "random":
+        given = -rng.exponential(0.2, shape)
+    else:
+        given = np.full(shape, gates)
+    given = None if given is None else torch.tensor(given)
+    x = validate(*(torch.tensor(t) for t in (q, k, v)), spec, None, given)
+    return x, spec, g_out
+
+
+@pytest.mark.parametrize(("decay", "scale", "gates"), CASES)
+def test_within_the_bound_certified_for_float32_and_magnitudes_as_grad_py(
+    small_chunks, decay, scale, gates
+):
+    x, spec, g_out = _case(decay, scale, gates)
+    exact, mags_exact = exact_gradients_and_magnitudes(x, spec, g_out)
+    grads, bounds, mags = certified_gradients(x, spec, g_out)
+    assert set(grads) == set(bounds) == set(mags) == set(exact)
+    for name, want in exact.items():
+        assert grads[name].shape == bounds[name].shape == mags[name].shape == want.shape
+        assert np.all(np.abs(grads[name] - want) <= bounds[name]), name
+        assert np.all(bounds[name] <= 2.0**-30 * mags_exact[name]), name
+        np.testing.assert_allclose(mags[name], mags_exact[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("decay", ["constant", "gates", "channel-gates"])
+def test_one_token(decay):
+    x, spec, g_out = _case(decay, 1.0, -0.5 if decay != "constant" else 0.5, n=1)
+    exact, mags_exact = exact_gradients_and_magnitudes(x, spec, g_out)
+    grads, bounds, mags = certified_gradients(x, spec, g_out)
+    for name, want in exact.items():
+        assert np.all(np.abs(grads[name] - want) <= bounds[name]), name
+        np.testing.assert_allclose(mags[name], mags_exact[name], rtol=1e-12, atol=0)
+
+
+def test_gates_one_token_off_break_the_bound(small_chunks):
+    """The bound is tight enough to catch a gate applied one token off (the reversed
+    sequence's shift): the certificate fails against the exact gradients then."""
+    x, spec, g_out = _case("gates", 1.0, "random")
+    exact, _ = exact_gradients_and_magnitudes(x, spec, g_out)
+    shifted = validate(x.q, x.k, x.v, spec, None, np.roll(x.decay, 1, axis=-1))
+    grads, bounds, _ = certified_gradients(shifted, spec, g_out)
+    assert all(np.any(np.abs(grads[n] - exact[n]) > bounds[n]) for n in "qkvg")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Spec("identity", causal=True),
+        Spec("elu", causal=True, normalize=False),
+        Spec("identity", normalize=False),
+        Spec("identity", causal=True, normalize=False, delta_rule=True),
+    ],
+    ids=str,
+)
+def test_other_specs_are_refused_naming_the_covered_ones(spec):
+    beta = np.ones((1, 1, 2, 1)) if spec.delta_rule else None  # inputs.pack_delta's layout
+    x = validate(*np.ones((3, 1, 1, 2, 2)), spec, None, beta)
+    with pytest.raises(SpecError, match="unnormalised identity"):
+        certified_gradients(x, spec, np.ones((1, 1, 2, 2)))
