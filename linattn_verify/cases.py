@@ -184,16 +184,22 @@ class Case:
             gamma = torch.exp(-self.decay_rate * 2.0 ** -torch.arange(self.h, **_F64))
             gamma = gamma.clamp(min=torch.finfo(dtype).tiny)
             return gamma.to(device=self.device, dtype=dtype)
-        gen = torch.Generator().manual_seed(self.seed * 7919 + 1)
-        if kind == "gates":
-            rates = torch.tensor(self.decay_rate, **_F64)
-            shape = (self.b, self.h, self.n)
-        else:
-            rates = self.decay_rate * CHANNEL_OCTAVES ** -(torch.arange(self.d, **_F64) % 4 - 1)
-            shape = (self.b, self.h, self.n, self.d)
-        uniform = 1.0 - torch.rand(*shape, generator=gen, **_F64)  # (0, 1]
-        g = (rates * torch.log(uniform)).clamp(min=-torch.finfo(dtype).max)
-        return g.to(device=self.device, dtype=dtype)
+        shape = (self.b, self.h, self.n, *([self.d] if kind == "channel-gates" else []))
+        g = log_gates(torch.full((self.h,), self.decay_rate, **_F64), shape, self.seed)
+        return g.clamp(min=-torch.finfo(dtype).max).to(device=self.device, dtype=dtype)
+
+
+def log_gates(rates: torch.Tensor, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Log-gates rate_h ln U, U ~ U(0, 1] (mean -rate_h), float64 of `shape` (B, H, N), or
+    (B, H, N, d) for channel gates, whose key channel m's rate is rate_h times
+    CHANNEL_OCTAVES^(1 - m mod 4); rates (H,) per head; from their own generator (the
+    seed's; q, k, v are unchanged)."""
+    gen = torch.Generator().manual_seed(seed * 7919 + 1)
+    uniform = 1.0 - torch.rand(*shape, generator=gen, **_F64)  # (0, 1]
+    rate = rates.reshape(-1, *[1] * (len(shape) - 2))
+    if len(shape) == 4:
+        rate = rate * CHANNEL_OCTAVES ** -(torch.arange(shape[3], **_F64) % 4 - 1)
+    return rate * torch.log(uniform)
 
 
 def default_decay(spec: Spec, q: torch.Tensor) -> torch.Tensor | None:

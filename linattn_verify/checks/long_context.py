@@ -60,7 +60,7 @@ from ..accuracy.verdict import (
     judge,
     rounded_to_inf,
 )
-from ..cases import CHANNEL_OCTAVES
+from ..cases import log_gates
 from ..implementations.golden import golden_attention, long_form
 from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, pack_delta, unit_roundoff, validate
@@ -219,20 +219,13 @@ def long_decay(spec: Spec, b: int, h: int, n: int, d: int, seed: int) -> torch.T
     2], an effective memory of thousands of tokens and one longer than the longest
     sequence: gamma_h = exp(-rate) (float16 and bfloat16 round both to 1: `inputs` keeps
     the first memory's at the dtype's largest value below 1, 1 - 2^-11 or 1 - 2^-8), or
-    log-gates rate ln U, U ~ U(0, 1], per token (mean -rate), with channel gates key
-    channel m's rate times 2^(1 - m mod 4), as cases.Case.decay's."""
+    log-gates of that rate per token (cases.log_gates, as cases.Case.decay's)."""
     if spec.decay is None:
         return None
     rates = 1.0 / torch.tensor(MEMORIES, dtype=torch.float64).repeat(h)[:h]
     if spec.decay == "constant":
         return torch.exp(-rates)
-    gen = torch.Generator().manual_seed(seed * 7919 + 1)
-    shape = (b, h, n) if spec.decay == "gates" else (b, h, n, d)
-    uniform = 1.0 - torch.rand(*shape, generator=gen, dtype=torch.float64)  # (0, 1]
-    rate = rates[:, None] if spec.decay == "gates" else rates[:, None, None]
-    if spec.decay == "channel-gates":
-        rate = rate * CHANNEL_OCTAVES ** -(torch.arange(d, dtype=torch.float64) % 4 - 1)
-    return rate * torch.log(uniform)
+    return log_gates(rates, (b, h, n, *([d] if spec.decay == "channel-gates" else [])), seed)
 
 
 def long_context(
