@@ -44,7 +44,7 @@ RUN = (
            "front", metavar="N", check=_long_problem),
     Option("long_grad", "--long-grad", int | None, None,
            f"with --grad, {GRADIENT_LENGTH}: the backward at N = {SHORTEST}, 1024, ... up to "
-           "N against certified exact gradients (default 4096; not in --smallest; 0 skips "
-           "it)", metavar="N", check=_long_grad_problem),
+           "N against certified exact gradients (default 4096, 1024 in Triton's interpreter; "
+           "not in --smallest; 0 skips it)", metavar="N", check=_long_grad_problem),
 )  # fmt: skip
 OPTIONS = (*CLAIM, *RUN)

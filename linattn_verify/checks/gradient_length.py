@@ -1,12 +1,13 @@
 """The gradient check at length: with --grad, the backward at N = 256, 1024, 4096 (`lengths`;
-vet --long-grad N: the powers of 4 from 256 up to N) against exact gradients certified at
-any N (reference/certified_grad.py), so that a backward whose intermediates overflow or
-lose precision as N grows (a reverse cumulative sum of gates in float16, a state gradient
-kept in the input dtype) fails at the smallest N where it does; the gradient checks' own
+vet --long-grad N: the powers of 4 from 256 up to N, and N) against exact gradients
+certified at any N (reference/certified_grad.py), so that a backward whose intermediates
+overflow, lose precision or lose a state as N grows (a state gradient not handed across a
+split of the sequence) fails at the smallest N where it does; the gradient checks' own
 cases stop at N = 65.
 
-Per dtype one draw of the long-context check's typical inputs at the longest N (B = 1,
-H = 2, d = dv = 16, a decayed spec's two memories: long_context.inputs) and its prefixes,
+Per dtype one draw of the long-context check's typical inputs at the longest N (its long
+panel: B = 1, d = dv = 16, H = 1, a decayed spec's two memories H = 2: long_context.inputs)
+and its prefixes,
 the loss L = sum(out * G) with G ~ N(0, 1) (rounded to the dtype), judged as the gradient
 check judges (accuracy/gradient.py): the a-priori bound, and K_BUDGET times the larger of
 the golden long form's backward error (its linear form: golden.long_form) and the rounding
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from ..accuracy.gradient import judge_gradients
-from ..implementations.golden import golden_attention, long_form
+from ..implementations.golden import long_form
 from ..inputs import unit_roundoff, validate
 from ..reference.certified import CERTIFIED_SHARE
 from ..reference.certified_grad import certified_gradients, covered
@@ -33,19 +34,21 @@ from ..reference.grad import roundings
 from ..results import CheckResult
 from ..under_test import Implementation, ImplementationFailure
 from .core import as_array
-from .gradients import autograd_gradients
-from .long_context import Draw
+from .gradients import autograd_gradients, golden_gradients
+from .long_context import DIMS, MEMORIES, Draw
 
 NAME = "gradient-length"
 SHORTEST = 256
 LONGEST_DEFAULT = 4096
-HEADS, D = 2, 16  # the long-context check's long panel
+INTERPRETED_LONGEST = 1024  # in Triton's interpreter: its backward takes seconds a call
 
 
 def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
     """256, 1024, 4096, ... up to `longest` (powers of 4), and `longest` if it is not one."""
-    ns = [SHORTEST * 4**e for e in range(16) if SHORTEST * 4**e <= longest]
-    return (*ns, longest) if longest not in ns else tuple(ns)
+    ns = [SHORTEST]
+    while ns[-1] * 4 <= longest:
+        ns.append(ns[-1] * 4)
+    return (*ns, longest) if longest != ns[-1] else tuple(ns)
 
 
 def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
@@ -75,7 +78,8 @@ def gradient_length(
     figures: dict[str, float] = {}
     failures, left_out = [], 0
     for dtype in judged:
-        draw = Draw(spec, dtype, 1, HEADS, D, ns[-1], seed, device)
+        heads = len(MEMORIES) if spec.decay else 1
+        draw = Draw(spec, dtype, 1, heads, DIMS[0], ns[-1], seed, device)
         g_all = _loss_weights(draw)
         for n in ns:
             say(f"{NAME}: {dtype} N = {n}")
@@ -92,17 +96,16 @@ def gradient_length(
                 loose = ~(bounds[name] <= CERTIFIED_SHARE * magnitude[name])
                 left_out += int(loose.sum())
                 exact[name] = np.where(loose, np.nan, exact[name])
-            golden = autograd_gradients(_golden(spec), q, k, v, w, g, decay, spec)
+            golden = golden_gradients(q, k, v, w, g, spec, decay, forms=(long_form(spec),))
             u = unit_roundoff(dtype, spec)
-            verdict = judge_gradients(grads, exact, magnitude, dtype, u, roundings(x, spec),
-                                      [golden])  # fmt: skip
+            verdict = judge_gradients(grads, exact, magnitude, dtype, u, roundings(x, spec), golden)
             for name, e in verdict.max_error.items():
                 figures[f"max_error_d{name} {dtype} N={n}"] = e
             if not verdict.passed:
                 severity = "wrong" if verdict.violations else "inaccurate"
                 failures.append((n, dtype, severity, verdict.message))
                 break
-    return _result(spec, ns, judged, failures, figures, left_out)
+    return _result(spec, ns, judged, dtypes, failures, figures, left_out)
 
 
 def _loss_weights(draw: Draw) -> torch.Tensor:
@@ -112,14 +115,7 @@ def _loss_weights(draw: Draw) -> torch.Tensor:
     return g.to(device=draw.device, dtype=getattr(torch, draw.dtype))
 
 
-def _golden(spec):
-    def golden(q, k, v, w, decay):
-        return golden_attention(q, k, v, spec, w, long_form(spec), decay)
-
-    return golden
-
-
-def _result(spec, ns, judged, failures, figures, left_out: int) -> CheckResult:
+def _result(spec, ns, judged, dtypes, failures, figures, left_out: int) -> CheckResult:
     uncertified = f"; {left_out} element(s) not certified, not judged" if left_out else ""
     if failures:
         n, dtype, severity, what = min(failures, key=lambda f: (f[0], f[2] != "wrong"))
@@ -130,7 +126,8 @@ def _result(spec, ns, judged, failures, figures, left_out: int) -> CheckResult:
     worst = max(figures, key=figures.get, default=None)
     top = f"; largest error {figures[worst]:.3g} u M ({worst})" if worst else ""
     detail = (
-        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, H = {HEADS}, d = {D}): "
-        f"dq, dk, dv{', dg' if spec.gated else ''} within bound and budget{top}{uncertified}"
+        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, d = {DIMS[0]}): dq, dk, "
+        f"dv{', dg' if spec.gated else ''} within bound and budget{top}{uncertified}"
+        f"{'' if len(judged) == len(dtypes) else '; float64 not judged here'}"
     )
     return CheckResult(NAME, True, detail, figures=figures)

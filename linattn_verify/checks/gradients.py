@@ -96,14 +96,16 @@ def autograd_gradients(
     return {name: as_array(grad) for name, grad in zip(names, grads, strict=True)}
 
 
-def golden_gradients(q, k, v, w, g, spec, decay=None) -> list[Grads]:
-    """The golden forms' gradients on the same inputs, decay and loss."""
+def golden_gradients(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
+    """The golden forms' gradients (golden_forms(spec), or `forms`) on the same inputs,
+    decay and loss."""
 
     def golden(form: str):
         return lambda q, k, v, w, decay: golden_attention(q, k, v, spec, w, form, decay)
 
     return [
-        autograd_gradients(golden(form), q, k, v, w, g, decay, spec) for form in golden_forms(spec)
+        autograd_gradients(golden(form), q, k, v, w, g, decay, spec)
+        for form in forms or golden_forms(spec)
     ]
 
 

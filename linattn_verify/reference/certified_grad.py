@@ -69,7 +69,7 @@ Arrays = dict[str, np.ndarray]
 def covered(spec: Spec) -> bool:
     """Whether certified_gradients takes `spec`: causal, unnormalised, identity features,
     not the delta rule."""
-    identity = spec.feature_map == "identity" and spec.dot_precision is None
+    identity = spec.feature_map == "identity"
     return identity and spec.causal and not spec.normalize and not spec.delta_rule
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cases import Case
+from ..checks.gradient_length import INTERPRETED_LONGEST as LONG_GRAD_INTERPRETED
 from ..checks.gradient_length import LONGEST_DEFAULT as LONG_GRAD_DEFAULT
 from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..checks.long_context import LONGEST, default_longest
@@ -62,15 +63,17 @@ class VetOptions:
             return self.longest
         return default_longest(interpreted, self.smallest, delta_rule)
 
-    def long_grad_n(self) -> int:
+    def long_grad_n(self, interpreted: bool) -> int:
         """The gradient check at length's longest N: 0 without --grad, the one given, 0 in
-        the smallest plan (a backward in Triton's interpreter at 4096 takes minutes), else
-        gradient_length.LONGEST_DEFAULT."""
+        the smallest plan, its INTERPRETED_LONGEST in Triton's interpreter (a backward
+        there takes seconds a call), else its LONGEST_DEFAULT."""
         if not self.grad:
             return 0
         if self.long_grad is not None:
             return self.long_grad
-        return 0 if self.smallest else LONG_GRAD_DEFAULT
+        if self.smallest:
+            return 0
+        return LONG_GRAD_INTERPRETED if interpreted else LONG_GRAD_DEFAULT
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -162,7 +165,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if longest := options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         long = {"longest": longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
-    if long_grad := options.long_grad_n():
+    if long_grad := options.long_grad_n(description.get("triton") == "interpret"):
         grad = {"longest": long_grad, "seed": options.seed}
         steps.append((GRADIENT_LENGTH, GRADIENT_LENGTH, {**grad, **where}))
     if options.kat and not kat_not_applicable(spec):
@@ -214,8 +217,9 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
                 skipped(name, "without --grad")
     if not options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         skipped("long-context", "--long 0")
-    if options.grad and not options.long_grad_n():
-        skipped(GRADIENT_LENGTH, "--smallest" if options.long_grad is None else "--long-grad 0")
+    if not options.long_grad_n(description.get("triton") == "interpret"):
+        without = "--smallest" if options.long_grad is None else "--long-grad 0"
+        skipped(GRADIENT_LENGTH, without if options.grad else "without --grad")
     if not options.kat and not kat_not_applicable(spec):
         skipped("known-answers", "without --kat")
     if spec.info.needs_projection and not options.sampler:
@@ -258,6 +262,8 @@ def _timeout(task: str, task_options: dict[str, Any], options: VetOptions) -> fl
     """Seconds the task may take: the long-context check's grows with its longest N."""
     if task == "long-context":
         return options.timeout * max(1.0, task_options["longest"] / LONGEST)
+    if task == GRADIENT_LENGTH:
+        return options.timeout * max(1.0, task_options["longest"] / LONG_GRAD_DEFAULT)
     return options.timeout
 
 

@@ -122,12 +122,13 @@ def _by_detail(rows: list[Row]) -> dict[str, list[str]]:
 def _skipped(rows: list[Row]) -> str:
     """The skipped checks, grouped by the option that skipped them."""
     from ..checks import GRAD_CHECKS
+    from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 
     parts = []
     for why, names in _by_detail(rows).items():
         label = (
             "the gradient checks"
-            if len(names) > 1 and set(names) <= set(GRAD_CHECKS)
+            if len(names) > 1 and set(names) <= {*GRAD_CHECKS, GRADIENT_LENGTH}
             else ", ".join(names)
         )
         parts.append(f"{label} ({why})")

@@ -378,7 +378,8 @@ def gradient_length(
         from .commands import vet_command
 
         seeded = ("--seed", str(seed)) if seed else ()
-        args = ("--dtypes", *dtypes, "--grad", "--long-grad", str(longest), *seeded)
+        args = ("--dtypes", *dtypes, "--grad", "--long-grad", str(longest), "--long", "0",
+                "--no-envelope", *seeded)  # fmt: skip
         row["reproduce"] = vet_command(impl, *args)
     return [row]
 
