@@ -1,6 +1,7 @@
 """An adapter's verdict as adapters/expected.txt records it, measured: vet's default plan with
 the known-answer vectors (the envelope in float32 only), on the device the adapter needs,
-without the long-context check (minutes per adapter; benchmarks/long_adapters.py runs it)."""
+without the long-context check (minutes per adapter: adapters/expected.py's long variants
+record it)."""
 
 from __future__ import annotations
 
