@@ -27,4 +27,6 @@ def test_the_built_in_chunked_form_passes_at_length():
                    scale="d^-0.5", decay="gates")  # fmt: skip
     result = gradient_length(impl, ("float32",), longest=1024)
     assert result.passed, result.message
+    # dg's computed sums reach M(dg) (the sum of what dg is computed from) by far: one
+    # rounding of M is more than a careful float32 evaluation errs
     assert result.figures["max_error_dg float32 N=1024"] < 1.0

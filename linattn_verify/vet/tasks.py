@@ -351,16 +351,7 @@ def long_context(
     at N = 2^10 ... longest + 1; not applicable to a kernel of declared quadratic cost."""
     from ..checks import long_context as long
 
-    reason = long.not_applicable(impl, dtypes)
-    if reason:
-        return [{"name": long.NAME, "status": "not applicable", "detail": reason}]
-    row = long.long_context(impl, dtypes, device, longest, seed).to_dict()
-    if row["status"] == "fail":  # vet reruns it on the same draws (the seed)
-        from .commands import vet_command
-
-        seeded = ("--seed", str(seed)) if seed else ()
-        row["reproduce"] = vet_command(impl, "--dtypes", *dtypes, "--long", str(longest), *seeded)
-    return [row]
+    return _at_length(long, impl, device, dtypes, longest, seed, ("--long", str(longest)))
 
 
 def gradient_length(
@@ -370,17 +361,23 @@ def gradient_length(
     certified exact gradients."""
     from ..checks import gradient_length as length
 
-    reason = length.not_applicable(impl, dtypes)
-    if reason:
-        return [{"name": length.NAME, "status": "not applicable", "detail": reason}]
-    row = length.gradient_length(impl, dtypes, device, longest, seed).to_dict()
-    if row["status"] == "fail":  # vet reruns it on the same draws (the seed)
+    rerun = ("--grad", "--long-grad", str(longest), "--long", "0", "--no-envelope")
+    return _at_length(length, impl, device, dtypes, longest, seed, rerun)
+
+
+def _at_length(check, impl, device: str, dtypes, longest: int, seed: int, rerun) -> list[Row]:
+    """A check at length (its module: NAME, not_applicable, and the check of its name): its
+    row, not applicable with why, or failed with the vet command that reruns it on the same
+    draws (the seed, the `rerun` options)."""
+    if reason := check.not_applicable(impl, dtypes):
+        return [{"name": check.NAME, "status": "not applicable", "detail": reason}]
+    run = getattr(check, check.NAME.replace("-", "_"))
+    row = run(impl, dtypes, device, longest, seed).to_dict()
+    if row["status"] == "fail":
         from .commands import vet_command
 
         seeded = ("--seed", str(seed)) if seed else ()
-        args = ("--dtypes", *dtypes, "--grad", "--long-grad", str(longest), "--long", "0",
-                "--no-envelope", *seeded)  # fmt: skip
-        row["reproduce"] = vet_command(impl, *args)
+        row["reproduce"] = vet_command(impl, "--dtypes", *dtypes, *rerun, *seeded)
     return [row]
 
 
