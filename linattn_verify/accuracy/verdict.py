@@ -45,6 +45,12 @@ VACUOUS = "vacuous (n u >= 1, or the denominator within its error of 0)"
 BUDGET_FLOOR = 1.0
 
 
+def compute_unit(u: float) -> float:
+    """u_c, the unit roundoff the golden forms compute in for results of unit roundoff u:
+    float32's for half precision (and float32), float64's for float64."""
+    return UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
+
+
 def typical_roundings(n: int, u: float) -> float:
     """How many roundings of the result's own size a correct evaluation of n roundings
     typically makes, at least one: sqrt(n) u_c / u, u_c the precision the golden forms
@@ -54,8 +60,7 @@ def typical_roundings(n: int, u: float) -> float:
     lambda sqrt(n) u_c with probability >= 1 - 2 exp(-lambda^2 / 2); lambda = 1 is its
     typical scale, below which a single lucky evaluation can fall far (identical keys
     summed 31 times: 1.2 units for one rounding of their feature, 8.3 for the next)."""
-    u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
-    return max(1.0, math.sqrt(n) * u_compute / u)
+    return max(1.0, math.sqrt(n) * compute_unit(u) / u)
 
 
 def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
@@ -80,8 +85,7 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     if spec.decay is None:
         return 0.0
     widest = widest_gate_sum(spec, x)
-    u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
-    return widest * u_compute / u
+    return widest * compute_unit(u) / u
 
 
 def widest_gate_sum(spec: Spec, x: AttentionInputs) -> float:
