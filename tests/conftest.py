@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from linattn_verify.reference import certified_decay
+
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     rows = [
@@ -33,3 +35,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("all_variants"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """The certified engines' chunks of 8 tokens, sub-chunks of 4, 2 chunks per step: a
+    few dozen tokens cross all three and end ragged."""
+    monkeypatch.setattr(certified_decay, "CHUNK", 8)
+    monkeypatch.setattr(certified_decay, "SUB", 4)
+    monkeypatch.setattr(certified_decay, "GROUP", 2)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from linattn_verify.inputs import validate
-from linattn_verify.reference import certified_decay as decayed
 from linattn_verify.reference.certified_grad import certified_gradients
 from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
@@ -29,15 +28,6 @@ CASES = [
     ("channel-gates", 0.3, -50.0),
     ("channel-gates", 1.0, -1e-6),
 ]
-
-
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """Chunks of 8 tokens, sub-chunks of 4, 2 chunks per step: N = 45 crosses all three
-    and ends ragged."""
-    monkeypatch.setattr(decayed, "CHUNK", 8)
-    monkeypatch.setattr(decayed, "SUB", 4)
-    monkeypatch.setattr(decayed, "GROUP", 2)
 
 
 def _case(decay, scale, gates, n: int = 45, seed: int = 0):
@@ -88,7 +78,12 @@ def test_one_token(decay):
 def test_gates_one_token_off_break_the_bound(small_chunks):
     """The bound is tight enough to catch a gate applied one token off (the reversed
     sequence's shift): the certificate fails against the exact gradients then."""
-    x, spec, g_out = _case("gates", 1.0, "random")
+    assert_shifted_gates_break_the_bound(*_case("gates", 1.0, "random"))
+
+
+def assert_shifted_gates_break_the_bound(x, spec, g_out) -> None:
+    """The certificate of the gates rolled by one token fails against the exact gradients
+    in every tensor."""
     exact, _ = exact_gradients_and_magnitudes(x, spec, g_out)
     shifted = validate(x.q, x.k, x.v, spec, None, np.roll(x.decay, 1, axis=-1))
     grads, bounds, _ = certified_gradients(shifted, spec, g_out)

@@ -42,13 +42,10 @@ def _spec(decay: str | None, l2: bool, scale: float | str = RSQRT_D) -> Spec:
     )
 
 
-def _case(decay, l2, seed, kind="typical", s0=True, gs=True, n=5, d=3, dv=2, b=1, h=2):
-    """(x, spec, G, G_S or None, S_0 or None): typical inputs (unit keys unless normalised
-    inside, beta in (0, 1), gates in [-1, -0.05]), or one of KINDS as in
-    test_delta_reference: beta within 1e-3 of 2; nearly parallel keys with beta = 1 and
-    nearly equal values; keys of norm 3 and beta up to 2 (the state grows); values and S_0
-    near 2^-1000 and gates down to -800."""
-    rng = np.random.default_rng(seed)
+def typical_draws(rng, decay, l2: bool, sizes: tuple[int, ...]):
+    """q, k, v, beta, g, S_0 ~ N(0, 1) of sizes (B, H, N, d, dv): unit keys unless l2
+    (normalised inside), beta in (0, 1), gates in [-1, -0.05]."""
+    b, h, n, d, dv = sizes
     q, k = rng.normal(size=(2, b, h, n, d))
     v = rng.normal(size=(b, h, n, dv))
     beta = rng.uniform(0, 1, (b, h, n))
@@ -56,6 +53,17 @@ def _case(decay, l2, seed, kind="typical", s0=True, gs=True, n=5, d=3, dv=2, b=1
     state = rng.normal(size=(b, h, d, dv))
     if not l2:
         k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    return q, k, v, beta, g, state
+
+
+def _case(decay, l2, seed, kind="typical", s0=True, gs=True, n=5, d=3, dv=2, b=1, h=2):
+    """(x, spec, G, G_S or None, S_0 or None): typical inputs (unit keys unless normalised
+    inside, beta in (0, 1), gates in [-1, -0.05]), or one of KINDS as in
+    test_delta_reference: beta within 1e-3 of 2; nearly parallel keys with beta = 1 and
+    nearly equal values; keys of norm 3 and beta up to 2 (the state grows); values and S_0
+    near 2^-1000 and gates down to -800."""
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, g, state = typical_draws(rng, decay, l2, (b, h, n, d, dv))
     if kind == "beta-near-2":
         beta = 2 - rng.uniform(0, 1e-3, beta.shape)
     elif kind == "parallel-keys":

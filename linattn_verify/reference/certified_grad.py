@@ -66,11 +66,20 @@ from .grad import _check_g_out, gradient_names
 Arrays = dict[str, np.ndarray]
 
 
+# The maps of the normalised specs covered (certified_grad_normalised.py): elementwise,
+# non-negative features, so that every magnitude is a chain sum
+NORMALISED_MAPS = ("elu", "relu")
+
+
 def covered(spec: Spec) -> bool:
-    """Whether certified_gradients takes `spec`: causal, unnormalised, identity features,
-    not the delta rule."""
-    identity = spec.feature_map == "identity"
-    return identity and spec.causal and not spec.normalize and not spec.delta_rule
+    """Whether certified_gradients takes `spec`: causal, not the delta rule, and either
+    unnormalised with identity features or normalised with elu or relu features (any eps,
+    scale and decay)."""
+    if not spec.causal or spec.delta_rule:
+        return False
+    if spec.normalize:
+        return spec.feature_map in NORMALISED_MAPS
+    return spec.feature_map == "identity"
 
 
 def certified_gradients(
@@ -85,7 +94,8 @@ def certified_gradients(
     if not covered(spec):
         raise SpecError(
             f"certified gradients cover the causal, unnormalised identity specs (simple GLA, "
-            f"retention, GLA: decay None, constant, gates or channel-gates), not {spec}"
+            f"retention, GLA: decay None, constant, gates or channel-gates) and the causal "
+            f"normalised elu and relu specs (any eps, scale and decay), not {spec}"
         )
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
@@ -108,6 +118,10 @@ def certified_gradients(
 
 def _head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
     """One head's (grads, bounds, magnitudes) (module docstring)."""
+    if spec.normalize:
+        from .certified_grad_normalised import normalised_head
+
+        return normalised_head(q, k, v, g_out, decay, spec)
     n, d = q.shape
     c = 1 / math.sqrt(d) if spec.scale == RSQRT_D else float(spec.scale)
     aq, ak, av, ag = (np.abs(t) for t in (q, k, v, g_out))
@@ -154,7 +168,9 @@ def _head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
         mags["v"] = c * nonnegative(ak, spread * aq, ag, True)
     if spec.gated:
         channel = spec.decay == "channel-gates"
-        grads["g"], bounds["g"], mags["g"] = _gate_gradient(q, k, grads, bounds, mags, channel)
+        grads["g"], bounds["g"], mags["g"] = gate_gradient(
+            (q, k), (0.0, 0.0), grads, bounds, mags, channel
+        )
     return grads, bounds, mags
 
 
@@ -235,22 +251,32 @@ def _constant_abs_sums(log_gamma: float, left, right, cols, backward: bool) -> n
     return sums[::-1] if backward else sums
 
 
-def _gate_gradient(q, k, grads: Arrays, bounds: Arrays, mags: Arrays, channel: bool):
-    """(dL/dg, its bound, its magnitude) from dq and dk (module docstring): the reverse
-    cumulative sum of q . dq - k . dk (per channel for channel gates), 0 at token 0."""
+def gate_gradient(features, psi, grads: Arrays, bounds: Arrays, mags: Arrays, channel: bool):
+    """(dL/dg, its bound, its magnitude) from the features (f_q, f_k) = (phi^(q), phi^(k)),
+    their error bounds psi (0 for exact ones) and grads, bounds, mags of dL/dphi(q) and
+    dL/dphi(k) under "q" and "k" (module docstring): the reverse cumulative sum of f_q .
+    dphi(q) - f_k . dphi(k) (per channel for channel gates), 0 at token 0. A product
+    f^ y^ of f^ within psi of f and y^ within E of y errs by (|f^| + psi) E + psi |y^|."""
+    (q, k), (psi_q, psi_k) = features, psi
     dq, dk, eq, ek = grads["q"], grads["k"], bounds["q"], bounds["k"]
     aq, ak = np.abs(q), np.abs(k)
+    with np.errstate(invalid="ignore"):  # inf bounds times 0 features: inf below
+        terms = (aq + psi_q) * eq + (ak + psi_k) * ek + psi_q * np.abs(dq) + psi_k * np.abs(dk)
     if channel:
         width, x = 1, q * dq - k * dk
-        err = aq * eq + ak * ek + gamma64(2) * (aq * np.abs(dq) + ak * np.abs(dk))
+        err = terms + gamma64(2) * (aq * np.abs(dq) + ak * np.abs(dk))
         mag = aq * mags["q"] + ak * mags["k"]
     else:
         width, x = q.shape[1], np.sum(q * dq, axis=1) - np.sum(k * dk, axis=1)
-        err = np.sum(aq * eq + ak * ek, axis=1)
+        err = np.sum(terms, axis=1)
         err += gamma64(width + 1) * np.sum(aq * np.abs(dq) + ak * np.abs(dk), axis=1)
         mag = np.sum(aq * mags["q"] + ak * mags["k"], axis=1)
+    err = np.where(np.isnan(err), np.inf, err)
     n = x.shape[0]
-    err = err + 4 * width * SUBNORMAL
+    # products that may underflow: none where every product has an exact zero factor
+    active = ((aq != 0) & (dq != 0)) | ((ak != 0) & (dk != 0)) | (terms > 0)
+    active = active if channel else np.any(active, axis=1)
+    err = err + 4 * width * SUBNORMAL * active
 
     def through(t: np.ndarray) -> np.ndarray:  # sum_(s>=t) t_s
         return np.cumsum(t[::-1], axis=0)[::-1]
