@@ -6,8 +6,9 @@ assert_linear_attention's keywords and vet's reproduce line all come from OPTION
 from __future__ import annotations
 
 from .checks import GRAD_CHECKS
+from .checks.gradient_length import LONGEST_DEFAULT as LONG_GRAD_LONGEST
 from .checks.gradient_length import NAME as GRADIENT_LENGTH
-from .checks.gradient_length import SHORTEST
+from .checks.gradient_length import SHORTER_LONGEST, SHORTEST
 from .checks.long_context import (
     INTERPRETED_LONGEST,
     LONGEST,
@@ -44,7 +45,8 @@ RUN = (
            "front", metavar="N", check=_long_problem),
     Option("long_grad", "--long-grad", int | None, None,
            f"with --grad, {GRADIENT_LENGTH}: the backward at N = {SHORTEST}, 1024, ... up to "
-           "N against certified exact gradients (default 4096, 1024 in Triton's interpreter; "
-           "not in --smallest; 0 skips it)", metavar="N", check=_long_grad_problem),
+           f"N against certified exact gradients (default {LONG_GRAD_LONGEST}; in Triton's "
+           f"interpreter and for the delta rule {SHORTER_LONGEST}; not in --smallest; 0 skips "
+           "it)", metavar="N", check=_long_grad_problem),
 )  # fmt: skip
 OPTIONS = (*CLAIM, *RUN)

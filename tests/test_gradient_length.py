@@ -1,10 +1,13 @@
 """The gradient check at length (checks/gradient_length.py): its lengths, what it covers,
-and a correct built-in form passing it (the zoo's long_backward.py holds a broken one)."""
+correct forms passing it, and the normalised backward with its normaliser squared in the
+input dtype failing it at its first N (the zoo's long_backward.py holds both, and a broken
+state gradient that vet's zoo run rejects)."""
 
 from __future__ import annotations
 
 from linattn_verify.checks.gradient_length import gradient_length, lengths, not_applicable
 from linattn_verify.under_test import resolve
+from tests.zoo.long_backward import plain_hand_backward, plain_square_narrow
 
 
 def test_lengths_are_powers_of_four_from_256_and_the_longest():
@@ -13,13 +16,26 @@ def test_lengths_are_powers_of_four_from_256_and_the_longest():
     assert lengths(5000) == (256, 1024, 4096, 5000)
 
 
-def test_it_covers_the_unnormalised_identity_specs():
+def test_it_covers_the_certified_specs_and_says_why_not_for_the_others():
     gla = resolve(form="chunked", feature_map="identity", causal=True, normalize=False,
                   decay="channel-gates")  # fmt: skip
-    assert not_applicable(gla, ("float32",)) is None
+    covered = (
+        gla,
+        resolve(form="chunked", feature_map="elu", causal=True),
+        resolve(form="recurrent", feature_map="relu", causal=True, decay="constant"),
+        resolve(
+            form="recurrent",
+            feature_map="identity",
+            causal=True,
+            normalize=False,
+            delta_rule=True,
+            decay="gates",
+        ),
+    )
+    assert all(not_applicable(impl, ("float32",)) is None for impl in covered)
     assert "float64 only" in not_applicable(gla, ("float64",))
-    elu = resolve(form="chunked", feature_map="elu", causal=True)
-    assert "unnormalised identity" in not_applicable(elu, ("float32",))
+    favor = resolve(form="chunked", feature_map="performer-positive", causal=True)
+    assert "cover the delta rule" in not_applicable(favor, ("float32",))
 
 
 def test_the_built_in_chunked_form_passes_at_length():
@@ -30,3 +46,14 @@ def test_the_built_in_chunked_form_passes_at_length():
     # dg's computed sums reach M(dg) (the sum of what dg is computed from) by far: one
     # rounding of M is more than a careful float32 evaluation errs
     assert result.figures["max_error_dg float32 N=1024"] < 1.0
+
+
+def test_a_normalised_backward_by_hand_passes_and_its_narrow_square_fails_at_256():
+    """The quotient rule by hand (tests/zoo/long_backward.py): right with D^2 in float32;
+    D^2 in float16 overflows once D passes 256, some 12 tokens into the long draw."""
+    right = resolve(plain_hand_backward, feature_map="elu", causal=True)
+    result = gradient_length(right, ("float16", "float32"), longest=1024)
+    assert result.passed, result.message
+    narrow = resolve(plain_square_narrow, feature_map="elu", causal=True)
+    result = gradient_length(narrow, ("float16",), longest=1024)
+    assert not result.passed and "float16: fails from N = 256" in result.message

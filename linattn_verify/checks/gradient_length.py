@@ -1,21 +1,25 @@
 """The gradient check at length: with --grad, the backward at N = 256, 1024, 4096 (`lengths`;
 vet --long-grad N: the powers of 4 from 256 up to N, and N) against exact gradients
-certified at any N (reference/certified_grad.py), so that a backward whose intermediates
-overflow, lose precision or lose a state as N grows (a state gradient not handed across a
-split of the sequence) fails at the smallest N where it does; the gradient checks' own
-cases stop at N = 65.
+certified at any N (reference/certified_grad.py, certified_delta_grad.py), so that a
+backward whose intermediates overflow, lose precision or lose a state as N grows (a state
+gradient not handed across a split of the sequence) fails at the smallest N where it does;
+the gradient checks' own cases stop at N = 65.
 
 Per dtype one draw of the long-context check's typical inputs at the longest N (its long
 panel: B = 1, d = dv = 16, H = 1, a decayed spec's two memories H = 2: long_context.inputs)
-and its prefixes,
-the loss L = sum(out * G) with G ~ N(0, 1) (rounded to the dtype), judged as the gradient
-check judges (accuracy/gradient.py): the a-priori bound, and K_BUDGET times the larger of
-the golden long form's backward error (its linear form: golden.long_form) and the rounding
-floor. An element whose certificate exceeds CERTIFIED_SHARE of its magnitude M is left
-out (counted in the detail). float64 is judged at N <= 65 by the gradient check, not here.
+and its prefixes, the loss L = sum(out * G) with G ~ N(0, 1) (rounded to the dtype), judged
+as the gradient check judges (accuracy/gradient.py): the a-priori bound, and K_BUDGET times
+the larger of the golden long form's backward error (its linear form: golden.long_form) and
+the gradient floor. An element whose certificate exceeds CERTIFIED_SHARE of its magnitude M
+is left out (counted in the detail). float64 is judged at N <= 65 by the gradient check, not here.
 
-Specs: those certified_grad covers, the unnormalised identity specs (simple GLA, retention,
-GLA, any scale); the others say why not.
+Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and those certified_grad covers:
+the unnormalised identity specs (simple GLA, retention, GLA) and the normalised elu and
+relu ones, causal, any scale and decay; the others say why not. For the normalised specs
+the magnitudes of dq, dk and dg are an upper bound M' on grad.py's M
+(certified_grad_normalised's docstring: at most (1 + M(D) / D) M, 1 to 2.2 times it as
+measured), so their errors in units of u M' read up to that much smaller: the bound and the
+budget scale alike.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
 from ..accuracy.gradient import judge_gradients
 from ..implementations.golden import long_form
-from ..inputs import unit_roundoff, validate
+from ..inputs import AttentionInputs, unit_roundoff, validate
 from ..reference.certified import CERTIFIED_SHARE
+from ..reference.certified_delta_grad import certified_delta_gradients
 from ..reference.certified_grad import certified_gradients, covered
 from ..reference.grad import roundings
 from ..results import CheckResult
@@ -40,7 +46,15 @@ from .long_context import DIMS, MEMORIES, Draw
 NAME = "gradient-length"
 SHORTEST = 256
 LONGEST_DEFAULT = 4096
-INTERPRETED_LONGEST = 1024  # in Triton's interpreter: its backward takes seconds a call
+# in Triton's interpreter (its backward takes seconds a call) and for the delta rule (a
+# token loop's backward, the golden's and most kernels' reference forms: 37 s to 4096)
+SHORTER_LONGEST = 1024
+
+
+def default_longest(interpreted: bool, delta_rule: bool) -> int:
+    """vet's longest N: SHORTER_LONGEST in Triton's interpreter or for the delta rule,
+    else LONGEST_DEFAULT."""
+    return SHORTER_LONGEST if interpreted or delta_rule else LONGEST_DEFAULT
 
 
 def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
@@ -53,10 +67,11 @@ def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
 
 def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
-    if not covered(impl.spec):
+    if not (impl.spec.delta_rule or covered(impl.spec)):
         return (
-            "its exact gradients at length (reference/certified_grad.py) cover the "
-            f"unnormalised identity specs so far, not {impl.spec}"
+            "its exact gradients at length (reference/certified_grad.py) cover the delta "
+            "rule, the unnormalised identity specs and the normalised elu and relu ones "
+            f"(causal) so far, not {impl.spec}"
         )
     if all(t == "float64" for t in dtypes):
         return "float64 only: its backward is judged at N <= 65 by the gradient check"
@@ -91,14 +106,14 @@ def gradient_length(
                 failures.append((n, dtype, "wrong", f"the implementation {err}"))
                 break
             x = validate(q, k, v, spec, w, decay)
-            exact, bounds, magnitude = certified_gradients(x, spec, as_array(g))
+            exact, bounds, magnitude, rounds = _certified(x, spec, as_array(g))
             for name in exact:  # an element not certified is not judged
                 loose = ~(bounds[name] <= CERTIFIED_SHARE * magnitude[name])
                 left_out += int(loose.sum())
                 exact[name] = np.where(loose, np.nan, exact[name])
             golden = golden_gradients(q, k, v, w, g, spec, decay, forms=(long_form(spec),))
             u = unit_roundoff(dtype, spec)
-            verdict = judge_gradients(grads, exact, magnitude, dtype, u, roundings(x, spec), golden)
+            verdict = judge_gradients(grads, exact, magnitude, dtype, u, rounds, golden)
             for name, e in verdict.max_error.items():
                 figures[f"max_error_d{name} {dtype} N={n}"] = e
             if not verdict.passed:
@@ -106,6 +121,15 @@ def gradient_length(
                 failures.append((n, dtype, severity, verdict.message))
                 break
     return _result(spec, ns, judged, dtypes, failures, figures, left_out)
+
+
+def _certified(x: AttentionInputs, spec, g: np.ndarray):
+    """(gradients, bounds, magnitudes M, roundings n) of L = sum(out * g): the delta rule's
+    (certified_delta_grad, delta_gradient's M and n) or certified_grad's."""
+    if spec.delta_rule:
+        exact, bounds = certified_delta_gradients(x, spec, g)
+        return exact, bounds, delta_gradient_magnitudes(x, spec, g), delta_roundings(x, spec)
+    return (*certified_gradients(x, spec, g), roundings(x, spec))
 
 
 def _loss_weights(draw: Draw) -> torch.Tensor:

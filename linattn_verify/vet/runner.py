@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cases import Case
-from ..checks.gradient_length import INTERPRETED_LONGEST as LONG_GRAD_INTERPRETED
 from ..checks.gradient_length import LONGEST_DEFAULT as LONG_GRAD_DEFAULT
 from ..checks.gradient_length import NAME as GRADIENT_LENGTH
+from ..checks.gradient_length import default_longest as long_grad_default
 from ..checks.long_context import LONGEST, default_longest
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..regimes import REGIMES
@@ -63,17 +63,16 @@ class VetOptions:
             return self.longest
         return default_longest(interpreted, self.smallest, delta_rule)
 
-    def long_grad_n(self, interpreted: bool) -> int:
+    def long_grad_n(self, interpreted: bool, delta_rule: bool = False) -> int:
         """The gradient check at length's longest N: 0 without --grad, the one given, 0 in
-        the smallest plan, its INTERPRETED_LONGEST in Triton's interpreter (a backward
-        there takes seconds a call), else its LONGEST_DEFAULT."""
+        the smallest plan, else the plan's (gradient_length.default_longest)."""
         if not self.grad:
             return 0
         if self.long_grad is not None:
             return self.long_grad
         if self.smallest:
             return 0
-        return LONG_GRAD_INTERPRETED if interpreted else LONG_GRAD_DEFAULT
+        return long_grad_default(interpreted, delta_rule)
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -165,7 +164,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if longest := options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         long = {"longest": longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
-    if long_grad := options.long_grad_n(description.get("triton") == "interpret"):
+    if long_grad := options.long_grad_n(description.get("triton") == "interpret", spec.delta_rule):
         grad = {"longest": long_grad, "seed": options.seed}
         steps.append((GRADIENT_LENGTH, GRADIENT_LENGTH, {**grad, **where}))
     if options.kat and not kat_not_applicable(spec):
@@ -217,7 +216,7 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
                 skipped(name, "without --grad")
     if not options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         skipped("long-context", "--long 0")
-    if not options.long_grad_n(description.get("triton") == "interpret"):
+    if not options.long_grad_n(description.get("triton") == "interpret", spec.delta_rule):
         without = "--smallest" if options.long_grad is None else "--long-grad 0"
         skipped(GRADIENT_LENGTH, without if options.grad else "without --grad")
     if not options.kat and not kat_not_applicable(spec):
