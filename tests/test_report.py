@@ -23,10 +23,13 @@ import linattn_verify.report.build as build
 import linattn_verify.report.long as report_long
 import linattn_verify.report.random_features as report_rf
 from linattn_verify.cli import main
+from linattn_verify.implementations.forms import attention
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.report import ERROR_FACTOR, TIME_FACTOR, compare
-from linattn_verify.specs import FEATURE_MAPS, SpecError
+from linattn_verify.report.accuracy import Sweep, denominator_margins, sweep_inputs
+from linattn_verify.specs import FEATURE_MAPS, Spec, SpecError
 from linattn_verify.stats.plot import plot_mse_vs_m
+from linattn_verify.under_test import resolve
 
 TARGETS = Path(__file__).parent / "vet_targets.py"
 SPECS = ("elu", "performer-trig")
@@ -457,6 +460,92 @@ def test_a_forward_only_implementation_is_reported_with_no_grad(small_sweep, tmp
     code, out = _report(tmp_path / "again", *args, "--no-grad")
     doc = json.loads((out / "report.json").read_text())
     assert code == 0 and doc["gradients"]["rows"] == [] and doc["verdict"] == "pass"
+
+
+# ------------------------------------------------------------- non-plain specs
+
+GATED = ("--causal", "--feature-map", "identity", "--no-normalize", "--scale", "d^-0.5",
+         "--decay", "gates")  # fmt: skip
+DELTA = ("--causal", "--feature-map", "identity", "--no-normalize", "--delta-rule", "--decay",
+         "gates", "--qk-l2norm")  # fmt: skip
+
+
+def _judged(doc) -> dict[str, list[dict]]:
+    return {key: doc[key]["rows"] for key in ("accuracy", "long_context", "gradients")}
+
+
+@pytest.mark.parametrize("spec, leaves", [(GATED, {"g"}), (DELTA, {"beta", "g"})],
+                         ids=["gates", "delta-rule"])  # fmt: skip
+def test_a_built_in_form_of_a_decayed_or_delta_rule_spec_passes_every_section(
+    small_sweep, tmp_path, spec, leaves
+):
+    code, out = _report(tmp_path, "--form", "chunked", *spec, "--dtypes", "float32")
+    doc = json.loads((out / "report.json").read_text())
+    assert code == 0 and doc["verdict"] == "pass"
+    rows = _judged(doc)
+    assert [r["n"] for r in rows["accuracy"]] == [8, 16]
+    assert [r["n"] for r in rows["long_context"]] == [16, 64]
+    for r in rows["accuracy"] + rows["long_context"] + rows["gradients"]:
+        assert r["passed"] and "decay=gates" in r["spec"], r
+    # the decay's gradients (the delta rule's beta too) are judged with dq, dk and dv
+    assert set(rows["gradients"][0]["max_error"]) == {"q", "k", "v", *leaves}
+    sweep = doc["environment"]["sweep"]
+    assert sweep["accuracy"]["decay"].startswith("cases.Case.decay")
+    assert ("delta_rule" in sweep["long_context"]) == ("--delta-rule" in spec)
+    # no denominator: the margins say why, and no plot is drawn
+    (margin,) = doc["accuracy"]["margins"]
+    assert margin["not_applicable"] == "unnormalised: the output has no denominator"
+    assert "margins" not in doc["accuracy"]["plots"]
+    markdown = (out / "report.md").read_text()
+    assert f"Not applicable to {margin['spec']}: unnormalised" in markdown
+    assert "Not run: --impl reports an implementation" in markdown  # random features
+
+
+def test_the_margins_weigh_the_similarities_by_the_decay():
+    """r = D_i / sum_j |a_ij w_ij|: r stays 1 for positive features, and moves for signed
+    ones, whose far keys the decay weighs down."""
+    sweep, margins = Sweep((64,), ("float64",), "cpu", h=2), {}
+    for name, decay in (("elu", "gates"), ("performer-trig", "gates"), ("performer-trig", None)):
+        spec = Spec(name, causal=True, decay=decay)
+        q, k, _, w, gates = sweep_inputs(spec, sweep, 64, "float64")
+        margins[name, decay] = denominator_margins(q, k, spec, w, gates)
+    assert margins["elu", "gates"]["min"] == 1.0
+    assert margins["performer-trig", "gates"]["min"] < 1.0
+    assert margins["performer-trig", "gates"] != margins["performer-trig", None]
+
+
+def gates_ignored(q, k, v, g):
+    """BUG: GATED's chunked form with the gates never applied (a decay of 1)."""
+    return attention(q, k, v, "identity", True, "chunked", normalize=False, scale="d^-0.5")
+
+
+def delta_gates_ignored(q, k, v, beta, g):
+    """BUG: DELTA's chunked form, beta used and the gates never applied (DeltaNet, not Gated
+    DeltaNet)."""
+    return attention(q, k, v, "identity", True, "chunked", normalize=False, delta_rule=True,
+                     qk_l2norm=True, beta=beta)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fn, claim",
+    [
+        (gates_ignored, dict(normalize=False, scale="d^-0.5", decay="gates")),
+        (delta_gates_ignored, dict(normalize=False, decay="gates", delta_rule=True,
+                                   qk_l2norm=True)),
+    ],
+    ids=["gates", "delta-rule"],
+)  # fmt: skip
+def test_a_kernel_that_ignores_the_decay_fails_the_accuracy_and_long_sections(
+    small_sweep, tmp_path, fn, claim
+):
+    impl = resolve(fn, feature_map="identity", causal=True, **claim)
+    options = build.ReportOptions(("elu",), ("float32",), ("cpu",), impl=impl, grad=False)
+    doc = build.run_report(options, tmp_path, lambda done: None)
+    assert doc["verdict"] == "fail"
+    for section, rows in _judged(doc).items():
+        if section != "gradients":
+            assert rows and not any(r["passed"] for r in rows), section
+            assert all(r["max_error"] > r["budget"] for r in rows), section
 
 
 # ---------------------------------------------------------------------- bad input

@@ -87,6 +87,27 @@ def test_full_runs_the_chosen_specs_to_2_20_and_the_others_to_2_18():
     assert long.LONG_NS == (16, 64, 256, 1024, 4096, 16384, 65536)
 
 
+def test_every_form_of_a_decayed_spec_passes_on_the_checks_decay():
+    spec = Spec("elu", causal=True, decay="constant")
+    rows = long.long_rows(spec, _forms(spec), NS[:2], long.LongSweep(("float32", "bfloat16"),
+                          "cpu"), lambda done: None)  # fmt: skip
+    assert sorted({r["form"] for r in rows}) == sorted(forms_of(spec)) and len(rows) == 3 * 2 * 2
+    assert all(r["passed"] and r["spec"] == "elu (causal, decay=constant)" for r in rows)
+
+
+def test_the_delta_rule_stops_at_its_longest_n_and_is_judged_by_its_one_bound():
+    spec = Spec("identity", causal=True, normalize=False, decay="gates", delta_rule=True)
+    forms = _forms(spec)
+    assert long.long_ns(spec, forms, full=False, chosen=True)[-1] == long.DELTA_LONGEST == 2**12
+    assert long.long_ns(spec, forms, full=True, chosen=True)[-1] == long.DELTA_FULL_LONGEST
+    assert long.DELTA_FULL_LONGEST == 2**16
+    rows = long.long_rows(spec, forms, NS[:2], long.LongSweep(("float32",), "cpu"),
+                          lambda done: None)  # fmt: skip
+    assert len(rows) == len(forms) * 2 and all(r["passed"] for r in rows)
+    # its normwise bound (accuracy/delta_bound.py) is its only one: both columns show it
+    assert all(r["bound_max"] == r["probabilistic_bound_max"] < float("inf") for r in rows)
+
+
 def test_a_kernel_with_a_bfloat16_state_fails_here_and_fails_the_verdict(tmp_path):
     impl = resolve(f"{TARGETS}:bf16_state_elu", feature_map="elu", causal=True)
     rows = long.long_rows(impl.spec, {"impl": impl}, NS, long.LongSweep(("float32",), "cpu"),

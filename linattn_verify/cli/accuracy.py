@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     sweep = Sweep((n,), tuple(args.dtypes), "cpu", b, h, d, dv, args.seed)
     for index, (name, causal, dtype) in enumerate(cases, 1):
         spec = Spec(name, causal=causal)
-        judgement = Judgement.of(*sweep_inputs(spec, sweep, n, dtype), spec)
+        q, k, v, w, decay = sweep_inputs(spec, sweep, n, dtype)
+        judgement = Judgement.of(q, k, v, w, spec, decay)
         for form, golden in zip(golden_forms(spec), judgement.golden, strict=True):
             rows.append({"form": form, **judgement(golden).to_dict()})
         options.progress(args.quiet, f"[{index}/{len(cases)}] {spec} {dtype}")

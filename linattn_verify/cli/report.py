@@ -20,14 +20,16 @@ def add(sub) -> None:
         sub,
         "report",
         "the error and scaling report: Markdown, JSON and plots",
-        "Judge every form of every spec in every dtype against the exact reference (errors "
-        "in units of u s, bound, budget), with accuracy vs N and the denominators' margins; "
-        "the project's random-feature samplers (unbiasedness, MSE vs theory); counted cost "
-        "growth and timings against SDPA. With TARGET (--impl) or --form, one implementation "
-        "instead of the built-in forms. Writes report.md, report.json and PNG plots to "
-        "--out, atomically (a failed run leaves the previous report as it was); README "
-        "'The report' gives the time of a run. Exit 0 when everything passes, 1 on a failed "
-        "judgement or a regression against --compare, 2 on usage errors. " + options.CONTRACT,
+        "Judge every form of every spec in every dtype against the exact reference (errors in "
+        "units of u s, bound, budget), with accuracy vs N and the denominators' margins; the "
+        "project's random-feature samplers (unbiasedness, MSE vs theory); counted cost growth and "
+        "timings against SDPA. With TARGET (--impl) or --form, one implementation instead of the "
+        "built-in forms, of any spec vet takes (scaled, unnormalised, decayed, the delta rule: "
+        "its decay and beta drawn as vet's checks draw them). Writes report.md, report.json and "
+        "PNG plots to --out, atomically (a failed run leaves the previous report as it was); "
+        "README 'The report' gives the time of a run. Exit 0 when everything passes, 1 on a "
+        "failed judgement or a regression against --compare, 2 on usage errors. "
+        + options.CONTRACT,
         [
             "python -m linattn_verify report",
             "python -m linattn_verify report --specs elu performer-positive --dtypes float16",
@@ -35,6 +37,8 @@ def add(sub) -> None:
             "python -m linattn_verify report --impl mykernels.py:attn --feature-map elu \\",
             "    --causal --out reports/mykernel",
             "python -m linattn_verify report --impl fla.based-naive --out reports/fla-based",
+            "python -m linattn_verify report --form chunked --causal --feature-map identity \\",
+            "    --no-normalize --scale d^-0.5 --decay gates --out reports/gla",
         ],
     )
     parser.add_argument("--full", action="store_true", help="the wide sweep (N to 1024, all timed)")
@@ -104,10 +108,12 @@ def _old_report(path: str) -> dict[str, Any]:
 
 
 def _probe(impl, device: str) -> str | None:
-    """One small float32 call (N = 16, d = dv = 16) before the run: why the implementation
-    fails at all, or None."""
+    """One small float32 call (N = 16, d = dv = 16; a decay and beta as the scaling runs
+    give them, cases.default_decay) before the run: why the implementation fails at all,
+    or None."""
     import torch
 
+    from ..cases import default_decay
     from ..implementations import sample_projection_torch
     from ..scaling import attention_inputs
     from ..under_test import ImplementationFailure
@@ -116,8 +122,9 @@ def _probe(impl, device: str) -> str | None:
     if impl.spec.info.needs_projection:
         w = sample_projection_torch(16, 16, "orthogonal", torch.Generator().manual_seed(0))
         w = w.to(device)
+    q, k, v = attention_inputs(16, d=16, dv=16, device=device)
     try:
-        impl(*attention_inputs(16, d=16, dv=16, device=device), w)
+        impl(q, k, v, w, default_decay(impl.spec, q))
     except ImplementationFailure as err:
         return f"{impl.name} {err}"
     return None
@@ -164,11 +171,6 @@ def run(args: argparse.Namespace) -> int:
     old = _old_report(args.compare) if args.compare else None
     if args.json:
         options.check_writable(Path(args.json))
-    if report_options.impl is not None and not report_options.impl.spec.plain:
-        raise options.UsageError(
-            f"the report's panels are for plain specs (normalised, unscaled, no decay), not "
-            f"{report_options.impl.spec}: `vet` judges it"
-        )
     plan = make_plan(report_options)
     if report_options.impl is not None and (
         failure := _probe(report_options.impl, report_options.devices[0])

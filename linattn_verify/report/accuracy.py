@@ -1,6 +1,8 @@
 """The report's accuracy sweep: every form of every spec in every dtype against the exact
 reference, judged by the accuracy model (error in units of u s, bound, budget), and the
-denominator margins of the same inputs."""
+denominator margins of the same inputs. A decayed spec's decay and the delta rule's keys and
+beta are those vet's checks draw (cases.Case.decay, Case.arguments), given to the reference,
+the golden forms and the kernel alike."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch
 
 from ..accuracy.bound import gamma
 from ..accuracy.judgement import Judgement
-from ..implementations.golden import quadratic_weights
+from ..cases import Case
+from ..implementations.golden import decay_matrix, quadratic_weights
 from ..inputs import UNIT_ROUNDOFF
 from ..sampling import sample_projection
 from ..specs import Spec
@@ -39,17 +42,25 @@ class Sweep:
 
 
 def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
-    """Seeded N(0, 1) q, k, v and an orthogonal W: the same float64 draws for every dtype and
-    spec (so dtypes and specs are compared on the same numbers), rounded to `dtype`."""
-    rng = np.random.default_rng([sweep.seed, n])
-    shapes = [(sweep.b, sweep.h, n, sweep.d)] * 2 + [(sweep.b, sweep.h, n, sweep.dv)]
+    """(q, k, v, W, decay): seeded N(0, 1) q, k, v and an orthogonal W, the same float64
+    draws for every dtype and spec (so dtypes and specs are compared on the same numbers),
+    rounded to `dtype`; a decayed spec's decay that of the case of the sweep's shape and
+    seed (Case.decay, None without one); the delta rule's q, k, v and its packed beta and
+    gates that case's arguments as vet draws them (Case.arguments: unit-norm keys, or raw
+    ones where the kernel normalises them, beta ~ U(0, 1))."""
     t = getattr(torch, dtype)
-    q, k, v = (torch.tensor(rng.standard_normal(s)).to(t).to(sweep.device) for s in shapes)
     w = None
     if spec.info.needs_projection:
         w = torch.tensor(sample_projection(sweep.d, sweep.d, "orthogonal", sweep.seed))
         w = w.to(t).to(sweep.device)
-    return q, k, v, w
+    case = Case(sweep.b, sweep.h, n, sweep.d, sweep.dv, dtype, seed=sweep.seed, device=sweep.device)
+    if spec.delta_rule:
+        q, k, v, _, decay = case.arguments(spec)
+        return q, k, v, w, decay
+    rng = np.random.default_rng([sweep.seed, n])
+    shapes = [(sweep.b, sweep.h, n, sweep.d)] * 2 + [(sweep.b, sweep.h, n, sweep.dv)]
+    q, k, v = (torch.tensor(rng.standard_normal(s)).to(t).to(sweep.device) for s in shapes)
+    return q, k, v, w, case.decay(spec.decay)
 
 
 def accuracy_rows(
@@ -65,12 +76,12 @@ def accuracy_rows(
     rows, margins = [], []
     for n in sweep.ns:
         for dtype in sweep.dtypes:
-            q, k, v, w = sweep_inputs(spec, sweep, n, dtype)
-            judgement = Judgement.of(q, k, v, w, spec)
+            q, k, v, w, decay = sweep_inputs(spec, sweep, n, dtype)
+            judgement = Judgement.of(q, k, v, w, spec, decay)
             where = {"device": sweep.device, "spec": str(spec), "n": n, "dtype": dtype}
             for form, impl in impls.items():
                 try:
-                    verdict = judgement(impl(q, k, v, w))
+                    verdict = judgement(impl(q, k, v, w, decay))
                 except ImplementationFailure as err:
                     rows.append({**where, "form": form, "passed": False, "error": str(err)})
                     continue
@@ -81,27 +92,41 @@ def accuracy_rows(
                 severity = None if verdict.passed else verdict.severity
                 rows.append({**where, "form": form, **figures, "severity": severity})
             if n == max(sweep.ns):
-                margins.append({**where, **denominator_margins(q, k, spec, w)})
+                margins.append({**where, **denominator_margins(q, k, spec, w, decay)})
             step(f"{spec} N={n} {dtype}")
     return rows, margins
 
 
 MARGIN_EDGES = tuple(np.linspace(-1.0, 1.0, 41).tolist())  # histogram bins of r
+NO_DENOMINATOR = "unnormalised: the output has no denominator"
 
 
 def denominator_margins(
-    q: torch.Tensor, k: torch.Tensor, spec: Spec, w: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    spec: Spec,
+    w: torch.Tensor | None,
+    decay: torch.Tensor | None = None,
 ) -> Row:
-    """The relative margin r_i = D_i / sum_j |a_ij| of each row's denominator (eps = 0),
+    """The relative margin r_i = D_i / sum_j |a_ij| of each row's denominator (eps = 0;
+    a_ij the similarities times the decay's weights w_ij > 0, whose scale c cancels),
     from the inputs (already rounded to their dtype) evaluated in float64: 1 when every
     similarity is positive, 0/0 where none is (relu, cosformer), below 1 when signed
     similarities cancel (performer-trig). Rounding in the inputs' dtype, of unit roundoff
     u, can flip the sign of a computed denominator only where r_i < gamma_N(u) (Higham eq.
     3.5, a sum of N terms), and never where r_i = 1 (terms of one sign): those rows are "at
-    risk". Returns counts, quantiles and a
-    histogram of r over MARGIN_EDGES."""
+    risk". Returns counts, quantiles and a histogram of r over MARGIN_EDGES; for a spec
+    without a denominator (unnormalised, the delta rule) {"not_applicable": why}."""
+    if not spec.normalize:
+        return {"not_applicable": NO_DENOMINATOR}
     w64 = None if w is None else w.double()
-    weights, _ = quadratic_weights(q.double(), k.double(), spec, w64)  # rows scaled by e^shift
+    gates = None
+    if spec.decay == "channel-gates":  # per channel: inside the similarities
+        gates = torch.cumsum(decay.double(), dim=-2)
+    # rows scaled by e^shift
+    weights, _ = quadratic_weights(q.double(), k.double(), spec, w64, gates)
+    if spec.decay is not None and gates is None:
+        weights = weights * decay_matrix(decay, spec, q.shape)
     with np.errstate(invalid="ignore", divide="ignore"):
         r = (weights.sum(dim=-1) / weights.abs().sum(dim=-1)).cpu().numpy().ravel()
     defined = r[~np.isnan(r)]

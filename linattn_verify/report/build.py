@@ -17,6 +17,8 @@ from ..under_test import Implementation, resolve
 from .accuracy import Sweep, accuracy_rows
 from .gradients import GRADIENT_N, gradient_rows
 from .long import (
+    DELTA_FULL_LONGEST,
+    DELTA_LONGEST,
     FULL_LONGEST,
     LONG_D,
     LONG_SPECS,
@@ -166,6 +168,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                     "inputs": "N(0, 1) from numpy PCG64([seed, N]), rounded to each dtype "
                     "(typical inputs, regimes.py: every failure fails the verdict)",
                     "projection": "orthogonal rows with chi(d) norms, m = d, PCG64(seed)",
+                    **_arguments(plan, ACCURACY_ARGUMENTS),
                 },
                 "gradients": {
                     "n": GRADIENT_N,
@@ -181,8 +184,14 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                     "dtype at its longest N and its prefixes; seed as above",
                     "reference": "certified (reference/certified.py), float64 within 2^-34 s",
                     "torch_threads": 1,
+                    **_arguments(plan, LONG_ARGUMENTS),
                 },
-                "scaling": {**asdict(scaling_plan), "inputs": "float32", "torch_threads": 1},
+                "scaling": {
+                    **asdict(scaling_plan),
+                    "inputs": "float32",
+                    "torch_threads": 1,
+                    **_arguments(plan, SCALING_ARGUMENTS),
+                },
             },
             "seconds": time.perf_counter() - start,
         },
@@ -217,6 +226,37 @@ def _scaling_curves(
     return timings, costs, panels
 
 
+# How the sweeps draw a decayed spec's decay and the delta rule's arguments (in the JSON only
+# for a report that has such a spec: a plain report's sweep, which --compare matches, is as
+# it was)
+ACCURACY_ARGUMENTS = {
+    "decay": "cases.Case.decay of Case(B, H, N, d, dv, dtype, seed=seed): gamma_h = "
+    "exp(-2^-h / 16), or log-gates (1 / 16) ln U, U ~ U(0, 1] (channel gates: key channel "
+    "m's rate times 2^(1 - m mod 4))",
+    "delta_rule": "q, k, v and the packed beta and gates of cases.Case.arguments of that "
+    "case, not the draws above: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1)",
+}
+LONG_ARGUMENTS = {
+    "decay": "checks/long_context.py's long_decay, head 0: an effective memory of 2^12 tokens",
+    "delta_rule": "the check's: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1); N up to "
+    f"{DELTA_LONGEST} ({DELTA_FULL_LONGEST} with --full)",
+}
+
+SCALING_ARGUMENTS = {
+    "decay": "cases.default_decay, as vet's scaling check: gamma = exp(-1 / 16) per head, or "
+    "log-gates -1 / 16 every token",
+    "delta_rule": "cases.default_decay: beta = 1 / d every token",
+}
+
+
+def _arguments(plan: Plan, described: dict[str, str]) -> dict[str, str]:
+    """The descriptions of the decay and the delta rule's arguments where a spec of the plan
+    has them."""
+    specs = [spec for spec, _ in plan.groups]
+    has = {"decay": any(s.decay for s in specs), "delta_rule": any(s.delta_rule for s in specs)}
+    return {key: text for key, text in described.items() if has[key]}
+
+
 def _options(options: ReportOptions) -> dict[str, Any]:
     """The options as JSON: the implementation by the command options that name it."""
     named = {f.name: getattr(options, f.name) for f in fields(options)}
@@ -232,9 +272,12 @@ def _accuracy_plots(
     plot_error_vs_n(rows, plan.fast_form, folder / "error_vs_n.png")
     accuracy["plots"]["error_vs_n"] = "error_vs_n.png"
     dtype = next(t for t in ("float32", "float64", "bfloat16", "float16") if t in options.dtypes)
-    margins = [m for m in accuracy["margins"] if m["device"] == device]
-    plot_margins(margins, dtype, folder / "margins.png")
-    accuracy["plots"]["margins"] = "margins.png"
+    margins = [
+        m for m in accuracy["margins"] if m["device"] == device and "not_applicable" not in m
+    ]
+    if margins:  # none: every spec unnormalised, and the Markdown says so
+        plot_margins(margins, dtype, folder / "margins.png")
+        accuracy["plots"]["margins"] = "margins.png"
 
 
 def _long_plots(long: dict[str, Any], options: ReportOptions, folder: Path) -> None:

@@ -1,5 +1,7 @@
 """The report's gradient section: each form's backward for L = sum(out * G) against the exact
-reference gradients, per dtype, judged in units of u M (accuracy/gradient.py)."""
+reference gradients, per dtype, judged in units of u M (accuracy/gradient.py): dq, dk, dv,
+and as the gradient check judges them a gates spec's dg and the delta rule's dbeta and dg
+(the decay a leaf: accuracy.gradient.gradient_names)."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ def gradient_rows(
     (its inputs, and G from numpy PCG64([seed, N, 1]) rounded to the dtype)."""
     rows = []
     for dtype in sweep.dtypes:
-        q, k, v, w = sweep_inputs(spec, sweep, GRADIENT_N, dtype)
-        x = validate(q, k, v, spec, w)
+        q, k, v, w, decay = sweep_inputs(spec, sweep, GRADIENT_N, dtype)
+        x = validate(q, k, v, spec, w, decay)
         rng = np.random.default_rng([sweep.seed, GRADIENT_N, 1])
         g = torch.tensor(rng.standard_normal((*q.shape[:3], v.shape[-1]))).to(q.dtype)
         g = g.to(q.device)
@@ -42,10 +44,10 @@ def gradient_rows(
             step(f"gradients {spec} {dtype}")
             continue
         exact, magnitude, n = judgement
-        golden = golden_gradients(q, k, v, w, g, spec)
+        golden = golden_gradients(q, k, v, w, g, spec, decay)
         for form, impl in impls.items():
             try:
-                grads = autograd_gradients(impl, q, k, v, w, g)
+                grads = autograd_gradients(impl, q, k, v, w, g, decay, spec)
             except ImplementationFailure as err:
                 rows.append({**where, "form": form, "passed": False, "error": str(err)})
                 continue

@@ -22,6 +22,15 @@ B = H = 1, d = dv = LONG_D, and its prefixes of each N. At each N:
   correct evaluations differ there by chance beyond any fixed budget; the bound alone
   judges those rows): a failure fails the report's verdict.
 
+Every spec vet takes: a scaled, unnormalised or decayed one and the delta rule, on the
+check's inputs (its decay: long_decay's first head, an effective memory of 2^12 tokens,
+checks.long_context.MEMORIES[0]; the delta rule's unit keys, or raw ones where the kernel
+normalises them, and beta ~ U(0, 1)). The delta rule's bound is its normwise one
+(accuracy/delta_bound.py), the only one: bound_max and probabilistic_bound_max are both its
+largest element. The delta rule stops at DELTA_LONGEST (DELTA_FULL_LONGEST with --full):
+its bound and its golden are recurrences token by token, some 15 s per dtype at 2^16
+(vet's long-context check runs it to 2^14 by default).
+
 Quadratic-cost forms stop at QUADRATIC_LONGEST. For causal specs whose weights do not
 depend on N (all but cosFormer), row i depends on tokens <= i alone, so the reference and
 the golden output are computed once at the longest N and sliced.
@@ -36,7 +45,7 @@ import numpy as np
 
 from ..accuracy.bound import scale_and_bound
 from ..accuracy.verdict import judge
-from ..checks.long_context import Draw, standard
+from ..checks.long_context import LONGEST, SMALLEST_LONGEST, Draw, standard
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff, validate
 from ..specs import Spec
 from ..stats.estimators import one_thread
@@ -53,6 +62,11 @@ LONG_D = 16  # d = dv
 # first-order map both ways and one random-feature map, some 15 s in all dtypes.
 LONG_SPECS = ("elu (non-causal)", "elu (causal)", "performer-positive (non-causal)")
 UNJUDGED_DTYPES = ("float64",)  # the certified reference is within 2^-34 s, not 2^-53
+# The delta rule's longest N (module docstring): that of vet's smallest plan (2^12, some 3 s
+# in three dtypes, where vet's default for it, 2^14, would add 10 s to a 15 s report), and
+# with --full vet's default for every other spec (2^16)
+DELTA_LONGEST = SMALLEST_LONGEST
+DELTA_FULL_LONGEST = LONGEST
 
 
 @dataclass(frozen=True)
@@ -75,11 +89,14 @@ def long_ns(
 ) -> tuple[int, ...]:
     """The N of one spec: LONG_NS, or with --full FULL_LONG_NS for a `chosen` spec (one of
     LONG_SPECS, or the implementation of --impl) and up to FULL_LONGEST for the others;
-    up to QUADRATIC_LONGEST where every implementation is of quadratic cost; none for
-    softmax (module docstring)."""
+    up to QUADRATIC_LONGEST where every implementation is of quadratic cost, up to
+    DELTA_LONGEST (DELTA_FULL_LONGEST with --full) for the delta rule; none for softmax
+    (module docstring)."""
     if not spec.info.kernelised:
         return ()
     ns = sweep_ns(full) if chosen or not full else _upto(FULL_LONG_NS, FULL_LONGEST)
+    if spec.delta_rule:
+        ns = _upto(ns, DELTA_FULL_LONGEST if full else DELTA_LONGEST)
     if all(impl.cost == "quadratic" for impl in impls.values()):
         ns = _upto(ns, QUADRATIC_LONGEST)
     return ns
@@ -129,7 +146,10 @@ def long_rows(
             qn, kn, vn, w, decay = draw.tensors(n)
             x = validate(qn, kn, vn, spec, w, decay)
             ref, golden, bounds, resolvable = standard(draw, n)  # the check's, shared
-            deterministic = scale_and_bound(x, spec, ref, u, tiny)
+            if spec.delta_rule:  # its normwise bound, its only one: the check's, as judged
+                deterministic = bounds[dtype]
+            else:
+                deterministic = scale_and_bound(x, spec, ref, u, tiny)
             where = {
                 "device": sweep.device,
                 "spec": str(spec),

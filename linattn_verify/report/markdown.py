@@ -9,6 +9,8 @@ from ..accuracy.verdict import BUDGET_FLOOR, K_BUDGET
 from ..checks.long_context import FALSE_FAILURE
 from ..stats.decide import ALPHA, Z_TWO_SIDED
 from .long import (
+    DELTA_FULL_LONGEST,
+    DELTA_LONGEST,
     FULL_LONG_NS,
     FULL_LONGEST,
     LONG_SPECS,
@@ -18,14 +20,34 @@ from .long import (
 
 Row = dict[str, Any]
 
-# The output budget as accuracy.verdict builds it (budget, attainable_floor), in words: the
-# report's inputs have no decay, so decay_floor does not enter.
+# The output budget as accuracy.verdict builds it (budget, attainable_floor), in words
 BUDGET_RULE = (
     f"{K_BUDGET:g} x the larger of the golden implementation's error and the typical error "
     f"of a correct evaluation, {BUDGET_FLOOR:g} x max(1, sqrt(n) u_c / u) units for a sum of "
     "n = m + N + 1 terms in the golden's compute precision u_c, float32 or float64 (Higham & "
     "Mary 2019)"
 )
+# what attainable_floor adds for the specs of --impl that are not plain
+DECAYED_BUDGET_RULE = (
+    "; with a decay at least the error of a chunked kernel's prefix sums of the log-gates "
+    "(accuracy/verdict.py, decay_floor), and for the delta rule n = N (d + 5) roundings"
+)
+
+
+ARGUMENTS = {"decay": "The decay", "delta_rule": "The delta rule's arguments"}
+
+
+def _sweep_arguments(document: dict[str, Any], section: str) -> list[tuple[str, str]]:
+    """How `section`'s sweep drew the decay and the delta rule's arguments, where it has
+    such a spec (report.build describes them in the JSON then)."""
+    sweep = document["environment"]["sweep"][section]
+    return [(key, sweep[key]) for key in ARGUMENTS if key in sweep]
+
+
+def _budget_rule(document: dict[str, Any]) -> str:
+    """BUDGET_RULE, and DECAYED_BUDGET_RULE where the inputs have a decay or are the delta
+    rule's."""
+    return BUDGET_RULE + DECAYED_BUDGET_RULE * bool(_sweep_arguments(document, "accuracy"))
 
 
 def _num(x: float | None) -> str:
@@ -98,7 +120,8 @@ def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
         "",
         f"Max error in units of u s at N = {', '.join(map(str, ns))} ({device}). A correct "
         "algorithm's error grows at most like the bound's gamma_N: slowly, and not at all "
-        "for blocked and pairwise sums.",
+        "for blocked and pairwise sums."
+        + "".join(f" {ARGUMENTS[k]}: {v}." for k, v in _sweep_arguments(document, "accuracy")),
         "",
         "![max error vs N per feature map and dtype: each fast form with its budget and "
         f"a-priori bound]({document['accuracy']['plots']['error_vs_n']})",
@@ -106,6 +129,18 @@ def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
         *_table(["spec", "form", *dtypes], body),
     ]
 
+
+# what the long section says of a decayed spec and of the delta rule, where the JSON's
+# sweep describes their arguments (report.build: the keys are there only then)
+LONG_NOTES = {
+    "decay": " A decayed spec's decay is that of the long-context check's first head "
+    "(long_decay: an effective memory of 2^12 tokens).",
+    "delta_rule": f" The delta rule runs to N = {power_of_2(DELTA_LONGEST)} (--full: "
+    f"{power_of_2(DELTA_FULL_LONGEST)}): its a-priori bound and its golden are recurrences "
+    "token by token (vet's long-context check takes it to 2^14); its keys are unit-norm "
+    "(raw where the kernel normalises them), beta ~ U(0, 1), and its bound is its normwise "
+    "one alone (docs/delta-rule.md): *bound* and *probabilistic bound* are that one.",
+}
 
 LONG_CURVES = (  # per-N figures of the long rows, shown below each spec's forms
     ("golden_max_error", "golden"),
@@ -151,20 +186,22 @@ def _long_context(document: dict[str, Any]) -> list[str]:
     for spec, ns in ns_of.items():
         by_range.setdefault(f"N = {power_of_2(ns[0])} to {power_of_2(ns[-1])}", []).append(spec)
     covered = "; ".join(f"{', '.join(specs)} at {ns}" for ns, specs in by_range.items())
+    options = document["environment"]["options"]
     share = ""
-    if not document["environment"]["options"]["full"]:
+    if not options["full"] and not options["impl"]:
         share = (
             f" Without --full the section covers {', '.join(LONG_SPECS)} where the report "
             "has them (else its first spec, non-causal and causal); --full covers every spec "
             f"of the report but softmax, to N = {power_of_2(FULL_LONG_NS[-1])} for those and "
             f"to {power_of_2(FULL_LONGEST)} for the others."
         )
-    if "softmax" in document["environment"]["options"]["specs"]:
+    if "softmax" in options["specs"] and not options["impl"]:
         share += (
             " Not softmax: its a-priori bound is evaluated in arb alone, quadratic work in ball "
             "arithmetic (about a minute per case at N = 2^12)."
         )
-    left_out = [t for t in document["environment"]["options"]["dtypes"] if t not in dtypes]
+    share += "".join(text for key, text in LONG_NOTES.items() if key in sweep)
+    left_out = [t for t in options["dtypes"] if t not in dtypes]
     if left_out:
         share += (
             f" Not judged here: {', '.join(left_out)} (the certified reference is within "
@@ -182,8 +219,8 @@ def _long_context(document: dict[str, Any]) -> list[str]:
         "- a form: its max error; **FAIL** where outside the bound or over the budget, which "
         "fails the report's verdict;",
         "- *golden*: the golden linear form's max error;",
-        f"- *budget*: {BUDGET_RULE}, on the rows whose denominator a float32 evaluation "
-        "resolves, as in the long-context check;",
+        f"- *budget*: {_budget_rule(document)}, on the rows whose denominator a float32 "
+        "evaluation resolves, as in the long-context check;",
         "- *bound*: the largest element of Higham's deterministic bound (∞: vacuous, the "
         "denominator's relative error bound reaching 1);",
         "- *probabilistic bound*: that of the smaller of it and Higham & Mary's at a false-"
@@ -228,6 +265,11 @@ def _margins(document: dict[str, Any]) -> list[str]:
     margins = document["accuracy"]["margins"]
     device = margins[0]["device"]
     margins = [m for m in margins if m["device"] == device]
+    not_applicable = {m["spec"]: m["not_applicable"] for m in margins if "not_applicable" in m}
+    margins = [m for m in margins if "not_applicable" not in m]
+    why = [f"Not applicable to {spec}: {text}." for spec, text in not_applicable.items()]
+    if not margins:
+        return ["## Positivity margins", "", *why]
     signed = [m for m in margins if m["min"] is None or m["min"] < 1 or m["zero_over_zero"]]
     positive = list(dict.fromkeys(m["spec"] for m in margins if m not in signed))
     body = [
@@ -246,8 +288,9 @@ def _margins(document: dict[str, Any]) -> list[str]:
     lines = [
         "## Positivity margins",
         "",
-        "Relative margin of each row's denominator, r = D_i / sum_j |a_ij| (eps = 0, inputs "
-        "rounded to the dtype, evaluated in float64) at the largest N: 1 where every "
+        "Relative margin of each row's denominator, r = D_i / sum_j |a_ij| (eps = 0; a "
+        "decayed spec's a_ij weighed by its decay; inputs rounded to the dtype, evaluated in "
+        "float64) at the largest N: 1 where every "
         "similarity is positive, 0/0 where none is, below 1 where signed similarities "
         "cancel. A row is at risk when 0 < r < gamma_N(u) and r < 1: rounding in that dtype "
         "can flip its denominator's sign (with gamma_N(u) >= 1, as for bfloat16 at N = 256, "
@@ -259,6 +302,8 @@ def _margins(document: dict[str, Any]) -> list[str]:
     ]
     if positive:
         lines += [f"r = 1 on every row in every dtype: {', '.join(positive)}.", ""]
+    if why:
+        lines += [*why, ""]
     if body:
         header = ["spec", "dtype", "rows", "min r", "p1 r", "r <= 0", "0/0", "at risk"]
         lines += _table(header, body, right=6)
@@ -280,12 +325,16 @@ def _gradients(document: dict[str, Any]) -> list[str]:
             if r is None or "error" in r or "skipped" in r:
                 line.append("–" if r is None else r.get("skipped") or f"**{r['error']}**")
                 continue
-            errors = [r["max_error"][n] for n in "qkv"]
+            errors = r["max_error"]  # dq, dk, dv, and the decay's dg, dbeta where judged
             share = max(
-                float("inf") if e is None else e / r["budget"][n]
-                for n, e in zip("qkv", errors, strict=True)
+                float("inf") if e is None else e / r["budget"][n] for n, e in errors.items()
             )
-            text = " / ".join("inf" if e is None else _num(e) for e in errors)
+            text = " / ".join("inf" if errors[n] is None else _num(errors[n]) for n in "qkv")
+            text += "".join(
+                f", d{n} {'inf' if e is None else _num(e)}"
+                for n, e in errors.items()
+                if n not in ("q", "k", "v")
+            )
             text += f" ({share:.2f} of budget)"
             line.append(text if r["passed"] else f"**{text} FAIL**")
         body.append(line)
@@ -294,7 +343,8 @@ def _gradients(document: dict[str, Any]) -> list[str]:
         "## Gradients",
         "",
         f"The backward of every form for L = sum(out * G) at N = {n} ({device}), against the "
-        "exact reference gradients: max error of dq / dk / dv in units of u M (M: the "
+        "exact reference gradients: max error of dq / dk / dv (and, named, a gates spec's "
+        "dg, the delta rule's dbeta and dg: its decay is a leaf) in units of u M (M: the "
         "magnitude of what each gradient element is computed from), and the largest share "
         f"of its budget ({K_BUDGET:g} x the larger of the golden forms' error in that tensor "
         "and one rounding of the exact tensor times the typical number of roundings, max(1, "
@@ -386,7 +436,8 @@ def _scaling(document: dict[str, Any]) -> list[str]:
         "FLOPs and peak live bytes counted exactly (torch dispatch) over N = "
         + ", ".join(map(str, ns))
         + ", slopes fitted on the larger half; wall time on one torch thread (median of the "
-        "repeats, with a noise gate), and the N from which the form beats torch's SDPA.",
+        "repeats, with a noise gate), and the N from which the form beats torch's SDPA."
+        + "".join(f" {ARGUMENTS[k]}: {v}." for k, v in _sweep_arguments(document, "scaling")),
         "",
     ]
     if "scaling" in scaling["plots"]:
@@ -452,8 +503,8 @@ def render(document: dict[str, Any], comparison: list[str] | None = None) -> str
         "",
         f"Verdict: **{document['verdict']}**. {counts(document)}. Errors are in units of "
         "u s (linattn-verify's docs/accuracy.md): each cell is max / p99 (budget) at the "
-        f"largest N, the budget {BUDGET_RULE}; the last column is the gradients' verdict "
-        "(see Gradients).",
+        f"largest N, the budget {_budget_rule(document)}; the last column is the gradients' "
+        "verdict (see Gradients).",
         "",
         *summary_table(rows, gradients),
         "",

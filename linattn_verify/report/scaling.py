@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..cases import default_decay
 from ..implementations.projection import sample_projection_torch
 from ..scaling import ScalingResult, scaling_result
 from ..scaling.result import SDPA_MAX_N
@@ -32,7 +33,9 @@ def measure(
 ) -> tuple[dict[str, Any], ScalingResult]:
     """The cost of one implementation, checked to grow as `expected` ("linear" or
     "quadratic"), and if timed its time against SDPA: a JSON row and the ScalingResult the
-    plot draws (None, and a failed row with its error, when the implementation raised)."""
+    plot draws (None, and a failed row with its error, when the implementation raised). A
+    decayed spec's decay and the delta rule's beta are the constant ones of
+    cases.default_decay, as vet's scaling check gives them."""
     w = None
     if impl.spec.info.needs_projection:
         gen = torch.Generator().manual_seed(plan.seed)
@@ -43,7 +46,7 @@ def measure(
     try:
         result = scaling_result(
             impl.name,
-            lambda q, k, v: impl(q, k, v, w),
+            lambda q, k, v: impl(q, k, v, w, default_decay(impl.spec, q)),
             expected,
             plan.cost_ns,
             time_ns if timed else None,
