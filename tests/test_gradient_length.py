@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from linattn_verify.checks.gradient_length import gradient_length, lengths, not_applicable
 from linattn_verify.under_test import resolve
+from tests.zoo.delta_backward import SEGMENT, adjoint_reset, hand_backward
 from tests.zoo.long_backward import plain_hand_backward, plain_square_narrow
 
 
@@ -57,3 +58,17 @@ def test_a_normalised_backward_by_hand_passes_and_its_narrow_square_fails_at_256
     narrow = resolve(plain_square_narrow, feature_map="elu", causal=True)
     result = gradient_length(narrow, ("float16",), longest=1024)
     assert not result.passed and "float16: fails from N = 256" in result.message
+
+
+def test_a_delta_rule_adjoint_dropped_every_512_tokens_fails_past_them():
+    """The zoo's hand-written delta-rule backward with its adjoint dropped every SEGMENT
+    tokens: exact to SEGMENT, so gradient-length passes it to 256 and fails it at 1024; its
+    correct twin passes at 1024."""
+    claim = dict(feature_map="identity", causal=True, normalize=False, delta_rule=True,
+                 decay="gates")  # fmt: skip
+    right = resolve(hand_backward, **claim)
+    assert gradient_length(right, ("float32",), longest=1024).passed
+    impl = resolve(adjoint_reset, **claim)
+    assert gradient_length(impl, ("float32",), longest=SEGMENT // 2).passed
+    result = gradient_length(impl, ("float32",), longest=1024)
+    assert not result.passed and "float32: fails from N = 1024" in result.message

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
-from ..accuracy.gradient import judge_gradients
+from ..accuracy.gradient import gradient_names, judge_gradients
 from ..implementations.golden import long_form
 from ..inputs import AttentionInputs, unit_roundoff, validate
 from ..reference.certified import CERTIFIED_SHARE
@@ -150,8 +150,9 @@ def _result(spec, ns, judged, dtypes, failures, figures, left_out: int) -> Check
     worst = max(figures, key=figures.get, default=None)
     top = f"; largest error {figures[worst]:.3g} u M ({worst})" if worst else ""
     detail = (
-        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, d = {DIMS[0]}): dq, dk, "
-        f"dv{', dg' if spec.gated else ''} within bound and budget{top}{uncertified}"
+        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, d = {DIMS[0]}): "
+        f"{', '.join('d' + name for name in gradient_names(spec))} within bound and budget"
+        f"{top}{uncertified}"
         f"{'' if len(judged) == len(dtypes) else '; float64 not judged here'}"
     )
     return CheckResult(NAME, True, detail, figures=figures)

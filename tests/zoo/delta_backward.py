@@ -9,7 +9,12 @@ with y_t = D_t S_(t-1) and Lam = dL/dS_t, from Lam = dL/dS_N (0 without a state)
     dk_t = beta_t (Lam u_t - y_t Lam^T k_t);  Lam' = Lam - beta_t k_t (k_t^T Lam);
     dg_t = sum y_t . Lam' (per key channel for channel gates);  Lam <- D_t Lam',
 
-and dL/dS_0 the last Lam."""
+and dL/dS_0 the last Lam.
+
+`adjoint_reset`: the reverse pass over segments of SEGMENT tokens whose adjoint Lam is not
+handed from one to the next (a backward grid split along the sequence): exact to N =
+SEGMENT (the gradient checks' N <= 65 cannot see it), wrong from SEGMENT + 1 (vet's
+gradient-length at its first N past it; tests/test_gradient_length.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import torch
 from . import Entry
 from .broken import _widen
 from .delta import _recurrent
+
+SEGMENT = 512  # tokens per segment of adjoint_reset's reverse pass
 
 
 def _factors(g, like):
@@ -82,6 +89,8 @@ class _HandWritten(torch.autograd.Function):
             if factors is not None and not (flaw == "dh0-without-gate" and t == 0):
                 prime = factors[:, :, t] * prime
             lam = prime
+            if flaw == "adjoint-reset" and t % SEGMENT == 0:
+                lam = torch.zeros_like(lam)
         ds0 = None if s0 is None else lam.to(s0.dtype)
         out = [grads[n].to(t.dtype) for n, t in (("q", q), ("k", k), ("v", v), ("beta", beta))]
         dg = None if g is None else grads["g"].to(g.dtype)
@@ -96,6 +105,16 @@ def _hand_written(flaw: str | None, state: bool):
         return (out, final) if state else out
 
     return fn
+
+
+def hand_backward(q, k, v, beta, g=None):
+    """The reverse recurrence by hand, correct: adjoint_reset's twin."""
+    return _hand_written(None, False)(q, k, v, beta, g)
+
+
+def adjoint_reset(q, k, v, beta, g=None):
+    """BUG: the adjoint Lam dropped every SEGMENT tokens of the reverse pass."""
+    return _hand_written("adjoint-reset", False)(q, k, v, beta, g)
 
 
 def _entry(name, flaw, bug, caught_by=(), decay=None, state=False, smallest=True) -> Entry:
