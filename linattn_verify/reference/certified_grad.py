@@ -4,7 +4,8 @@ its error, and the magnitudes M that reference/grad.py's gradient_magnitudes def
 
 Covered: the unnormalised specs with identity features (simple GLA, retention, GLA):
 causal, any scale c, decay None, "constant", "gates" or "channel-gates", where
-out_i = c sum_(j<=i) w_ij (q_i . k_j) v_j. With b_ij = dL/dA_ij = G_i . v_j (grad.py,
+out_i = c sum_(j<=i) w_ij (q_i . k_j) v_j; and non-causal (no decay: specs.py, a decay
+needs a causal spec), out_i = c sum_j (q_i . k_j) v_j over all j (see "Non-causal" below). With b_ij = dL/dA_ij = G_i . v_j (grad.py,
 unnormalised) the gradients are decayed linear-attention sums themselves:
 
     dv_j = c sum_(i>=j) w_ij (q_i . k_j) G_i,
@@ -45,6 +46,21 @@ in float64 (relative error about rho), the constant decay's (i - j) |ln gamma| b
 CHUNK rows: in-chunk pairs directly, earlier keys through two states, sum_j gamma^(e-j)
 |r_j| |x_j| and the same times (e - j) |ln gamma| (e the chunk's last row before), so that
 (i - j) = (i - e) + (e - j) splits into non-negative parts.
+
+Non-causal (grad.py with every key allowed, w_ij = 1, sigma_ij = 1): the same formulas with
+every sum over all j (or all i), sum_j (l_i . r_j) x_j = l_i (sum_j r_j x_j^T), one total
+per head. Each runs as one causal chain of decayed_sums (_total_run) on a sequence of 2N
+tokens, the keys first and the queries after: token t < N carries (a zero left feature,
+r_t, x_t), token N + i carries (l_i, a zero right feature, a zero column), and the gates
+are 0 (every weight exactly 1, the exponents exactly 0: no exponent error). Row N + i's
+causal sum is sum_(t<N) (l_i . r_t) x_t plus terms with a zero factor, exactly the non-
+causal sum, and decayed_sums' bound holds for any float64 inputs (its depth counted for 2N
+keys). The zero features: identity's and relu's of 0, exact; elu's of -inf (exp(-inf) = 0,
+whose bound float_features gives as one UNDERFLOW, entering the bound as an absolute term
+near 2^-1070 N m times the largest factors: negligible, and rigorous). A zero factor's
+product is exactly 0 unless the other factor is infinite; then the bound is infinite too
+(the chain H meets the infinite feature). Magnitudes: c |l_i| (sum_j |r_j| |x_j|^T) in
+float64 (non-negative terms: relative error gamma_(N+m), below 1e-12 for the N tested).
 """
 
 from __future__ import annotations
@@ -72,10 +88,10 @@ NORMALISED_MAPS = ("elu", "relu")
 
 
 def covered(spec: Spec) -> bool:
-    """Whether certified_gradients takes `spec`: causal, not the delta rule, and either
-    unnormalised with identity features or normalised with elu or relu features (any eps,
-    scale and decay)."""
-    if not spec.causal or spec.delta_rule:
+    """Whether certified_gradients takes `spec`: not the delta rule, and either unnormalised
+    with identity features or normalised with elu or relu features (causal or not, any eps,
+    scale and decay: a non-causal spec has none)."""
+    if spec.delta_rule:
         return False
     if spec.normalize:
         return spec.feature_map in NORMALISED_MAPS
@@ -88,14 +104,14 @@ def certified_gradients(
     """(grads, bounds, magnitudes), each {name: array} for grad.gradient_names(spec) (q, k,
     v, and g for gates and channel gates, their shapes as exact_gradients'): the gradients
     of L = sum(out * g_out) in float64, a rigorous bound on each one's error, and the
-    magnitudes M of grad.gradient_magnitudes (module docstring). SpecError for a spec
-    outside the unnormalised identity specs (causal; any scale and decay but the delta
-    rule)."""
+    magnitudes M of grad.gradient_magnitudes (module docstring; M' for the normalised dq,
+    dk and dg: certified_grad_normalised.py). SpecError for a spec `covered` refuses."""
     if not covered(spec):
         raise SpecError(
-            f"certified gradients cover the causal, unnormalised identity specs (simple GLA, "
-            f"retention, GLA: decay None, constant, gates or channel-gates) and the causal "
-            f"normalised elu and relu specs (any eps, scale and decay), not {spec}"
+            f"certified gradients cover the unnormalised identity specs (simple GLA, "
+            f"retention, GLA: decay None, constant, gates or channel-gates; or non-causal) and "
+            f"the normalised elu and relu specs (causal or not, any eps, scale and decay), "
+            f"not {spec}"
         )
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
@@ -122,6 +138,8 @@ def _head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
         from .certified_grad_normalised import normalised_head
 
         return normalised_head(q, k, v, g_out, decay, spec)
+    if not spec.causal:
+        return _total_head(q, k, v, g_out, spec)
     n, d = q.shape
     c = 1 / math.sqrt(d) if spec.scale == RSQRT_D else float(spec.scale)
     aq, ak, av, ag = (np.abs(t) for t in (q, k, v, g_out))
@@ -172,6 +190,52 @@ def _head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
             (q, k), (0.0, 0.0), grads, bounds, mags, channel
         )
     return grads, bounds, mags
+
+
+def _total_head(q, k, v, g_out, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
+    """One head's (grads, bounds, magnitudes) of a non-causal unnormalised identity spec:
+    every sum over all tokens (module docstring, "Non-causal")."""
+    d = q.shape[1]
+    c = spec.scale_for(d)
+    aq, ak, av, ag = (np.abs(t) for t in (q, k, v, g_out))
+    grads, bounds, mags = {}, {}, {}
+    # name: (left, right, columns) of c sum_j (left_i . right_j) cols_j
+    for name, (left, right, cols) in {
+        "q": (g_out, v, k),
+        "k": (v, g_out, q),
+        "v": (k, q, g_out),
+    }.items():
+        value, total, magnitude = _total_run(left, right, cols, spec)
+        grads[name], bounds[name], _ = _finish(value, total, magnitude, 0.0, 0.0, spec, d)
+    mags["q"] = c * _total_abs_sums(ag, av, ak)
+    mags["k"] = c * _total_abs_sums(av, ag, aq)
+    mags["v"] = c * _total_abs_sums(ak, aq, ag)
+    return grads, bounds, mags
+
+
+# The input whose feature is exactly 0, per map (elu: exp(-inf) = 0)
+_ZERO_FEATURE_INPUT = {"identity": 0.0, "relu": 0.0, "elu": -math.inf}
+
+
+def _total_run(left, right, cols, spec: Spec):
+    """(value, bound, magnitude bound) as decayed_sums gives them (columns: cols, then the
+    ones' sum), non-causal: sum_j (phi(left_i) . phi(right_j)) [cols_j, 1] over all j, as
+    row N_r + i of one causal chain over the right rows, then the left rows (module
+    docstring, "Non-causal"), for the features of spec's map (identity, relu or elu)."""
+    n, n_r = left.shape[0], right.shape[0]
+    blank = _ZERO_FEATURE_INPUT[spec.feature_map]
+    lefts = np.concatenate([np.full((n_r, left.shape[1]), blank), left])
+    rights = np.concatenate([right, np.full((n, right.shape[1]), blank)])
+    columns = np.concatenate([cols, np.zeros((n, cols.shape[1]))])
+    causal = replace(spec, causal=True, decay="gates")  # gates of 0: every weight 1
+    steps = decayed_sums(lefts, rights, columns, None, np.zeros(n + n_r), causal)
+    parts = list(zip(*steps, strict=True))
+    return tuple(np.concatenate(p)[n_r:] for p in parts[2:])
+
+
+def _total_abs_sums(left, right, cols) -> np.ndarray:
+    """sum_j (left_i . right_j) cols_j over all j for non-negative float64 inputs."""
+    return left @ (right.T @ cols)
 
 
 def _flipped(a: np.ndarray) -> np.ndarray:

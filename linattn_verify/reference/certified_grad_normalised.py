@@ -68,6 +68,16 @@ D_i >= 0), M'(dq) = phi' M'(dphi(q)), and M'(dg_t) = sum_(s>=t) (phi(q_s) . M'(d
 + phi(k_s) . M'(dphi(k)_s)), chain sums of non-negative terms (certified_grad._abs_sums,
 _constant_abs_sums). dv's M is grad.py's; dq's, dk's and dg's are M'. Where a bound is
 infinite (an unresolved denominator reaches the element) M' is not meaningful either.
+
+Non-causal (no decay: w_ij = 1, sigma_ij = 1; grad.py with every key allowed): the same
+formulas with every sum over all j (all i), D_i = eps + c sum_j a_ij. Each chain runs as
+certified_grad._total_run runs it (certified_grad.py's "Non-causal": one causal chain of
+decayed_sums over 2N tokens, keys first, queries after, the padding features exactly 0),
+so every bound above holds as derived; the magnitudes' chain sums become totals,
+|l_i| (sum_j |r_j| |x_j|^T) (certified_grad._total_abs_sums). A column of dphi gets a
+zero bound where every feature of that column is exactly 0 at every token (not only
+up to i). An unresolved row i reaches every key: dk, dv of all keys get an infinite bound
+(NaN and bound 0 where D_i is exactly 0, grad.py's non-causal NaN).
 """
 
 from __future__ import annotations
@@ -86,6 +96,8 @@ from .certified_grad import (
     _flipped,
     _flipped_logs,
     _spread,
+    _total_abs_sums,
+    _total_run,
     gate_gradient,
 )
 
@@ -98,7 +110,9 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
     n, d = q.shape
     dv = v.shape[1]
     kind = spec.decay
-    chain_spec = spec if kind else replace(spec, decay="gates")  # no decay: gates of 0
+    # no decay: gates of 0 (non-causal: _run's totals)
+    chain_spec = spec if kind or not spec.causal else replace(spec, decay="gates")
+    reached = _reached if spec.causal else _reached_anywhere
     decay = np.zeros(n) if decay is None else decay
     rows = np.arange(n)
     fq = float_features(q, rows, n, None, spec.feature_map)
@@ -160,7 +174,7 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
         dphi["q"][:, at], e_dphi["q"][:, at] = _quotient(
             value[:, :width], e_num, safe_den, e_den, safe_slack
         )
-        e_dphi["q"][:, at] *= _reached(fk, at, False)
+        e_dphi["q"][:, at] *= reached(fk, at, False)
         # dphi(k): P_k, and E_k for Gt^'s and h^'s errors
         cols = np.concatenate([fq.phi[:, at], fq.err[:, at]], 1)
         value, total, mag = _run(left_k, right_k, cols, gates, sub, True)
@@ -169,7 +183,7 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
         dphi["k"][:, at] = value[:, :width]
         e_k = total[:, :width] + mag[:, width : 2 * width]
         e_dphi["k"][:, at] = (e_k + e_value[:, :width] + e_total[:, :width]) * SAFETY
-        e_dphi["k"][:, at] *= _reached(fq, at, True)
+        e_dphi["k"][:, at] *= reached(fq, at, True)
     for side, x, f in (("q", q, fq), ("k", k, fk)):
         grads[side], bounds[side] = _through_derivative(
             spec.feature_map, x, f, dphi[side], e_dphi[side]
@@ -185,6 +199,8 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
             (fq.phi, fk.phi), (fq.err, fk.err), dphi, e_dphi, m_phi, channel
         )
     _unresolved(grads, bounds, mags, zero, lost)
+    if not spec.causal:
+        _unresolved_keys(grads, bounds, mags, zero, lost)
     return grads, bounds, mags
 
 
@@ -198,6 +214,13 @@ def _reached(f, at: slice, backward: bool) -> np.ndarray:
     return np.logical_or.accumulate(nonzero, axis=0).astype(np.float64)
 
 
+def _reached_anywhere(f, at: slice, backward: bool) -> np.ndarray:
+    """_reached for a non-causal sum: 1 where a feature of the columns `at` of f is nonzero
+    at any token, for every row (backward alike)."""
+    nonzero = np.any((f.phi[:, at] != 0) | (f.err[:, at] != 0), axis=0, keepdims=True)
+    return np.broadcast_to(nonzero, f.phi[:, at].shape).astype(np.float64)
+
+
 def _ones_after(a: np.ndarray) -> np.ndarray:
     """[a, 1] row by row."""
     return np.concatenate([a, np.ones((a.shape[0], 1))], 1)
@@ -205,7 +228,10 @@ def _ones_after(a: np.ndarray) -> np.ndarray:
 
 def _run(left, right, cols, decay, spec: Spec, backward: bool):
     """(value, bound, magnitude bound) of decayed_sums for the whole head (columns: cols,
-    then the ones' sum), on the reversed sequence for `backward`."""
+    then the ones' sum), on the reversed sequence for `backward`; non-causal specs: over
+    every token (certified_grad._total_run)."""
+    if not spec.causal:
+        return _total_run(left, right, cols, spec)
     if backward:
         left, right, cols = _flipped(left), _flipped(right), _flipped(cols)
         decay = decay if spec.decay == "constant" else _flipped_logs(decay)
@@ -267,7 +293,15 @@ def _magnitudes(fq, fk, v, g_out, decay, spec: Spec, forward):
     c = spec.scale_for(d)
     kind = spec.decay
     av, ag = np.abs(v), np.abs(g_out)
-    if kind == "constant":
+    if not spec.causal:  # no decay, every token
+        spread = np.ones((n, 1))
+
+        def nonnegative(left, right, cols, backward):
+            return _total_abs_sums(left, right, cols)
+
+        plain = nonnegative
+
+    elif kind == "constant":
         log_gamma = -math.log(float(decay))
         spread = np.ones((n, 1))
 
@@ -316,6 +350,19 @@ def _magnitudes(fq, fk, v, g_out, decay, spec: Spec, forward):
     else:
         m_v = plain(fk, fq, scaled_g * (spread + ratio), True)
     return {"v": c * m_v}, m_phi
+
+
+def _unresolved_keys(grads: Arrays, bounds: Arrays, mags: Arrays, zero, lost) -> None:
+    """Non-causal, after _unresolved: an unresolved row reaches every key, so dk and dv
+    get an infinite bound everywhere (NaN, bound 0, where a denominator is exactly 0)."""
+    for rows, nan in ((lost, False), (zero, True)):
+        if not rows.any():
+            continue
+        for name in ("k", "v"):
+            if nan:
+                grads[name][:], mags[name][:], bounds[name][:] = np.nan, np.nan, 0.0
+            else:
+                bounds[name][:] = np.inf
 
 
 def _unresolved(grads: Arrays, bounds: Arrays, mags: Arrays, zero, lost) -> None:
