@@ -1,6 +1,7 @@
 """Hypothesis profiles: `ci` (derandomised, no deadline) under CI, `thorough` by hand; one
 torch thread per pytest-xdist worker."""
 
+import importlib
 import os
 
 import torch
@@ -24,3 +25,12 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 # Hypothesis draws from the constants of the local modules loaded: load all of ours now, so
 # that what a test draws does not depend on the tests that ran before it in its worker
 import_whole_package()
+# ... and keep to them: local modules imported later (scripts/doc_blocks.py, the kernel
+# files tests write to tmp_path) would otherwise join the pool in one worker and not in
+# another, as pytest-xdist hands out tests, and the `ci` profile's draws would differ from
+# run to run (stop 41's CI drew a case no local run did). Hypothesis' pool is private API:
+# where it moves, this does nothing.
+if hasattr(_providers := importlib.import_module("hypothesis.internal.conjecture.providers"),
+           "_get_local_constants"):  # fmt: skip
+    _frozen = _providers._get_local_constants()
+    _providers._get_local_constants = lambda: _frozen

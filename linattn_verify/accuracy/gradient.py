@@ -18,15 +18,14 @@ element, as s_ic is for an output element.
 - budget, per tensor (dq, dk, dv, and dg of a gates spec's log-gates: gradient_names):
   K_BUDGET times the largest error of the golden forms' backward (autograd through
   implementations/golden.py, wide accumulation) on the same inputs and loss, and at least
-  K_BUDGET times the `gradient_floor`: what a correct evaluation of n roundings typically
-  errs (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019), the rule for outputs,
-  whose floor BUDGET_FLOOR is sqrt(n) roundings at the terms' scale s. A gradient's terms
-  have two scales to go by: the result's own, max |g| (its final rounding too), and the
-  mean of the n magnitudes M sums, M / n, rounded in the compute precision u_c (the terms
-  rounded before they cancel: performer-trig's dq cancels to a thousandth of M, and a
-  correct float32 backward errs 0.07 u M there, 40 times the golden's median); the floor
-  is the larger. Not 1 unit of u M: that would admit
-  errors in dq and dk thousands of times the golden ones.
+  K_BUDGET times the error of rounding that exact tensor once (max |g| / M, the
+  `rounding_floor`) the typical number of times a correct evaluation of its n roundings
+  does (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019): the rule for outputs,
+  whose floor BUDGET_FLOOR is that rounding with |out| <= s. Here M can exceed |g| by
+  orders of magnitude, and by different orders for dq, dk and dv (the Performer maps:
+  exponents with large arguments, trig's cancelling features): one budget for all three,
+  or a floor of 1 unit of u M, would admit errors in dq and dk thousands of times the
+  golden ones.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from ..inputs import SMALLEST_SUBNORMAL
 from ..reference.grad import NAMES as NAMES  # re-exported: q, k, v; per spec, gradient_names
 from ..reference.grad import gradient_names as gradient_names
 from .bound import gamma
-from .verdict import BUDGET_FLOOR, K_BUDGET, compute_unit, error_units, typical_roundings
+from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, typical_roundings
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class GradientVerdict:
     bound: float  # units of u M (inf: vacuous)
     max_error: dict[str, float]
     golden_max_error: dict[str, float] | None
-    rounding_floor: dict[str, float]  # gradient_floor, units of u M
+    rounding_floor: dict[str, float]  # the exact gradient rounded typical_roundings times, u M
     budget: dict[str, float] | None
     violations: int  # elements above the bound, or non-finite where the exact one is finite
     worst: tuple[str, tuple[int, ...]]
@@ -93,7 +92,7 @@ class GradientVerdict:
             budgets = ", ".join(f"d{n} {b:.3g}" for n, b in self.budget.items())
             over = ", ".join(f"d{n}" for n in self.over_budget)
             parts.append(
-                f"budget {budgets} ({K_BUDGET:g} x the golden error or the floor)"
+                f"budget {budgets} ({K_BUDGET:g} x the golden error or one rounding)"
                 + (f" EXCEEDED by {over}" if over else "")
             )
         return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
@@ -121,16 +120,6 @@ def rounding_floor(exact: np.ndarray, scale: np.ndarray, dtype: str, u: float) -
     largest |g| / M (BUDGET_FLOOR where it is 0 everywhere: no scale to go by)."""
     ratio = np.nanmax(np.abs(exact) / effective_scale(scale, dtype, u), initial=0.0)
     return float(ratio) or BUDGET_FLOOR
-
-
-def gradient_floor(
-    exact: np.ndarray, scale: np.ndarray, dtype: str, u: float, roundings: int
-) -> float:
-    """The least error of a tensor that the budget takes as attainable, units of u M: the
-    larger of typical_roundings(n) roundings of the result (rounding_floor) and sqrt(n)
-    roundings in the compute precision u_c of the mean term, M / n (module docstring)."""
-    own = typical_roundings(roundings, u) * rounding_floor(exact, scale, dtype, u)
-    return max(own, math.sqrt(roundings) * compute_unit(u) / u / roundings)
 
 
 def judge_gradients(
@@ -173,7 +162,8 @@ def judge_gradients(
         violations += int(above.sum())
     worst_name = max(names, key=lambda n: errors[n].max(initial=0.0))
     worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
-    floor = {n: gradient_floor(exact[n], scale[n], dtype, u, roundings) for n in names}
+    typical = typical_roundings(roundings, u)
+    floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in names}
     golden_max = budget = None
     if golden:
         golden_errors = [errors_of(g) for g in golden]

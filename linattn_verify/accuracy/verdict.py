@@ -45,12 +45,6 @@ VACUOUS = "vacuous (n u >= 1, or the denominator within its error of 0)"
 BUDGET_FLOOR = 1.0
 
 
-def compute_unit(u: float) -> float:
-    """u_c, the unit roundoff the golden forms compute in for results of unit roundoff u:
-    float32's for half precision (and float32), float64's for float64."""
-    return UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
-
-
 def typical_roundings(n: int, u: float) -> float:
     """How many roundings of the result's own size a correct evaluation of n roundings
     typically makes, at least one: sqrt(n) u_c / u, u_c the precision the golden forms
@@ -60,7 +54,8 @@ def typical_roundings(n: int, u: float) -> float:
     lambda sqrt(n) u_c with probability >= 1 - 2 exp(-lambda^2 / 2); lambda = 1 is its
     typical scale, below which a single lucky evaluation can fall far (identical keys
     summed 31 times: 1.2 units for one rounding of their feature, 8.3 for the next)."""
-    return max(1.0, math.sqrt(n) * compute_unit(u) / u)
+    u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
+    return max(1.0, math.sqrt(n) * u_compute / u)
 
 
 def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
@@ -85,7 +80,8 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     if spec.decay is None:
         return 0.0
     widest = widest_gate_sum(spec, x)
-    return widest * compute_unit(u) / u
+    u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
+    return widest * u_compute / u
 
 
 def widest_gate_sum(spec: Spec, x: AttentionInputs) -> float:

@@ -10,7 +10,7 @@ panel: B = 1, d = dv = 16, H = 1, a decayed spec's two memories H = 2: long_cont
 and its prefixes, the loss L = sum(out * G) with G ~ N(0, 1) (rounded to the dtype), judged
 as the gradient check judges (accuracy/gradient.py): the a-priori bound, and K_BUDGET times
 the larger of the golden long form's backward error (its linear form: golden.long_form) and
-the gradient floor. An element whose certificate exceeds CERTIFIED_SHARE of its magnitude M
+the rounding floor. An element whose certificate exceeds CERTIFIED_SHARE of its magnitude M
 is left out (counted in the detail). float64 is judged at N <= 65 by the gradient check, not here.
 
 Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and those certified_grad covers:

@@ -347,9 +347,8 @@ def _gradients(document: dict[str, Any]) -> list[str]:
         "dg, the delta rule's dbeta and dg: its decay is a leaf) in units of u M (M: the "
         "magnitude of what each gradient element is computed from), and the largest share "
         f"of its budget ({K_BUDGET:g} x the larger of the golden forms' error in that tensor "
-        "and the floor: the typical number of roundings, max(1, sqrt(n) u_c / u), of the "
-        "exact tensor, or sqrt(n) roundings in u_c of its mean term M / n, whichever is "
-        "larger) any of the three uses. The a-priori bound gamma_n is "
+        "and one rounding of the exact tensor times the typical number of roundings, max(1, "
+        "sqrt(n) u_c / u)) any of the three uses. The a-priori bound gamma_n is "
         "vacuous in bfloat16 at these sizes (n u >= 1): there only the budget judges.",
         "",
         *_table(["spec", "form", *dtypes], body),
