@@ -20,23 +20,19 @@ def test_lengths_are_powers_of_four_from_256_and_the_longest():
 def test_it_covers_the_certified_specs_and_says_why_not_for_the_others():
     gla = resolve(form="chunked", feature_map="identity", causal=True, normalize=False,
                   decay="channel-gates")  # fmt: skip
+    deltanet = dict(feature_map="identity", causal=True, normalize=False, delta_rule=True)
     covered = (
         gla,
         resolve(form="chunked", feature_map="elu", causal=True),
         resolve(form="recurrent", feature_map="relu", causal=True, decay="constant"),
-        resolve(
-            form="recurrent",
-            feature_map="identity",
-            causal=True,
-            normalize=False,
-            delta_rule=True,
-            decay="gates",
-        ),
+        resolve(form="recurrent", decay="gates", **deltanet),
+        resolve(form="chunked", feature_map="performer-positive", causal=True),
+        resolve(form="linear", feature_map="elu"),
     )
     assert all(not_applicable(impl, ("float32",)) is None for impl in covered)
     assert "float64 only" in not_applicable(gla, ("float64",))
-    favor = resolve(form="chunked", feature_map="performer-positive", causal=True)
-    assert "cover the delta rule" in not_applicable(favor, ("float32",))
+    trig = resolve(form="chunked", feature_map="performer-trig", causal=True)
+    assert "cover the delta rule" in not_applicable(trig, ("float32",))
 
 
 def test_the_built_in_chunked_form_passes_at_length():

@@ -14,12 +14,13 @@ the rounding floor. An element whose certificate exceeds CERTIFIED_SHARE of its 
 is left out (counted in the detail). float64 is judged at N <= 65 by the gradient check, not here.
 
 Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and those certified_grad covers:
-the unnormalised identity specs (simple GLA, retention, GLA) and the normalised elu and
-relu ones, causal, any scale and decay; the others say why not. For the normalised specs
-the magnitudes of dq, dk and dg are an upper bound M' on grad.py's M
-(certified_grad_normalised's docstring: at most (1 + M(D) / D) M, 1 to 2.2 times it as
-measured), so their errors in units of u M' read up to that much smaller: the bound and the
-budget scale alike.
+the unnormalised identity specs (simple GLA, retention, GLA), the normalised elu and relu
+ones (causal or not) and the causal performer-positive and -hyperbolic ones, any scale and
+decay; the others say why not. For the normalised specs the magnitudes of dq, dk and dg
+(and the Performer maps' dv) are an upper bound M' on grad.py's M
+(certified_grad_normalised's and certified_grad_performer's docstrings: 1 to 2.2 times it
+as measured, the Performer maps' dv 4 to 22 times), so their errors in units of u M' read
+up to that much smaller: the bound and the budget scale alike.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     if not (impl.spec.delta_rule or covered(impl.spec)):
         return (
             "its exact gradients at length (reference/certified_grad.py) cover the delta "
-            "rule, the unnormalised identity specs and the normalised elu and relu ones "
-            f"(causal) so far, not {impl.spec}"
+            "rule, the unnormalised identity specs, the normalised elu and relu ones and the "
+            f"causal performer-positive and -hyperbolic ones so far, not {impl.spec}"
         )
     if all(t == "float64" for t in dtypes):
         return "float64 only: its backward is judged at N <= 65 by the gradient check"

@@ -5,8 +5,9 @@ its error, and the magnitudes M that reference/grad.py's gradient_magnitudes def
 Covered: the unnormalised specs with identity features (simple GLA, retention, GLA):
 causal, any scale c, decay None, "constant", "gates" or "channel-gates", where
 out_i = c sum_(j<=i) w_ij (q_i . k_j) v_j; and non-causal (no decay: specs.py, a decay
-needs a causal spec), out_i = c sum_j (q_i . k_j) v_j over all j (see "Non-causal" below). With b_ij = dL/dA_ij = G_i . v_j (grad.py,
-unnormalised) the gradients are decayed linear-attention sums themselves:
+needs a causal spec), out_i = c sum_j (q_i . k_j) v_j over all j ("Non-causal" below).
+With b_ij = dL/dA_ij = G_i . v_j (grad.py, unnormalised) the gradients are decayed
+linear-attention sums themselves:
 
     dv_j = c sum_(i>=j) w_ij (q_i . k_j) G_i,
     dq_i = c sum_(j<=i) w_ij (G_i . v_j) k_j,
@@ -87,14 +88,20 @@ Arrays = dict[str, np.ndarray]
 NORMALISED_MAPS = ("elu", "relu")
 
 
+# The Performer maps covered, causal (certified_grad_performer.py)
+PROJECTED_MAPS = ("performer-positive", "performer-hyperbolic")
+
+
 def covered(spec: Spec) -> bool:
     """Whether certified_gradients takes `spec`: not the delta rule, and either unnormalised
-    with identity features or normalised with elu or relu features (causal or not, any eps,
-    scale and decay: a non-causal spec has none)."""
+    with identity features, or normalised with elu or relu features (causal or not, any eps,
+    scale and decay: a non-causal spec has none) or performer-positive or -hyperbolic
+    features (causal)."""
     if spec.delta_rule:
         return False
     if spec.normalize:
-        return spec.feature_map in NORMALISED_MAPS
+        projected = spec.causal and spec.feature_map in PROJECTED_MAPS
+        return spec.feature_map in NORMALISED_MAPS or projected
     return spec.feature_map == "identity"
 
 
@@ -110,8 +117,8 @@ def certified_gradients(
         raise SpecError(
             f"certified gradients cover the unnormalised identity specs (simple GLA, "
             f"retention, GLA: decay None, constant, gates or channel-gates; or non-causal) and "
-            f"the normalised elu and relu specs (causal or not, any eps, scale and decay), "
-            f"not {spec}"
+            f"the normalised elu and relu specs (causal or not, any eps, scale and decay) and "
+            f"performer-positive and -hyperbolic ones (causal), not {spec}"
         )
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
@@ -124,7 +131,8 @@ def certified_gradients(
                 decay = None
                 if x.decay is not None:
                     decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
-                heads[b].append(_head(x.q[b, h], x.k[b, h], x.v[b, h], ga[b, h], decay, spec))
+                qkv = (x.q[b, h], x.k[b, h], x.v[b, h])
+                heads[b].append(_head(*qkv, ga[b, h], decay, spec, x.projection))
     names = gradient_names(spec)
     return tuple(
         {name: np.array([[head[part][name] for head in row] for row in heads]) for name in names}
@@ -132,8 +140,13 @@ def certified_gradients(
     )
 
 
-def _head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
-    """One head's (grads, bounds, magnitudes) (module docstring)."""
+def _head(q, k, v, g_out, decay, spec: Spec, w=None) -> tuple[Arrays, Arrays, Arrays]:
+    """One head's (grads, bounds, magnitudes) (module docstring; w: the Performer maps'
+    projection)."""
+    if spec.info.needs_projection:
+        from .certified_grad_performer import performer_head
+
+        return performer_head(q, k, v, g_out, decay, w, spec)
     if spec.normalize:
         from .certified_grad_normalised import normalised_head
 
@@ -228,9 +241,14 @@ def _total_run(left, right, cols, spec: Spec):
     rights = np.concatenate([right, np.full((n, right.shape[1]), blank)])
     columns = np.concatenate([cols, np.zeros((n, cols.shape[1]))])
     causal = replace(spec, causal=True, decay="gates")  # gates of 0: every weight 1
-    steps = decayed_sums(lefts, rights, columns, None, np.zeros(n + n_r), causal)
-    parts = list(zip(*steps, strict=True))
-    return tuple(np.concatenate(p)[n_r:] for p in parts[2:])
+    kept = [  # the query rows of each step: (value, bound, magnitude bound)
+        tuple(part[max(n_r - start, 0) :] for part in parts)
+        for start, stop, *parts in decayed_sums(
+            lefts, rights, columns, None, np.zeros(n + n_r), causal
+        )
+        if stop > n_r
+    ]
+    return tuple(np.concatenate(p) for p in zip(*kept, strict=True))
 
 
 def _total_abs_sums(left, right, cols) -> np.ndarray:

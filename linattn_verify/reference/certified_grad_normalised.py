@@ -116,7 +116,7 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
     decay = np.zeros(n) if decay is None else decay
     rows = np.arange(n)
     fq = float_features(q, rows, n, None, spec.feature_map)
-    fk = float_features(k, rows, n, None, spec.feature_map)
+    fk = float_features(k, np.arange(k.shape[0]), n, None, spec.feature_map)  # Nk keys
 
     # the forward: out^ (e_out) and Dt^ (e_D)
     value, total, mag = _run(q, k, v, decay, chain_spec, False)
@@ -154,21 +154,22 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
     left_q, right_q = np.concatenate([g_out, -tbar[:, None]], 1), _ones_after(v)
     left_k, right_k = _ones_after(v), np.concatenate([gt, -h[:, None]], 1)
     err_left_k, err_right_k = _ones_after(np.abs(v)), np.concatenate([xi, eta[:, None]], 1)
-    ones = np.ones((n, 1))
+    ones, ones_k = np.ones((n, 1)), np.ones((k.shape[0], 1))
     dphi, e_dphi = {}, {}
     if kind == "channel-gates":
         scalar = replace(identity, decay="gates")
         channels = [(slice(m, m + 1), decay[:, m], scalar) for m in range(d)]
     else:
         channels = [(slice(0, d), decay, identity)]
-    for side in ("q", "k"):
-        dphi[side], e_dphi[side] = np.empty((n, d)), np.empty((n, d))
+    for side, x in (("q", q), ("k", k)):
+        dphi[side], e_dphi[side] = np.empty(x.shape), np.empty(x.shape)
     for at, gates, sub in channels:
         width = at.stop - at.start
         # dphi(q) Dt: P_q, and Z for tbar^'s error
         cols = np.concatenate([fk.phi[:, at], fk.err[:, at]], 1)
         value, total, mag = _run(left_q, right_q, cols, gates, sub, False)
-        z_value, z_total, _ = _run(ones, ones, fk.phi[:, at] + fk.err[:, at], gates, sub, False)
+        z_cols = fk.phi[:, at] + fk.err[:, at]
+        z_value, z_total, _ = _run(ones, ones_k, z_cols, gates, sub, False)
         z_up = z_value[:, :width] + z_total[:, :width]
         e_num = total[:, :width] + mag[:, width : 2 * width] + tau[:, None] * z_up
         dphi["q"][:, at], e_dphi["q"][:, at] = _quotient(
@@ -215,10 +216,10 @@ def _reached(f, at: slice, backward: bool) -> np.ndarray:
 
 
 def _reached_anywhere(f, at: slice, backward: bool) -> np.ndarray:
-    """_reached for a non-causal sum: 1 where a feature of the columns `at` of f is nonzero
-    at any token, for every row (backward alike)."""
+    """_reached for a non-causal sum, (1, columns) for every row: 1 where a feature of the
+    columns `at` of f is nonzero at any token (backward alike)."""
     nonzero = np.any((f.phi[:, at] != 0) | (f.err[:, at] != 0), axis=0, keepdims=True)
-    return np.broadcast_to(nonzero, f.phi[:, at].shape).astype(np.float64)
+    return nonzero.astype(np.float64)
 
 
 def _ones_after(a: np.ndarray) -> np.ndarray:
@@ -333,7 +334,7 @@ def _magnitudes(fq, fk, v, g_out, decay, spec: Spec, forward):
     alpha[lost], beta[lost] = 0.0, 0.0
     left = np.concatenate([alpha * ag, beta], 1)
     right_v = _ones_after(av)
-    m_phi = {"q": np.empty((n, d)), "k": np.empty((n, d))}
+    m_phi = {"q": np.empty((n, d)), "k": np.empty(fk.shape)}
     if kind == "channel-gates":
         for m in range(d):
             at, channel_logs = slice(m, m + 1), logs[:, m : m + 1]
