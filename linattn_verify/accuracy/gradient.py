@@ -17,7 +17,9 @@ element, as s_ic is for an output element.
   subnormal grid, whatever its own magnitude (M may even underflow float64).
 - budget, per tensor (dq, dk, dv, and dg of a gates spec's log-gates: gradient_names):
   K_BUDGET times the largest error of the golden forms' backward (autograd through
-  implementations/golden.py, wide accumulation) on the same inputs and loss, and at least
+  implementations/golden.py, wide accumulation) on the same inputs and loss (the gradient
+  checks add its evaluations on exact splits of the cotangent, checks/gradients.py
+  golden_samples: the same careful evaluation with other rounding luck), and at least
   K_BUDGET times the error of rounding that exact tensor once (max |g| / M, the
   `rounding_floor`) the typical number of times a correct evaluation of its n roundings
   does (verdict.typical_roundings, sqrt(n) by Higham & Mary 2019): the rule for outputs,

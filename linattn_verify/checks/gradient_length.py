@@ -9,9 +9,10 @@ Per dtype one draw of the long-context check's typical inputs at the longest N (
 panel: B = 1, d = dv = 16, H = 1, a decayed spec's two memories H = 2: long_context.inputs)
 and its prefixes, the loss L = sum(out * G) with G ~ N(0, 1) (rounded to the dtype), judged
 as the gradient check judges (accuracy/gradient.py): the a-priori bound, and K_BUDGET times
-the larger of the golden long form's backward error (its linear form: golden.long_form) and
-the rounding floor. An element whose certificate exceeds CERTIFIED_SHARE of its magnitude M
-is left out (counted in the detail). float64 is judged at N <= 65 by the gradient check, not here.
+the larger of the golden long form's backward error (its linear form: golden.long_form, and
+its cotangent splits: gradients.golden_samples) and the rounding floor. An element whose
+certificate exceeds CERTIFIED_SHARE of its magnitude M is left out (counted in the detail).
+float64 is judged at N <= 65 by the gradient check, not here.
 
 Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and those certified_grad covers:
 the unnormalised identity specs (simple GLA, retention, GLA), the normalised elu and relu
@@ -41,7 +42,7 @@ from ..reference.grad import roundings
 from ..results import CheckResult
 from ..under_test import Implementation, ImplementationFailure
 from .core import as_array
-from .gradients import autograd_gradients, golden_gradients
+from .gradients import autograd_gradients, golden_samples
 from .long_context import DIMS, MEMORIES, Draw
 
 NAME = "gradient-length"
@@ -112,7 +113,7 @@ def gradient_length(
                 loose = ~(bounds[name] <= CERTIFIED_SHARE * magnitude[name])
                 left_out += int(loose.sum())
                 exact[name] = np.where(loose, np.nan, exact[name])
-            golden = golden_gradients(q, k, v, w, g, spec, decay, forms=(long_form(spec),))
+            golden = golden_samples(q, k, v, w, g, spec, decay, forms=(long_form(spec),))
             u = unit_roundoff(dtype, spec)
             verdict = judge_gradients(grads, exact, magnitude, dtype, u, rounds, golden)
             for name, e in verdict.max_error.items():

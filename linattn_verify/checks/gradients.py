@@ -109,6 +109,33 @@ def golden_gradients(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]
     ]
 
 
+# exact splits of the cotangent per golden form (golden_samples)
+SPLITS = 2
+
+
+def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
+    """golden_gradients (of `forms`) on the cotangent G and on SPLITS exact splits of it,
+    G = G1 + G2, G1 one unit in the last place of G's dtype away from G (a random direction
+    per element, seeded) and G2 = G - G1, exact: by linearity in the cotangent dL/dx(G1) +
+    dL/dx(G2) is dL/dx(G), but every rounding falls anew (G2's part is a unit's worth, its
+    own error a unit of a unit). The same careful evaluations with other luck: in float32 and
+    float64 the golden forms compute in the inputs' precision, peers of the kernel, and one
+    draw of a handful of roundings can be far luckier than a correct kernel's (the budget is
+    K_BUDGET times the largest)."""
+    samples = golden_gradients(q, k, v, w, g, spec, decay, forms)
+    for split in range(SPLITS):
+        up = torch.rand(g.shape, generator=torch.Generator().manual_seed(split)) < 0.5
+        away = torch.where(up.to(g.device), torch.inf, -torch.inf).to(g.dtype)
+        g1 = torch.nextafter(g, away)
+        for one, rest in zip(
+            golden_gradients(q, k, v, w, g1, spec, decay, forms),
+            golden_gradients(q, k, v, w, g - g1, spec, decay, forms),
+            strict=True,
+        ):
+            samples.append({name: one[name] + rest[name] for name in one})
+    return samples
+
+
 class UndefinedLoss(Exception):
     """A row's exact denominator is 0 (relu, cosformer): out is 0/0 there, so the loss and
     every gradient an implementation computes from it are undefined (torch's 0 * inf = NaN
@@ -192,7 +219,7 @@ def gradient(impl: Implementation, case: Case) -> Outcome:
     """dq, dk, dv (and dg) within the a-priori bound of the exact ones and within K_BUDGET
     times the golden forms' error."""
     (q, k, v, w, decay), g, exact, magnitude, n, grads = _setup(impl, case)
-    golden = golden_gradients(q, k, v, w, g, impl.spec, decay)
+    golden = golden_samples(q, k, v, w, g, impl.spec, decay)
     u = UNIT_ROUNDOFF[case.dtype]
     verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, golden)
     figures = {f"max_error_d{name}": e for name, e in verdict.max_error.items()}
@@ -283,7 +310,8 @@ def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
     forms = golden_forms(impl.spec)
     goldens = golden_gradients(q, k, v, w, g, impl.spec, decay)
     u = UNIT_ROUNDOFF[case.dtype]
-    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, goldens)
+    samples = golden_samples(q, k, v, w, g, impl.spec, decay)
+    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, samples)
     units = {name: verdict.budget[name] + verdict.golden_max_error[name] for name in exact}
     allowance = _allowance(magnitude, n, case.dtype, units)
     for form, golden in zip(forms, goldens, strict=True):

@@ -13,7 +13,7 @@ import torch
 
 from ..accuracy.gradient import judge_gradients
 from ..checks.core import as_array
-from ..checks.gradients import autograd_gradients, exact_judgement_inputs, golden_gradients
+from ..checks.gradients import autograd_gradients, exact_judgement_inputs, golden_samples
 from ..inputs import UNIT_ROUNDOFF, validate
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
@@ -44,7 +44,7 @@ def gradient_rows(
             step(f"gradients {spec} {dtype}")
             continue
         exact, magnitude, n = judgement
-        golden = golden_gradients(q, k, v, w, g, spec, decay)
+        golden = golden_samples(q, k, v, w, g, spec, decay)
         for form, impl in impls.items():
             try:
                 grads = autograd_gradients(impl, q, k, v, w, g, decay, spec)
