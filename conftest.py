@@ -25,12 +25,16 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 # Hypothesis draws from the constants of the local modules loaded: load all of ours now, so
 # that what a test draws does not depend on the tests that ran before it in its worker
 import_whole_package()
-# ... and keep to them: local modules imported later (scripts/doc_blocks.py, the kernel
-# files tests write to tmp_path) would otherwise join the pool in one worker and not in
-# another, as pytest-xdist hands out tests, and the `ci` profile's draws would differ from
-# run to run (stop 41's CI drew a case no local run did). Hypothesis' pool is private API:
-# where it moves, this does nothing.
-if hasattr(_providers := importlib.import_module("hypothesis.internal.conjecture.providers"),
-           "_get_local_constants"):  # fmt: skip
-    _frozen = _providers._get_local_constants()
-    _providers._get_local_constants = lambda: _frozen
+
+
+def pytest_collection_finish(session) -> None:
+    """Keep Hypothesis to the local modules loaded once every test module is (the same in
+    every worker): local modules imported later (the kernel files tests write to tmp_path)
+    would otherwise join its pool of constants in one worker and not in another, as
+    pytest-xdist hands out tests, and the `ci` profile's draws would differ from run to run
+    (stop 41's CI drew a case no local run did). The pool is Hypothesis' private API: where
+    it moves, this does nothing."""
+    providers = importlib.import_module("hypothesis.internal.conjecture.providers")
+    if hasattr(providers, "_get_local_constants"):
+        frozen = providers._get_local_constants()
+        providers._get_local_constants = lambda: frozen
