@@ -194,6 +194,8 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
     for side, x, f in (("q", q, fq), ("k", k, fk)):
         below = _derivative_factor(spec.feature_map, f.phi) * m_phi[side]
         mags[side] = np.where(x > 0, m_phi[side], below)
+        if spec.feature_map == "elu":
+            mags[side] = _row_scale(x, mags[side])
     if spec.gated:
         channel = kind == "channel-gates"
         grads["g"], bounds["g"], mags["g"] = gate_gradient(
@@ -264,6 +266,16 @@ def _quotient(num, e_num, den, e_den, slack):
         bound += _rounding(out, bound)
     bound[~np.isfinite(bound) | ~np.isfinite(out)] = np.inf
     return out, bound
+
+
+def _row_scale(x: np.ndarray, mags: np.ndarray) -> np.ndarray:
+    """M of elu rows whose every entry is <= 0, their first largest entry's plus the row's
+    (grad.py's Kernel.jt: a row taken as exp(x - top) exp(top), top's gradient landing
+    there)."""
+    rows = np.flatnonzero(np.all(x <= 0, axis=1))
+    out = mags.copy()
+    out[rows, np.argmax(x[rows], axis=1)] += mags[rows].sum(axis=1)
+    return out
 
 
 def _derivative_factor(name: str, phi: np.ndarray) -> np.ndarray:

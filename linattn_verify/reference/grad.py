@@ -321,12 +321,19 @@ class Kernel:
 
     def jt(self, side: str, n: int, u: list, um: list) -> tuple[list, list]:
         """J_phi(x)^T u and its magnitude for row n of side "q" or "k", for u (and
-        magnitudes um) over the features."""
+        magnitudes um) over the features. An elu row whose every entry is <= 0 may be taken
+        as exp(x - top) exp(top), top = max_m x_m (golden_features.py, for range): top's
+        gradient, exactly 0, is computed as the rounding of sum_m phi_m u_m and lands on
+        entry top, so that entry's magnitude adds the row's."""
         mp = mpmath.mp
         x, f, fm = self.x[side][n], self.f[side][n], self.fm[side][n]
         if self.name == "elu":
             deriv = [mp.one if t > 0 else ft for t, ft in zip(x, f)]  # exp(x) = phi(x)
-            return [a * b for a, b in zip(u, deriv)], [a * b for a, b in zip(um, deriv)]
+            mags = [a * b for a, b in zip(um, deriv)]
+            if all(t <= 0 for t in x):  # the row's scale's gradient (jt's docstring)
+                top = max(range(len(x)), key=lambda m: x[m])
+                mags[top] += mp.fsum(mags)
+            return [a * b for a, b in zip(u, deriv)], mags
         if self.name == "identity":
             return list(u), list(um)
         if self.name in ("relu", "cosformer"):
