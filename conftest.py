@@ -1,7 +1,6 @@
 """Hypothesis profiles: `ci` (derandomised, no deadline) under CI, `thorough` by hand; one
 torch thread per pytest-xdist worker."""
 
-import importlib
 import os
 
 import torch
@@ -25,16 +24,3 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 # Hypothesis draws from the constants of the local modules loaded: load all of ours now, so
 # that what a test draws does not depend on the tests that ran before it in its worker
 import_whole_package()
-
-
-def pytest_collection_finish(session) -> None:
-    """Keep Hypothesis to the local modules loaded once every test module is (the same in
-    every worker): local modules imported later (the kernel files tests write to tmp_path)
-    would otherwise join its pool of constants in one worker and not in another, as
-    pytest-xdist hands out tests, and the `ci` profile's draws would differ from run to run
-    (stop 41's CI drew a case no local run did). The pool is Hypothesis' private API: where
-    it moves, this does nothing."""
-    providers = importlib.import_module("hypothesis.internal.conjecture.providers")
-    if hasattr(providers, "_get_local_constants"):
-        frozen = providers._get_local_constants()
-        providers._get_local_constants = lambda: frozen
