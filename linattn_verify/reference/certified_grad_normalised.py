@@ -120,29 +120,9 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
 
     # the forward: out^ (e_out) and Dt^ (e_D)
     value, total, mag = _run(q, k, v, decay, chain_spec, False)
-    out, e_out, _ = _finish(value, total, mag, spec.eps, 0.0, spec, d)
-    den, e_den = _denominator(value, total, spec, d)
-    with np.errstate(invalid="ignore"):
-        slack = den - e_den
-    zero = (den == 0) & (e_den == 0)  # 0/0 rows
-    lost = ~(slack > 0)  # rows whose denominator is not resolved (0/0 ones too)
-    safe_den = np.where(lost, 1.0, den)
-    safe_slack = np.where(lost, 1.0, slack)
-    rel_d = np.where(lost, 0.0, e_den / safe_slack)[:, None]
-    out_ok = np.where(lost[:, None], 0.0, out)
-    e_out_ok = np.where(lost[:, None], 0.0, e_out)
-
-    ag = np.abs(g_out)
-    gt = g_out / safe_den[:, None]
-    yy = (np.abs(gt) + SUBNORMAL) * (1 + 2 * U64)
-    xi = (yy * (U64 + rel_d) + SUBNORMAL) * SAFETY
-    tbar = np.sum(g_out * out_ok, axis=1)
-    tau = np.sum(ag * e_out_ok, axis=1) + gamma64(dv + 1) * np.sum(ag * np.abs(out_ok), axis=1)
-    tau = (tau + 2 * dv * SUBNORMAL) * SAFETY
-    h = tbar / safe_den
-    hh = (np.abs(h) + SUBNORMAL) * (1 + 2 * U64)
-    eta = (hh * U64 + tau / safe_slack + hh * rel_d[:, 0] + SUBNORMAL) * SAFETY
-    gt[lost], xi[lost], tbar[lost], tau[lost], h[lost], eta[lost] = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta = _quotient_terms(
+        value, total, mag, g_out, spec, d
+    )
 
     grads, bounds = {}, {}
     # dv: (phi(k), phi(q), [Gt^, xi]) backward, the spec's own features
@@ -243,6 +223,38 @@ def _run(left, right, cols, decay, spec: Spec, backward: bool):
     if backward:
         return value[::-1], total[::-1], mag[::-1]
     return value, total, mag
+
+
+def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int):
+    """The forward's out^ and Dt^ (e_D) from its sums, and the quotient rule's inputs with
+    their bounds (module docstring: Gt^ within xi, tbar^ within tau, h^ within eta), 0 on
+    rows whose denominator is not resolved (0/0 ones too): (den, e_den, zero, lost,
+    safe_den, safe_slack, gt, xi, tbar, tau, h, eta)."""
+    dv = g_out.shape[1]
+    out, e_out, _ = _finish(value, total, mag, spec.eps, 0.0, spec, d)
+    den, e_den = _denominator(value, total, spec, d)
+    with np.errstate(invalid="ignore"):
+        slack = den - e_den
+    zero = (den == 0) & (e_den == 0)  # 0/0 rows
+    lost = ~(slack > 0)  # rows whose denominator is not resolved (0/0 ones too)
+    safe_den = np.where(lost, 1.0, den)
+    safe_slack = np.where(lost, 1.0, slack)
+    rel_d = np.where(lost, 0.0, e_den / safe_slack)[:, None]
+    out_ok = np.where(lost[:, None], 0.0, out)
+    e_out_ok = np.where(lost[:, None], 0.0, e_out)
+
+    ag = np.abs(g_out)
+    gt = g_out / safe_den[:, None]
+    yy = (np.abs(gt) + SUBNORMAL) * (1 + 2 * U64)
+    xi = (yy * (U64 + rel_d) + SUBNORMAL) * SAFETY
+    tbar = np.sum(g_out * out_ok, axis=1)
+    tau = np.sum(ag * e_out_ok, axis=1) + gamma64(dv + 1) * np.sum(ag * np.abs(out_ok), axis=1)
+    tau = (tau + 2 * dv * SUBNORMAL) * SAFETY
+    h = tbar / safe_den
+    hh = (np.abs(h) + SUBNORMAL) * (1 + 2 * U64)
+    eta = (hh * U64 + tau / safe_slack + hh * rel_d[:, 0] + SUBNORMAL) * SAFETY
+    gt[lost], xi[lost], tbar[lost], tau[lost], h[lost], eta[lost] = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    return den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta
 
 
 def _denominator(value, total, spec: Spec, d: int):

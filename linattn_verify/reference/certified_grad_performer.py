@@ -67,22 +67,20 @@ from dataclasses import replace
 import numpy as np
 
 from ..specs import Spec, SpecError
-from .certified import LIB, SAFETY, SUBNORMAL, U64, Features, _finish, float_features, gamma64
+from .certified import LIB, SAFETY, SUBNORMAL, U64, Features, float_features, gamma64
 from .certified_decay import decayed_sums
 from .certified_grad import PROJECTED_MAPS, _flipped, _flipped_logs, gate_gradient
 from .certified_grad_normalised import (
-    _denominator,
     _magnitudes,
     _ones_after,
     _quotient,
+    _quotient_terms,
     _reached,
     _run,
     _unresolved,
 )
 
 Arrays = dict[str, np.ndarray]
-
-# The maps performer_head covers: non-negative features, exp of an affine argument
 
 
 def performer_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
@@ -102,29 +100,9 @@ def performer_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays
 
     # the forward: out^ (e_out) and Dt^ (e_D)
     value, total, mag = _run_projected(q, k, v, w, decay, chain_spec, False)
-    out, e_out, _ = _finish(value, total, mag, spec.eps, 0.0, spec, d)
-    den, e_den = _denominator(value, total, spec, d)
-    with np.errstate(invalid="ignore"):
-        slack = den - e_den
-    zero = (den == 0) & (e_den == 0)  # 0/0 rows
-    lost = ~(slack > 0)
-    safe_den = np.where(lost, 1.0, den)
-    safe_slack = np.where(lost, 1.0, slack)
-    rel_d = np.where(lost, 0.0, e_den / safe_slack)[:, None]
-    out_ok = np.where(lost[:, None], 0.0, out)
-    e_out_ok = np.where(lost[:, None], 0.0, e_out)
-
-    ag = np.abs(g_out)
-    gt = g_out / safe_den[:, None]
-    yy = (np.abs(gt) + SUBNORMAL) * (1 + 2 * U64)
-    xi = (yy * (U64 + rel_d) + SUBNORMAL) * SAFETY
-    tbar = np.sum(g_out * out_ok, axis=1)
-    tau = np.sum(ag * e_out_ok, axis=1) + gamma64(dv + 1) * np.sum(ag * np.abs(out_ok), axis=1)
-    tau = (tau + 2 * dv * SUBNORMAL) * SAFETY
-    h = tbar / safe_den
-    hh = (np.abs(h) + SUBNORMAL) * (1 + 2 * U64)
-    eta = (hh * U64 + tau / safe_slack + hh * rel_d[:, 0] + SUBNORMAL) * SAFETY
-    gt[lost], xi[lost], tbar[lost], tau[lost], h[lost], eta[lost] = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta = _quotient_terms(
+        value, total, mag, g_out, spec, d
+    )
 
     grads, bounds = {}, {}
     # dv: (phi(k), phi(q), [Gt^, xi]) backward, the spec's own features
