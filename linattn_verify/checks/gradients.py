@@ -109,7 +109,8 @@ def golden_gradients(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]
     ]
 
 
-# exact splits of the cotangent per golden form (golden_samples)
+# exact splits of the cotangent per golden form (golden_samples): a choice, not derived;
+# two covered the false alarms measured (docs/accuracy.md) at two extra passes a form
 SPLITS = 2
 
 
