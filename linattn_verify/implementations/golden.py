@@ -310,12 +310,15 @@ def _causal_scan(
     shifts = None if scale_k is None else torch.cummax(scale_k, dim=-2).values
     out = []
     block = 1 if n <= SCAN_TOKENS else SCAN_BLOCK
-    for start in range(0, n, block):
+    # split once: a slice per block would give the backward a full-size gradient per block
+    pieces = [t.split(block, dim=-2) for t in (phi_q, body_k, vz)]
+    log_pieces = None if logs is None else logs.split(block, dim=-2)
+    for index, start in enumerate(range(0, n, block)):
         stop = min(start + block, n)
-        q, k, x = phi_q[..., start:stop, :], body_k[..., start:stop, :], vz[..., start:stop, :]
+        q, k, x = (piece[index] for piece in pieces)
         a = a_end = None
-        if logs is not None:
-            a = torch.cumsum(logs[..., start:stop, :], dim=-2)  # (.., L, 1) or (.., L, F)
+        if log_pieces is not None:
+            a = torch.cumsum(log_pieces[index], dim=-2)  # (.., L, 1) or (.., L, F)
             a_end = a[..., -1:, :]
         row = key = state = gap = None  # differences of log-scales, in the compute dtype
         if shifts is not None:
