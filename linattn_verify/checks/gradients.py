@@ -122,17 +122,33 @@ def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
     own error a unit of a unit). The same careful evaluations with other luck: in float32 and
     float64 the golden forms compute in the inputs' precision, peers of the kernel, and one
     draw of a handful of roundings can be far luckier than a correct kernel's (the budget is
-    K_BUDGET times the largest)."""
-    samples = golden_gradients(q, k, v, w, g, spec, decay, forms)
+    K_BUDGET times the largest). All 1 + 2 SPLITS cotangents run as one batch of copies of
+    the inputs (one pass: a token loop's cost is per step, not per row)."""
+    cotangents = [g]
     for split in range(SPLITS):
         up = torch.rand(g.shape, generator=torch.Generator().manual_seed(split)) < 0.5
         away = torch.where(up.to(g.device), torch.inf, -torch.inf).to(g.dtype)
         g1 = torch.nextafter(g, away)
-        for one, rest in zip(
-            golden_gradients(q, k, v, w, g1, spec, decay, forms),
-            golden_gradients(q, k, v, w, g - g1, spec, decay, forms),
-            strict=True,
-        ):
+        cotangents += [g1, g - g1]
+    copies, b = len(cotangents), g.shape[0]
+
+    def repeated(t):
+        return t.repeat(copies, *[1] * (t.ndim - 1))
+
+    per_batch = decay is not None and decay.ndim >= 3  # gates, channel gates, beta
+    batched = golden_gradients(
+        repeated(q), repeated(k), repeated(v), w, torch.cat(cotangents), spec,
+        repeated(decay) if per_batch else decay, forms,
+    )  # fmt: skip
+    samples = []
+    for grads in batched:
+
+        def copy(i: int, grads=grads) -> Grads:
+            return {name: t[i * b : (i + 1) * b] for name, t in grads.items()}
+
+        samples.append(copy(0))
+        for split in range(SPLITS):
+            one, rest = copy(1 + 2 * split), copy(2 + 2 * split)
             samples.append({name: one[name] + rest[name] for name in one})
     return samples
 
