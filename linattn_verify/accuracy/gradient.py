@@ -140,30 +140,21 @@ def judge_gradients(
     bound = gradient_bound(roundings, u)
     top = float(torch.finfo(getattr(torch, dtype)).max)
 
-    def errors_of(g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def errors_of(g: Mapping[str, np.ndarray], allowed=None) -> dict[str, np.ndarray]:
         """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row) and
-        where it is beyond the dtype's range and g has the infinity of its sign (its
-        rounding: unnormalised gradients grow with the inputs' squares)."""
-        units = {
-            n: error_units(g[n], exact[n], effective_scale(scale[n], dtype, u), u) for n in names
-        }
-        with np.errstate(invalid="ignore"):
-            exempt = {
-                n: np.isnan(exact[n]) | ((np.abs(exact[n]) > top) & (g[n] == exact[n] * np.inf))
-                for n in names
-            }
+        where g has the infinity of its sign and the exact value is beyond the dtype's range
+        (its rounding: unnormalised gradients grow with the inputs' squares), or within
+        `allowed` units of u M of it (an error the budget allows takes it there)."""
+        reach = {n: 0.0 if allowed is None else allowed[n] * u for n in names}
+        units, exempt = {}, {}
+        for n in names:
+            m = effective_scale(scale[n], dtype, u)
+            units[n] = error_units(g[n], exact[n], m, u)
+            with np.errstate(invalid="ignore", over="ignore"):
+                beyond = np.abs(exact[n]) + reach[n] * m > top
+                exempt[n] = np.isnan(exact[n]) | (beyond & (g[n] == exact[n] * np.inf))
         return {n: np.where(exempt[n], 0.0, units[n]) for n in names}
 
-    errors = errors_of(grads)
-    violations = 0
-    for n in names:
-        finite_exact = np.isfinite(exact[n]) & (np.abs(exact[n]) <= top)  # fits the dtype
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(grads[n] - exact[n])
-            above = finite_exact & ~(diff <= allowance(scale[n], dtype, u, roundings))
-        violations += int(above.sum())
-    worst_name = max(names, key=lambda n: errors[n].max(initial=0.0))
-    worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
     typical = typical_roundings(roundings, u)
     floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in names}
     golden_max = budget = None
@@ -177,6 +168,16 @@ def judge_gradients(
             for n in names
         }
         budget = {n: K_BUDGET * max(golden_max[n], floor[n]) for n in names}
+    errors = errors_of(grads, budget)
+    violations = 0
+    for n in names:
+        finite_exact = np.isfinite(exact[n]) & (np.abs(exact[n]) <= top)  # fits the dtype
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(grads[n] - exact[n])
+            above = finite_exact & ~(diff <= allowance(scale[n], dtype, u, roundings))
+        violations += int(above.sum())
+    worst_name = max(names, key=lambda n: errors[n].max(initial=0.0))
+    worst_at = np.unravel_index(int(np.argmax(errors[worst_name])), errors[worst_name].shape)
     return GradientVerdict(
         dtype=dtype,
         bound=bound,

@@ -122,29 +122,40 @@ def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
     own error a unit of a unit). The same careful evaluations with other luck: in float32 and
     float64 the golden forms compute in the inputs' precision, peers of the kernel, and one
     draw of a handful of roundings can be far luckier than a correct kernel's (the budget is
-    K_BUDGET times the largest). All 1 + 2 SPLITS cotangents run as one batch of copies of
-    the inputs (one pass: a token loop's cost is per step, not per row)."""
-    cotangents = [g]
+    K_BUDGET times the largest). A non-causal spec's splits also take the keys (and values)
+    in a seeded random order: its sums over every key are the same in any order, so the
+    forward's roundings fall anew too (a denominator that cancels, with signed features, is
+    one draw of them). All 1 + 2 SPLITS cotangents run as one batch of copies of the inputs
+    (one pass: a token loop's cost is per step, not per row)."""
+    cotangents, orders = [g], [torch.arange(k.shape[-2])]
     for split in range(SPLITS):
-        up = torch.rand(g.shape, generator=torch.Generator().manual_seed(split)) < 0.5
+        seeded = torch.Generator().manual_seed(split)
+        up = torch.rand(g.shape, generator=seeded) < 0.5
         away = torch.where(up.to(g.device), torch.inf, -torch.inf).to(g.dtype)
         g1 = torch.nextafter(g, away)
         cotangents += [g1, g - g1]
+        order = torch.randperm(k.shape[-2], generator=seeded) if not spec.causal else orders[0]
+        orders += [order, order]
     copies, b = len(cotangents), g.shape[0]
 
     def repeated(t):
         return t.repeat(copies, *[1] * (t.ndim - 1))
 
+    def reordered(t):
+        return torch.cat([t[..., order.to(t.device), :] for order in orders])
+
     per_batch = decay is not None and decay.ndim >= 3  # gates, channel gates, beta
     batched = golden_gradients(
-        repeated(q), repeated(k), repeated(v), w, torch.cat(cotangents), spec,
+        repeated(q), reordered(k), reordered(v), w, torch.cat(cotangents), spec,
         repeated(decay) if per_batch else decay, forms,
     )  # fmt: skip
     samples = []
     for grads in batched:
 
         def copy(i: int, grads=grads) -> Grads:
-            return {name: t[i * b : (i + 1) * b] for name, t in grads.items()}
+            back = np.argsort(orders[i].numpy())  # the keys' own order
+            part = {name: t[i * b : (i + 1) * b] for name, t in grads.items()}
+            return {name: t[..., back, :] if name in ("k", "v") else t for name, t in part.items()}
 
         samples.append(copy(0))
         for split in range(SPLITS):
