@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from linattn_verify.inputs import validate
-from linattn_verify.reference.certified_grad import certified_gradients
+from linattn_verify.reference.certified_grad import certified_gradients, covered
 from linattn_verify.reference.grad import exact_gradients_and_magnitudes
-from linattn_verify.specs import RSQRT_D, Spec, SpecError
+from linattn_verify.specs import FEATURE_MAPS, RSQRT_D, Spec, SpecError
 
 B, H, D, DV = 1, 2, 4, 3
 # (decay, scale, log-gates per token (gamma for constant)): strong gates kill the state in
@@ -93,15 +93,20 @@ def assert_shifted_gates_break_the_bound(x, spec, g_out) -> None:
 @pytest.mark.parametrize(
     "spec",
     [
-        Spec("identity", causal=True),
-        Spec("elu", causal=True, normalize=False),
-        Spec("identity"),  # non-causal, normalised
+        Spec("softmax", causal=True),
         Spec("identity", causal=True, normalize=False, delta_rule=True),
     ],
     ids=str,
 )
-def test_other_specs_are_refused_naming_the_covered_ones(spec):
+def test_softmax_and_the_delta_rule_are_refused(spec):
+    assert not covered(spec)
     beta = np.ones((1, 1, 2, 1)) if spec.delta_rule else None  # inputs.pack_delta's layout
     x = validate(*np.ones((3, 1, 1, 2, 2)), spec, None, beta)
-    with pytest.raises(SpecError, match="unnormalised identity"):
+    with pytest.raises(SpecError, match="every feature map but softmax"):
         certified_gradients(x, spec, np.ones((1, 1, 2, 2)))
+
+
+@pytest.mark.parametrize("name", sorted(FEATURE_MAPS))
+def test_every_kernelised_map_is_covered(name):
+    spec = Spec(name, causal=True)
+    assert covered(spec) == spec.info.kernelised

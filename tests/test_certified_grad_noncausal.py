@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from linattn_verify.inputs import validate
-from linattn_verify.reference.certified_grad import certified_gradients, covered
+from linattn_verify.reference.certified_grad import certified_gradients
 from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import RSQRT_D, Spec
 from tests.test_certified_grad_normalised import ADVERSARIAL, _check
@@ -139,19 +139,3 @@ def test_the_causal_certificate_breaks_the_bound(small_chunks, spec):
     causal = Spec(spec.feature_map, causal=True, normalize=spec.normalize)
     grads, bounds, _ = certified_gradients(validate(x.q, x.k, x.v, causal), causal, g_out)
     assert all(np.any(np.abs(grads[n] - exact[n]) > bounds[n]) for n in "qkv")
-
-
-@pytest.mark.parametrize(
-    "spec",
-    [Spec("identity", normalize=False), Spec("elu", eps=1e-6, scale=RSQRT_D), Spec("relu")],
-    ids=str,
-)
-def test_covered(spec):
-    assert covered(spec)
-
-
-@pytest.mark.parametrize(
-    "spec", [Spec("identity"), Spec("elu", normalize=False), Spec("cosformer")], ids=str
-)
-def test_not_covered(spec):
-    assert not covered(spec)

@@ -1,5 +1,5 @@
 """Certified gradients of the normalised elu and relu specs
-(reference/certified_grad_normalised.py) against the exact ones of reference/grad.py: every
+(reference/certified_grad_features.py) against the exact ones of reference/grad.py: every
 element within its bound (NaN where grad.py's is), the bound below 2^-30 of grad.py's
 magnitude M on typical inputs, dv's M equal to grad.py's and dq's, dk's, dg's M' between M
 and (1 + max sigma) M (the upper bound the module states), across sub-chunks, chunks and
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from linattn_verify.inputs import validate
-from linattn_verify.reference.certified_grad import certified_gradients, covered
+from linattn_verify.reference.certified_grad import certified_gradients
 from linattn_verify.reference.grad import exact_gradients_and_magnitudes
-from linattn_verify.specs import RSQRT_D, Spec, SpecError
+from linattn_verify.specs import RSQRT_D, Spec
 from tests.test_certified_grad import assert_shifted_gates_break_the_bound
 
 B, H, D, DV = 1, 2, 4, 3
@@ -151,35 +151,3 @@ def test_gates_one_token_off_break_the_bound(small_chunks):
     """The bound catches a gate applied one token off (the reversed sequence's shift)."""
     x, spec, g_out, _ = _case("elu", "gates", 1.0, "random", 0.0)
     assert_shifted_gates_break_the_bound(x, spec, g_out)
-
-
-@pytest.mark.parametrize(
-    "spec",
-    [
-        Spec("identity", causal=True),
-        Spec("performer-trig", causal=True),
-        Spec("cosformer", causal=True),
-        Spec("taylor", causal=True),
-        Spec("performer-positive"),
-        Spec("elu", causal=True, normalize=False),
-    ],
-    ids=str,
-)
-def test_not_covered(spec):
-    assert not covered(spec)
-    w = np.ones((2, 2)) if spec.info.needs_projection else None
-    x = validate(*np.ones((3, 1, 1, 2, 2)), spec, w, None)
-    with pytest.raises(SpecError, match="normalised elu and relu"):
-        certified_gradients(x, spec, np.ones((1, 1, 2, 2)))
-
-
-COVERED = [
-    Spec("elu", causal=True),
-    Spec("relu", causal=True, eps=1e-6, decay="channel-gates"),
-    Spec("elu"),  # non-causal: tests/test_certified_grad_noncausal.py
-]
-
-
-@pytest.mark.parametrize("spec", COVERED, ids=str)
-def test_covered(spec):
-    assert covered(spec)

@@ -1,9 +1,10 @@
-"""Certified gradients of the normalised Performer specs with non-negative features
-(reference/certified_grad_performer.py) against the exact ones of reference/grad.py: every
-element within its bound (infinite only where a denominator is not resolved), the bound
-below 2^-30 of grad.py's magnitude M on typical inputs, and M <= M' (the upper bound the
-module states), across sub-chunks, chunks and steps (shrunk), decays None, constant and
-gates, scales and eps; large and tiny q, k (features underflowing)."""
+"""Certified gradients of the normalised Performer specs (reference/certified_grad_features.py
+with certified_grad_maps.py's J^T: performer-positive, -hyperbolic and -trig) against the
+exact ones of reference/grad.py: every element within its bound (infinite only where a
+denominator is not resolved), the bound below 2^-30 of grad.py's magnitude M on typical
+inputs, and M <= M' (the upper bound the module states), across sub-chunks, chunks and
+steps (shrunk), decays None, constant and gates, scales and eps; large and tiny q, k
+(features underflowing or, trig's, overflowing)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import pytest
 import torch
 
 from linattn_verify.inputs import validate
-from linattn_verify.reference.certified_grad import certified_gradients, covered
-from linattn_verify.reference.certified_grad_performer import performer_head
+from linattn_verify.reference.certified_grad import certified_gradients
 from linattn_verify.reference.grad import exact_gradients_and_magnitudes
-from linattn_verify.specs import RSQRT_D, Spec, SpecError
+from linattn_verify.specs import RSQRT_D, Spec
 
 B, H, D, DV = 1, 2, 4, 3
-MAPS = ["performer-positive", "performer-hyperbolic"]
+MAPS = ["performer-positive", "performer-hyperbolic", "performer-trig"]
 
 
 def _case(fm, n=21, m=8, seed=0, eps=0.0, decay=None, scale=1.0, qk=1.0, values=1.0, big_w=1.0):
@@ -111,13 +111,3 @@ def test_typical_bound_is_far_below_float32(small_chunks):
 def test_one_token():
     x, spec, g_out = _case("performer-positive", n=1, eps=0.1)
     _check(x, spec, g_out)
-
-
-def test_covered_causal_and_other_maps_refused():
-    assert covered(Spec("performer-hyperbolic", causal=True))
-    assert not covered(Spec("performer-positive"))  # non-causal: not certified here
-    x, _, g_out = _case("performer-positive", n=3)
-    trig = Spec("performer-trig", causal=True)
-    assert not covered(trig)
-    with pytest.raises(SpecError, match="performer_head covers"):
-        performer_head(x.q[0, 0], x.k[0, 0], x.v[0, 0], g_out[0, 0], None, x.projection, trig)

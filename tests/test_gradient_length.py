@@ -28,11 +28,16 @@ def test_it_covers_the_certified_specs_and_says_why_not_for_the_others():
         resolve(form="recurrent", decay="gates", **deltanet),
         resolve(form="chunked", feature_map="performer-positive", causal=True),
         resolve(form="linear", feature_map="elu"),
+        resolve(form="chunked", feature_map="performer-trig", causal=True),
+        resolve(form="linear", feature_map="performer-hyperbolic"),
+        resolve(form="recurrent", feature_map="cosformer", causal=True),
+        resolve(form="chunked", feature_map="taylor", causal=True, normalize=False),
+        resolve(form="chunked", feature_map="identity", causal=True),
     )
     assert all(not_applicable(impl, ("float32",)) is None for impl in covered)
     assert "float64 only" in not_applicable(gla, ("float64",))
-    trig = resolve(form="chunked", feature_map="performer-trig", causal=True)
-    assert "cover the delta rule" in not_applicable(trig, ("float32",))
+    softmax = resolve(form="quadratic", feature_map="softmax", causal=True)
+    assert "softmax has no feature map" in not_applicable(softmax, ("float32",))
 
 
 def test_the_built_in_chunked_form_passes_at_length():

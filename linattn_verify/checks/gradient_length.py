@@ -14,14 +14,13 @@ its cotangent splits: gradients.golden_samples) and the rounding floor. An eleme
 certificate exceeds CERTIFIED_SHARE of its magnitude M is left out (counted in the detail).
 float64 is judged at N <= 65 by the gradient check, not here.
 
-Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and those certified_grad covers:
-the unnormalised identity specs (simple GLA, retention, GLA), the normalised elu and relu
-ones (causal or not) and the causal performer-positive and -hyperbolic ones, any scale and
-decay; the others say why not. For the normalised specs the magnitudes of dq, dk and dg
-(and the Performer maps' dv) are an upper bound M' on grad.py's M
-(certified_grad_normalised's and certified_grad_performer's docstrings: 1 to 2.2 times it
-as measured, the Performer maps' dv 4 to 22 times), so their errors in units of u M' read
-up to that much smaller: the bound and the budget scale alike.
+Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and every kernelised one
+(certified_grad: every feature map but softmax, normalised or not, causal or not, any eps,
+scale and decay); softmax says why not. For the normalised specs the magnitudes of dq, dk
+and dg (and the Performer maps' dv) are an upper bound M' on grad.py's M
+(certified_grad_features.py's docstring: 1 to 2.2 times it as measured, the Performer
+maps' dv 4 to 22 times), so their errors in units of u M' read up to that much smaller:
+the bound and the budget scale alike.
 """
 
 from __future__ import annotations
@@ -71,9 +70,9 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
     if not (impl.spec.delta_rule or covered(impl.spec)):
         return (
-            "its exact gradients at length (reference/certified_grad.py) cover the delta "
-            "rule, the unnormalised identity specs, the normalised elu and relu ones and the "
-            f"causal performer-positive and -hyperbolic ones so far, not {impl.spec}"
+            "softmax has no feature map: its exact gradients at length would be a quadratic "
+            "certified backward (reference/certified_grad.py covers the kernelised specs and "
+            "certified_delta_grad.py the delta rule)"
         )
     if all(t == "float64" for t in dtypes):
         return "float64 only: its backward is judged at N <= 65 by the gradient check"

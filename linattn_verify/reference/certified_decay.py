@@ -211,13 +211,19 @@ def decayed_sums(
     w: np.ndarray | None,
     decay: np.ndarray,
     spec: Spec,
+    given: tuple[Features, Features] | None = None,
 ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
     """Per step of query rows: (start, stop, the sums [sum_j w_ij sim_ij v_j, sum_j w_ij
     sim_ij], a bound on their error, a bound on sum_j w_ij |phi(q_i)|.|phi(k_j)| [|v_j|, 1])
-    of one head of a decayed spec, unscaled (the module's bound)."""
-    n, dv, name = q.shape[0], v.shape[1], spec.feature_map
+    of one head of a decayed spec, unscaled (the module's bound). given: the features of
+    q's and k's rows (values and error bounds, of the spec's map) in place of
+    float_features', q and k then unused."""
+    n, dv, name = v.shape[0], v.shape[1], spec.feature_map
     logs, gamma_e = log_decays(decay, spec, n)
-    m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
+    if given is None:
+        m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
+    else:
+        m = given[0].phi.shape[1]
     relative = name in RELATIVE
     width = m if relative else 2 * m  # the features of a term (E: [psi, |phi|])
     rho, ops = path_errors(width, n)
@@ -231,8 +237,11 @@ def decayed_sums(
     for start in range(0, n, step):
         stop = min(start + step, n)
         rows = np.arange(start, stop)
-        fq = float_features(q[start:stop], rows, n, w, name)
-        fk = float_features(k[start:stop], rows, n, w, name)
+        if given is None:
+            fq = float_features(q[start:stop], rows, n, w, name)
+            fk = float_features(k[start:stop], rows, n, w, name)
+        else:
+            fq, fk = (Features(f.phi[start:stop], f.err[start:stop]) for f in given)
         vb = v[start:stop]
         seen.meet(fq, fk, vb)
         padded = _padded(logs[start:stop], -(-(stop - start) // CHUNK) * CHUNK)

@@ -1,83 +1,106 @@
-"""Certified gradients at length of the normalised specs with elementwise, non-negative
-features (elu + 1, relu): dL/dq, dL/dk, dL/dv (and dL/dg of the log-gates) of L = sum(out *
-G) in float64, O(N), each element with a rigorous bound on its error, and an upper bound M'
-on the magnitude M of reference/grad.py's gradient_magnitudes (certified_grad.py runs them
-for certified_gradients; its docstring gives the unnormalised identity specs').
+"""Certified gradients at length of the kernelised specs (every feature map, normalised or
+not, causal or not, any eps, scale and decay; not the delta rule): dL/dq, dL/dk, dL/dv
+(and dL/dg of the log-gates) of L = sum(out * G) in float64, O(N), each element with a
+rigorous bound on its error, and an upper bound M' on the magnitude M of
+reference/grad.py's gradient_magnitudes. The per-map part (the features, their magnitudes,
+J_phi^T) is certified_grad_maps.py's; certified_grad.py runs the heads.
 
-Definitions (grad.py's module docstring): a_ij = phi(q_i) . phi(k_j) >= 0, A_ij = c w_ij
-a_ij, D_i = eps + sum_(j<=i) A_ij, out_i = sum_j A_ij v_j / D_i, b_ij = G_i . (v_j - out_i)
-/ D_i. In the units of the sums, Dt_i = D_i / c = eps / c + sum_j w_ij a_ij (the forward's
-denominator, certified._finish), so c cancels everywhere but in eps / c:
+Definitions (grad.py's module docstring): a_ij = phi(q_i) . phi(k_j), A_ij = c w_ij a_ij,
+D_i = eps + sum_(j<=i) A_ij, out_i = sum_j A_ij v_j / D_i, b_ij = G_i . (v_j - out_i) / D_i
+(unnormalised: D_i = 1, out_i = sum_j A_ij v_j, b_ij = G_i . v_j). Normalised, in the
+units of the sums, Dt_i = D_i / c = eps / c + sum_j w_ij a_ij (the forward's denominator,
+certified._finish), so c cancels everywhere but in eps / c:
 
     dv_j       = sum_(i>=j) w_ij a_ij Gt_i,                        Gt_i = G_i / Dt_i,
     dphi(q)_i  = (sum_(j<=i) w_ij (G_i . v_j - tbar_i) phi(k_j)) / Dt_i,  tbar_i = G_i . out_i,
     dphi(k)_j  = sum_(i>=j) w_ij (v_j . Gt_i - h_i) phi(q_i),      h_i = tbar_i / Dt_i,
-    dq_i = phi'(q_i) dphi(q)_i, dk_j = phi'(k_j) dphi(k)_j  (elementwise; elu: 1 above 0,
-    exp(x) = phi(x) at or below; relu: 1 above 0, 0 at or below, torch's subgradient),
+    dq_i = J_phi(q_i)^T dphi(q)_i, dk_j = J_phi(k_j)^T dphi(k)_j  (certified_grad_maps.py),
     dL/dG_s = phi(q_s) . dphi(q)_s - phi(k_s) . dphi(k)_s   (sum_j p_sj - sum_i p_is with
     p_ij = b_ij A_ij, grad.py), dL/dg_t = sum_(s>=t) dL/dG_s, dL/dg_0 = 0;
 
-channel gates per key channel m: w_ij -> W_ijm in a_ij's channel m for dv and the forward,
-and dphi(q)_im, dphi(k)_jm, dL/dG_sm channel by channel (W_ijm as scalar gates). Each sum
-is one chain of certified_decay.decayed_sums (left . right times columns, forward or on the
-reversed sequence as certified_grad.py runs them): the forward F (phi(q), phi(k), v) and dv
-(phi(k), phi(q), Gt^) with the spec's own features, whose error decayed_sums bounds; the
-others with identity "features" (exact to decayed_sums) and the features as columns:
-P_q = ([G, -tbar^], [v, 1], phi^(k)), P_k = ([v, 1], [Gt^, -h^], phi^(q)), and the non-
-negative Z = (1, 1, phi^(k) + psi_k), E_k = ([|v|, 1], [xi, eta], phi^(q) + psi_q) for the
-propagated errors.
+unnormalised, the same with Gt_i = c G_i, tbar_i = h_i = 0 and dphi(q)_i = c sum_(j<=i)
+w_ij (G_i . v_j) phi(k_j). Channel gates (identity, elu, relu) per key channel m: w_ij ->
+W_ijm in a_ij's channel m for dv and the forward, and dphi(q)_im, dphi(k)_jm, dL/dG_sm
+channel by channel (W_ijm as scalar gates). Each sum is one chain of
+certified_decay.decayed_sums (left . right times columns; dk and dv on the reversed
+sequence, j' = N-1-j, w_ij = exp(l'_(i'+1) + ... + l'_(j')) for the log-decays l'_t' =
+l_(N-t'), l'_0 unused; no decay: log-gates of 0, every weight exactly 1): the forward F
+(phi(q), phi(k), v) and dv (phi(k), phi(q), Gt^) with the features as computed, whose
+error decayed_sums bounds; the others with exact "features" (identity) and the features as
+columns: P_q = ([G, -tbar^], [v, 1], phi^(k)), P_k = ([v, 1], [Gt^, -h^], phi^(q)), and
+the non-negative Z = (1, 1, |phi^(k)| + psi_k), E_k = ([|v|, 1], [xi, eta], |phi^(q)| +
+psi_q), X = (|phi^(k)| + psi_k, |phi^(q)| + psi_q, xi) for the propagated errors.
 
 Bounds (Higham 2002: Lemma 3.1, eq. 3.5 for sums and dots in any order, eq. 3.2's (1 +
 delta) products; gradual underflow: a result below 2^-1022 errs by half a SUBNORMAL at
-most). decayed_sums bounds |S^ - S(l^, r^, x^)| (its module docstring) for the inputs as
-given; the inputs' own errors add, by S(l^, r^, x^) - S(l, r, x) = [S(l^, r^, x^) - S(l^,
-r^, x)] + [S(l^, r^, x) - S(l, r, x)]: sum_j w |l^_i . r^_j| psi_j, at most decayed_sums'
-magnitude bound of the psi columns, plus sum_j w (|dl_i| . |r^_j| + |l^_i| . |dr_j|) |x_j|,
-|x_j| <= x^_j + psi_j:
-- Dt^ = fl(S^ + eps / c) within e_D (certified._finish's denominator), slack_i = Dt^_i -
+most). decayed_sums bounds |S^ - S(l, r, x^)| (its module docstring: the features' errors
+included) for the columns as given; the columns' own errors add, sum_j w |l_i . r_j| psi_j,
+at most its magnitude bound of the psi columns (exact features) or the computed X chain
+plus its bound (|a_ij| <= (|phi^(q_i)| + psi) . (|phi^(k_j)| + psi)); and sum_j w (|dl_i| .
+|r_j| + |l_i| . |dr_j|) |x_j| with |x_j| <= |x^_j| + psi_j:
+- Dt^ = fl(S^ + eps / c) within e_D (certified._finish's denominator), slack_i = |Dt^_i| -
   e_D,i > 0 (else the row is unresolved: every element it reaches gets an infinite bound;
-  exactly 0 with e_D = 0, a 0/0 row: NaN where grad.py gives NaN, q_i, the keys j <= i and
-  dL/dg_t for t <= i); out^ within e_out (_finish).
+  exactly 0 with e_D = 0 for a positive map, a 0/0 row: NaN where grad.py gives NaN, q_i,
+  the keys j <= i and dL/dg_t for t <= i); out^ within e_out (_finish).
 - y = G / Dt^ rounded to Gt^: |y| <= yy = (|Gt^| + SUBNORMAL)(1 + 2u), |Gt^ - Gt| <= xi =
-  yy (u + e_D / slack) + SUBNORMAL (|y - G / Dt| = |y| |Dt - Dt^| / |Dt|, |Dt| >= slack).
+  yy (u + e_D / slack) + SUBNORMAL (|y - G / Dt| = |y| |Dt - Dt^| / |Dt|, |Dt| >= slack);
+  unnormalised, Gt^ = fl(c^ G): xi = yy (u + r_c) + SUBNORMAL, r_c = c's relative error
+  over 1 - itself (LIB for d^-0.5, else 0).
 - tbar^ = fl(G . out^): tau = |G| . e_out + gamma_(dv+1) |G| . |out^| + 2 dv SUBNORMAL;
   h^ = fl(tbar^ / Dt^): eta = hh u + (tau + hh e_D) / slack + SUBNORMAL, hh = (|h^| +
   SUBNORMAL)(1 + 2u) (the quotient |a^/b^ - a/b| <= (|da| + |a^/b^| |db|) / (|b^| - |db|)).
-- dv: decayed_sums' bound + the xi columns' computed sum plus its bound (sum_i W_ij xi_i
-  with the exact W, non-negative terms).
+- dv: decayed_sums' bound + the X chain's computed sum plus its bound.
 - dphi(q): P_q's bound + its magnitude bound of the psi_k columns + tau_i Z^up_i (Z^up the
-  computed Z plus its bound >= sum_j w_ij phi(k_j)), then the quotient by Dt^ as _finish
-  divides (its bound formula, one rounding more).
+  computed Z plus its bound >= sum_j w_ij |phi(k_j)|), then the quotient by Dt^ as _finish
+  divides (its bound formula, one rounding more); unnormalised, the product by c as _finish
+  scales.
 - dphi(k): P_k's bound + its psi_q columns' magnitude bound + E_k^up (E_k's computed sum
-  plus its bound >= sum_i w_ij (|v_j| . xi_i + eta_i) phi(q_i)).
-- dq = fl(phi'^ dphi^): phi' exact (1 or 0) but elu's exp(x) = phi^(x) within psi: error
-  (phi'^ + psi) E + psi |dphi^| and the product's rounding.
-- dL/dg: certified_grad.gate_gradient with the features' psi.
+  plus its bound >= sum_i w_ij (|v_j| . xi_i + eta_i) |phi(q_i)|).
+- dq, dk: certified_grad_maps.py's J^T and its bound.
+- dL/dg: each computed x^_s = fl(phi^(q_s) . dphi^(q)_s - phi^(k_s) . dphi^(k)_s) is
+  within e_s = (|phi^(q_s)| + psi) . E_dq,s + psi . |dphi^(q)_s| + (the same for k) +
+  gamma_(F+1) (|phi^(q_s)| . |dphi^(q)_s| + |phi^(k_s)| . |dphi^(k)_s|) + 4 F SUBNORMAL (a
+  dot in any order; its products may underflow), and the reverse cumulative sum of N terms
+  errs by gamma_N sum_(s>=t) |x^_s| (Lemma 3.1): |dg^_t - dg_t| <= (sum_(s>=t) e_s +
+  gamma_N sum_(s>=t) |x^_s|) / (1 - gamma_N), the sums of non-negative terms computed,
+  hence the division.
 Every bound is multiplied by SAFETY for its own roundings (certified.py).
 
-Magnitudes. grad.py's M(b_ij) = (|G_i| . |v_j| + M(tbar_i) + |b_ij| M(D_i)) / D_i holds
+Magnitudes. grad.py's M(b_ij) = (|G_i| . |v_j| + M(tbar_i) + |b_ij| M(D_i)) / |D_i| holds
 |b_ij|, not a sum of products of row and column factors: no chain sums it in O(N). M' takes
-|b_ij| <= (|G_i| . |v_j| + |tbar_i|) / D_i instead, so M <= M' <= (1 + M(D_i) / D_i) M term
-by term (2 M without a decay and eps = 0): M'(b_ij) = alpha_i |G_i| . |v_j| + beta_i with
-alpha_i = (1 + M(D_i) / D_i) / D_i, beta_i = (M(tbar_i) + |tbar_i| M(D_i) / D_i) / D_i,
-M(D_i) = eps + c sum_j sigma_ij w_ij a_ij, M(tbar_i) = (c |G_i| . sum_j sigma_ij w_ij a_ij
-|v_j| + |tbar_i| M(D_i)) / D_i (sigma_ij = 1 + M(ln w_ij), certified_grad.py's). Then
-M'(dphi(q)_i) = c sum_j sigma_ij w_ij M'(b_ij) phi(k_j), M'(dphi(k)_j) alike over i,
-M(dv_j) = c sum_i w_ij a_ij (sigma_ij + M(D_i) / D_i) |G_i| / D_i (exact: r_ij = A_ij /
-D_i >= 0), M'(dq) = phi' M'(dphi(q)), and M'(dg_t) = sum_(s>=t) (phi(q_s) . M'(dphi(q)_s)
-+ phi(k_s) . M'(dphi(k)_s)), chain sums of non-negative terms (certified_grad._abs_sums,
-_constant_abs_sums). dv's M is grad.py's; dq's, dk's and dg's are M'. Where a bound is
-infinite (an unresolved denominator reaches the element) M' is not meaningful either.
+|b_ij| <= (|G_i| . |v_j| + |tbar_i|) / |D_i| instead, so M <= M' <= (1 + M(D_i) / |D_i|) M
+term by term (2 M without a decay and eps = 0; unnormalised M(b_ij) = |G_i| . |v_j| and M'
+= M): M'(b_ij) = alpha_i |G_i| . |v_j| + beta_i with alpha_i = (1 + M(D_i) / |D_i|) / |D_i|,
+beta_i = (M(tbar_i) + |tbar_i| M(D_i) / |D_i|) / |D_i|, M(D_i) = eps + c sum_j sigma_ij
+w_ij M(a_ij), M(a_ij) = phiM(q_i) . phiM(k_j) (grad.py's; phiM = |phi| but for the Performer
+maps, certified_grad_maps.py), M(tbar_i) = (c |G_i| . sum_j sigma_ij w_ij M(a_ij) |v_j| +
+|tbar_i| M(D_i)) / |D_i|, sigma_ij = 1 + M(ln w_ij): 1 without a decay, 1 + (i - j) |ln
+gamma| for a constant one, 1 + 2 sum_(t<=i) |g_t| for gates, 1 + 2 max_m sum_(t<=i) |g_tm|
+for channel gates. Then M'(dphi(q)_i) = c sum_j sigma_ij w_ij M'(b_ij) phiM(k_j),
+M'(dphi(k)_j) alike over i, M'(dv_j) = c sum_i w_ij M(a_ij) (sigma_ij + M(D_i) / |D_i|)
+|G_i| / |D_i| (>= grad.py's, |a_ij| <= M(a_ij); equal for |phi| features), M'(dq) through
+|J^T| (certified_grad_maps.py), and M'(dg_t) = sum_(s>=t) (phiM(q_s) . M'(dphi(q)_s) +
+phiM(k_s) . M'(dphi(k)_s)) (per channel for channel gates), chain sums of non-negative terms
+in float64 (relative error about rho): _abs_sums, and for a constant decay
+_constant_abs_sums by chunks of CHUNK rows (in-chunk pairs directly, earlier keys through
+two states, sum_j gamma^(e-j) |r_j| |x_j| and the same times (e - j) |ln gamma|, e the
+chunk's last row before, so that (i - j) = (i - e) + (e - j) splits into non-negative
+parts). Where a bound is infinite (an unresolved denominator reaches the element) M' is not
+meaningful either.
 
 Non-causal (no decay: w_ij = 1, sigma_ij = 1; grad.py with every key allowed): the same
-formulas with every sum over all j (all i), D_i = eps + c sum_j a_ij. Each chain runs as
-certified_grad._total_run runs it (certified_grad.py's "Non-causal": one causal chain of
-decayed_sums over 2N tokens, keys first, queries after, the padding features exactly 0),
-so every bound above holds as derived; the magnitudes' chain sums become totals,
-|l_i| (sum_j |r_j| |x_j|^T) (certified_grad._total_abs_sums). A column of dphi gets a
-zero bound where every feature of that column is exactly 0 at every token (not only
-up to i). An unresolved row i reaches every key: dk, dv of all keys get an infinite bound
-(NaN and bound 0 where D_i is exactly 0, grad.py's non-causal NaN).
+formulas with every sum over all j (all i). Each chain runs as one causal chain of
+decayed_sums on 2N tokens (_total_run), the keys first and the queries after: token t < N
+carries (a zero left feature, r_t, x_t), token N + i carries (l_i, a zero right feature, a
+zero column), every feature given with its bound and the padding exactly 0 with bound 0, so
+row N + i's causal sum is exactly the non-causal one plus terms with a zero factor, and
+every bound above holds as derived (decayed_sums' depth counted for 2N keys). A zero
+factor's product is exactly 0 unless the other factor is infinite; then the bound is
+infinite too. The magnitudes' chain sums become totals, |l_i| (sum_j |r_j| |x_j|^T)
+(_total_abs_sums). A column of dphi gets a zero bound where every feature of that column is
+exactly 0 at every token (not only up to i). An unresolved row i reaches every key: dk, dv
+of all keys get an infinite bound (NaN and bound 0 where D_i is exactly 0, grad.py's
+non-causal NaN).
 """
 
 from __future__ import annotations
@@ -88,98 +111,91 @@ from dataclasses import replace
 import numpy as np
 
 from ..specs import RSQRT_D, Spec
-from .certified import LIB, SAFETY, SUBNORMAL, U64, _finish, _rounding, float_features, gamma64
-from .certified_decay import decayed_sums
-from .certified_grad import (
-    _abs_sums,
-    _constant_abs_sums,
-    _flipped,
-    _flipped_logs,
-    _spread,
-    _total_abs_sums,
-    _total_run,
-    gate_gradient,
-)
+from . import certified_decay as cd  # CHUNK, GROUP read at each call (tests shrink them)
+from .certified import LIB, SAFETY, SUBNORMAL, U64, Features, _finish, _rounding, gamma64
+from .certified_decay import Factors, chain, decayed_sums
+from .certified_grad_maps import MapRows
 
 Arrays = dict[str, np.ndarray]
 
 
-def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
-    """One head's (grads, bounds, magnitudes M') of a normalised elu or relu spec (module
-    docstring)."""
+def feature_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
+    """One head's (grads, bounds, magnitudes M') of a kernelised spec, W the Performer maps'
+    projection (module docstring)."""
     n, d = q.shape
     dv = v.shape[1]
     kind = spec.decay
-    # no decay: gates of 0 (non-causal: _run's totals)
-    chain_spec = spec if kind or not spec.causal else replace(spec, decay="gates")
+    decay = np.zeros(n) if decay is None else decay  # no decay: log-gates of 0
     reached = _reached if spec.causal else _reached_anywhere
-    decay = np.zeros(n) if decay is None else decay
-    rows = np.arange(n)
-    fq = float_features(q, rows, n, None, spec.feature_map)
-    fk = float_features(k, np.arange(k.shape[0]), n, None, spec.feature_map)  # Nk keys
+    big_m = max(n, k.shape[0])
+    rows = {side: MapRows.of(spec.feature_map, x, w, big_m) for side, x in (("q", q), ("k", k))}
+    fq, fk = rows["q"].f, rows["k"].f
 
     # the forward: out^ (e_out) and Dt^ (e_D)
-    value, total, mag = _run(q, k, v, decay, chain_spec, False)
-    den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta = _quotient_terms(
-        value, total, mag, g_out, spec, d
-    )
+    value, total, mag = _run(fq, fk, v, decay, spec, False)
+    if spec.normalize:
+        terms = _quotient_terms(value, total, mag, g_out, spec, d)
+    else:
+        terms = _scaled_terms(g_out, spec, d)
+    den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta = terms
 
     grads, bounds = {}, {}
-    # dv: (phi(k), phi(q), [Gt^, xi]) backward, the spec's own features
-    value, total, _ = _run(k, q, np.concatenate([gt, xi], 1), decay, chain_spec, True)
+    identity = replace(spec, feature_map="identity", normalize=False, eps=0.0, scale=1.0)
+    up = {side: _exact(np.abs(f.phi) + f.err) for side, f in (("q", fq), ("k", fk))}
+    # dv: (phi(k), phi(q), Gt^) backward, the features as computed; X for xi
+    value, total, _ = _run(fk, fq, gt, decay, spec, True)
+    x_value, x_total, _ = _run(up["k"], up["q"], xi, decay, identity, True)
     grads["v"] = value[:, :dv]
-    bounds["v"] = (total[:, :dv] + value[:, dv : 2 * dv] + total[:, dv : 2 * dv]) * SAFETY
+    bounds["v"] = (total[:, :dv] + x_value[:, :dv] + x_total[:, :dv]) * SAFETY
 
-    identity = replace(chain_spec, feature_map="identity", normalize=False, eps=0.0, scale=1.0)
-    left_q, right_q = np.concatenate([g_out, -tbar[:, None]], 1), _ones_after(v)
-    left_k, right_k = _ones_after(v), np.concatenate([gt, -h[:, None]], 1)
-    err_left_k, err_right_k = _ones_after(np.abs(v)), np.concatenate([xi, eta[:, None]], 1)
-    ones, ones_k = np.ones((n, 1)), np.ones((k.shape[0], 1))
+    left_q, right_q = _exact(np.concatenate([g_out, -tbar[:, None]], 1)), _exact(_ones_after(v))
+    left_k, right_k = _exact(_ones_after(v)), _exact(np.concatenate([gt, -h[:, None]], 1))
+    err_left_k = _exact(_ones_after(np.abs(v)))
+    err_right_k = _exact(np.concatenate([xi, eta[:, None]], 1))
+    ones, ones_k = _exact(np.ones((n, 1))), _exact(np.ones((k.shape[0], 1)))
     dphi, e_dphi = {}, {}
     if kind == "channel-gates":
         scalar = replace(identity, decay="gates")
         channels = [(slice(m, m + 1), decay[:, m], scalar) for m in range(d)]
     else:
-        channels = [(slice(0, d), decay, identity)]
-    for side, x in (("q", q), ("k", k)):
-        dphi[side], e_dphi[side] = np.empty(x.shape), np.empty(x.shape)
+        channels = [(slice(0, fq.phi.shape[1]), decay, identity)]
+    for side, f in (("q", fq), ("k", fk)):
+        dphi[side], e_dphi[side] = np.empty(f.phi.shape), np.empty(f.phi.shape)
     for at, gates, sub in channels:
         width = at.stop - at.start
-        # dphi(q) Dt: P_q, and Z for tbar^'s error
+        # dphi(q) Dt (or / c): P_q, and Z for tbar^'s error
         cols = np.concatenate([fk.phi[:, at], fk.err[:, at]], 1)
         value, total, mag = _run(left_q, right_q, cols, gates, sub, False)
-        z_cols = fk.phi[:, at] + fk.err[:, at]
-        z_value, z_total, _ = _run(ones, ones_k, z_cols, gates, sub, False)
-        z_up = z_value[:, :width] + z_total[:, :width]
-        e_num = total[:, :width] + mag[:, width : 2 * width] + tau[:, None] * z_up
-        dphi["q"][:, at], e_dphi["q"][:, at] = _quotient(
-            value[:, :width], e_num, safe_den, e_den, safe_slack
-        )
+        e_num = total[:, :width] + mag[:, width : 2 * width]
+        if spec.normalize:
+            z_value, z_total, _ = _run(ones, ones_k, up["k"].phi[:, at], gates, sub, False)
+            e_num = e_num + tau[:, None] * (z_value[:, :width] + z_total[:, :width])
+            dphi["q"][:, at], e_dphi["q"][:, at] = _quotient(
+                value[:, :width], e_num, safe_den, e_den, safe_slack
+            )
+        else:
+            dphi["q"][:, at], e_dphi["q"][:, at] = _scaled(value[:, :width], e_num, spec, d)
         e_dphi["q"][:, at] *= reached(fk, at, False)
         # dphi(k): P_k, and E_k for Gt^'s and h^'s errors
         cols = np.concatenate([fq.phi[:, at], fq.err[:, at]], 1)
         value, total, mag = _run(left_k, right_k, cols, gates, sub, True)
-        up = fq.phi[:, at] + fq.err[:, at]
-        e_value, e_total, _ = _run(err_left_k, err_right_k, up, gates, sub, True)
+        e_value, e_total, _ = _run(err_left_k, err_right_k, up["q"].phi[:, at], gates, sub, True)
         dphi["k"][:, at] = value[:, :width]
         e_k = total[:, :width] + mag[:, width : 2 * width]
         e_dphi["k"][:, at] = (e_k + e_value[:, :width] + e_total[:, :width]) * SAFETY
         e_dphi["k"][:, at] *= reached(fq, at, True)
-    for side, x, f in (("q", q, fq), ("k", k, fk)):
-        grads[side], bounds[side] = _through_derivative(
-            spec.feature_map, x, f, dphi[side], e_dphi[side]
-        )
+    for side in ("q", "k"):
+        grads[side], bounds[side] = rows[side].through(dphi[side], e_dphi[side])
 
-    mags, m_phi = _magnitudes(fq.phi, fk.phi, v, g_out, decay, spec, (den, tbar, lost))
-    for side, x, f in (("q", q, fq), ("k", k, fk)):
-        below = _derivative_factor(spec.feature_map, f.phi) * m_phi[side]
-        mags[side] = np.where(x > 0, m_phi[side], below)
-        if spec.feature_map == "elu":
-            mags[side] = _row_scale(x, mags[side])
+    phi_m = {side: rows[side].phi_m for side in rows}
+    c = spec.scale_for(d)
+    mags, m_phi = _magnitudes(phi_m, v, g_out, decay, spec, c, (den, tbar, lost))
+    for side in ("q", "k"):
+        mags[side] = rows[side].through_magnitudes(m_phi[side])
     if spec.gated:
         channel = kind == "channel-gates"
         grads["g"], bounds["g"], mags["g"] = gate_gradient(
-            (fq.phi, fk.phi), (fq.err, fk.err), dphi, e_dphi, m_phi, channel
+            (fq, fk), dphi, e_dphi, (phi_m["q"] * m_phi["q"], phi_m["k"] * m_phi["k"]), channel
         )
     _unresolved(grads, bounds, mags, zero, lost)
     if not spec.causal:
@@ -187,7 +203,12 @@ def normalised_head(q, k, v, g_out, decay, spec: Spec) -> tuple[Arrays, Arrays, 
     return grads, bounds, mags
 
 
-def _reached(f, at: slice, backward: bool) -> np.ndarray:
+def _exact(a: np.ndarray) -> Features:
+    """a as features without error (an identity chain's left, right or columns)."""
+    return Features(a, np.zeros_like(a))
+
+
+def _reached(f: Features, at: slice, backward: bool) -> np.ndarray:
     """1 where a feature of the columns `at` of f (phi^ or its error bound) is nonzero at a
     token j <= i (j >= i, backward), else 0: every term of the sum is then a product with 0,
     exactly 0, computed and exact (no bound needed)."""
@@ -197,7 +218,7 @@ def _reached(f, at: slice, backward: bool) -> np.ndarray:
     return np.logical_or.accumulate(nonzero, axis=0).astype(np.float64)
 
 
-def _reached_anywhere(f, at: slice, backward: bool) -> np.ndarray:
+def _reached_anywhere(f: Features, at: slice, backward: bool) -> np.ndarray:
     """_reached for a non-causal sum, (1, columns) for every row: 1 where a feature of the
     columns `at` of f is nonzero at any token (backward alike)."""
     nonzero = np.any((f.phi[:, at] != 0) | (f.err[:, at] != 0), axis=0, keepdims=True)
@@ -209,20 +230,66 @@ def _ones_after(a: np.ndarray) -> np.ndarray:
     return np.concatenate([a, np.ones((a.shape[0], 1))], 1)
 
 
-def _run(left, right, cols, decay, spec: Spec, backward: bool):
+def _flipped(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a[::-1])
+
+
+def _flipped_logs(g: np.ndarray) -> np.ndarray:
+    """The log-decays of the reversed sequence, l'_t' = l_(N-t') (l'_0 = 0, unused)."""
+    return np.concatenate([np.zeros_like(g[:1]), g[::-1][:-1]])
+
+
+def _run(left: Features, right: Features, cols, decay, spec: Spec, backward: bool):
     """(value, bound, magnitude bound) of decayed_sums for the whole head (columns: cols,
-    then the ones' sum), on the reversed sequence for `backward`; non-causal specs: over
-    every token (certified_grad._total_run)."""
+    then the ones' sum), the features given; on the reversed sequence for `backward`;
+    non-causal specs: over every token (_total_run)."""
     if not spec.causal:
         return _total_run(left, right, cols, spec)
     if backward:
-        left, right, cols = _flipped(left), _flipped(right), _flipped(cols)
+        left, right = (Features(_flipped(f.phi), _flipped(f.err)) for f in (left, right))
+        cols = _flipped(cols)
         decay = decay if spec.decay == "constant" else _flipped_logs(decay)
-    parts = list(zip(*decayed_sums(left, right, cols, None, decay, spec), strict=True))
+    given = (left, right)
+    parts = list(zip(*decayed_sums(None, None, cols, None, decay, spec, given), strict=True))
     value, total, mag = (np.concatenate(p) for p in parts[2:])
     if backward:
         return value[::-1], total[::-1], mag[::-1]
     return value, total, mag
+
+
+def _total_run(left: Features, right: Features, cols, spec: Spec):
+    """(value, bound, magnitude bound) as decayed_sums gives them, non-causal: sum_j (l_i .
+    r_j) [cols_j, 1] over all j, as row N_r + i of one causal chain over the right rows,
+    then the left rows (module docstring, "Non-causal")."""
+    n, n_r = left.phi.shape[0], right.phi.shape[0]
+
+    def padded(f: Features, before: int, after: int) -> Features:
+        pad = ((before, after), (0, 0))
+        return Features(np.pad(f.phi, pad), np.pad(f.err, pad))
+
+    lefts, rights = padded(left, n_r, 0), padded(right, 0, n)
+    columns = np.concatenate([cols, np.zeros((n, cols.shape[1]))])
+    causal = replace(spec, causal=True)  # log-gates of 0: every weight 1
+    kept = [  # the query rows of each step: (value, bound, magnitude bound)
+        tuple(part[max(n_r - start, 0) :] for part in parts)
+        for start, stop, *parts in decayed_sums(
+            None, None, columns, None, np.zeros(n + n_r), causal, (lefts, rights)
+        )
+        if stop > n_r
+    ]
+    return tuple(np.concatenate(p) for p in zip(*kept, strict=True))
+
+
+def _scaled_terms(g_out, spec: Spec, d: int):
+    """_quotient_terms' tuple for an unnormalised spec: D = 1 (no row unresolved), Gt^ =
+    fl(c^ G) within xi, tbar = h = 0 (module docstring)."""
+    n = g_out.shape[0]
+    c, c_rel = spec.scale_for(d), LIB if spec.scale == RSQRT_D else 0.0
+    gt = c * g_out
+    yy = (np.abs(gt) + SUBNORMAL) * (1 + 2 * U64)
+    xi = (yy * (U64 + c_rel / (1 - c_rel)) + SUBNORMAL) * SAFETY
+    ones, nothing, none = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
+    return ones, nothing, none, none, ones, ones, gt, xi, nothing, nothing, nothing, nothing
 
 
 def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int):
@@ -234,8 +301,8 @@ def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int):
     out, e_out, _ = _finish(value, total, mag, spec.eps, 0.0, spec, d)
     den, e_den = _denominator(value, total, spec, d)
     with np.errstate(invalid="ignore"):
-        slack = den - e_den
-    zero = (den == 0) & (e_den == 0)  # 0/0 rows
+        slack = np.abs(den) - e_den
+    zero = (den == 0) & (e_den == 0) & spec.info.positive  # 0/0 rows
     lost = ~(slack > 0)  # rows whose denominator is not resolved (0/0 ones too)
     safe_den = np.where(lost, 1.0, den)
     safe_slack = np.where(lost, 1.0, slack)
@@ -268,7 +335,7 @@ def _denominator(value, total, spec: Spec, d: int):
 
 
 def _quotient(num, e_num, den, e_den, slack):
-    """(fl(num / den), its bound) for num within e_num, den within e_den (slack = den -
+    """(fl(num / den), its bound) for num within e_num, den within e_den (slack = |den| -
     e_den > 0), as certified._finish bounds out."""
     with np.errstate(over="ignore", invalid="ignore"):
         out = num / den[:, None]
@@ -280,42 +347,21 @@ def _quotient(num, e_num, den, e_den, slack):
     return out, bound
 
 
-def _row_scale(x: np.ndarray, mags: np.ndarray) -> np.ndarray:
-    """M of elu rows whose every entry is <= 0, their first largest entry's plus the row's
-    (grad.py's Kernel.jt: a row taken as exp(x - top) exp(top), top's gradient landing
-    there)."""
-    rows = np.flatnonzero(np.all(x <= 0, axis=1))
-    out = mags.copy()
-    out[rows, np.argmax(x[rows], axis=1)] += mags[rows].sum(axis=1)
-    return out
+def _scaled(num, e_num, spec: Spec, d: int):
+    """(fl(c^ num), its bound) for num within e_num, as certified._finish scales an
+    unnormalised out."""
+    pad = np.zeros((num.shape[0], 1))
+    value, total = np.concatenate([num, pad], 1), np.concatenate([e_num, pad], 1)
+    out, bound, _ = _finish(value, total, np.abs(value), 0.0, 0.0, spec, d)
+    return out, bound
 
 
-def _derivative_factor(name: str, phi: np.ndarray) -> np.ndarray:
-    """phi'(x) at or below 0: exp(x) = phi(x) for elu, 0 for relu."""
-    return phi if name == "elu" else np.zeros_like(phi)
-
-
-def _through_derivative(name: str, x, f, dphi, e_dphi):
-    """(phi'(x) dphi, its bound) elementwise (module docstring)."""
-    grad, bound = dphi.copy(), e_dphi.copy()
-    below = x <= 0
-    if name == "relu":
-        grad[below], bound[below] = 0.0, 0.0
-        return grad, bound
-    with np.errstate(over="ignore", invalid="ignore"):
-        prod = f.phi * dphi
-        err = (f.phi + f.err) * e_dphi + f.err * np.abs(dphi)
-        err = (err * (1 + U64) + _rounding(prod, err)) * SAFETY
-    err[~np.isfinite(err)] = np.inf
-    grad[below], bound[below] = prod[below], err[below]
-    return grad, bound
-
-
-def _magnitudes(fq, fk, v, g_out, decay, spec: Spec, forward):
-    """({"v": M(dv)}, {"q": M'(dphi(q)), "k": M'(dphi(k))}) (module docstring)."""
+def _magnitudes(phi_m: Arrays, v, g_out, decay, spec: Spec, c: float, forward):
+    """({"v": M'(dv)}, {"q": M'(dphi(q)), "k": M'(dphi(k))}) from the features' magnitudes
+    phiM (module docstring)."""
     den, tbar, lost = forward
-    n, d = fq.shape
-    c = spec.scale_for(d)
+    fq, fk = phi_m["q"], phi_m["k"]
+    n = fq.shape[0]
     kind = spec.decay
     av, ag = np.abs(v), np.abs(g_out)
     if not spec.causal:  # no decay, every token
@@ -347,20 +393,24 @@ def _magnitudes(fq, fk, v, g_out, decay, spec: Spec, forward):
 
         plain = nonnegative
 
-    safe = np.where(lost, 1.0, c * den)[:, None]  # D_i
-    sums = spread * nonnegative(fq, fk, _ones_after(av), False)
-    m_den = spec.eps + c * sums[:, -1:]
-    ratio = m_den / safe  # M(D_i) / D_i
-    a_tbar = np.abs(tbar)[:, None]
-    m_tbar = (c * np.sum(ag * sums[:, :-1], axis=1, keepdims=True) + a_tbar * m_den) / safe
-    alpha = (1 + ratio) / safe
-    beta = (m_tbar + a_tbar * ratio) / safe
-    alpha[lost], beta[lost] = 0.0, 0.0
+    if spec.normalize:
+        safe = np.where(lost, 1.0, np.abs(c * den))[:, None]  # |D_i|
+        sums = spread * nonnegative(fq, fk, _ones_after(av), False)
+        m_den = spec.eps + c * sums[:, -1:]
+        ratio = m_den / safe  # M(D_i) / |D_i|
+        a_tbar = np.abs(tbar)[:, None]
+        m_tbar = (c * np.sum(ag * sums[:, :-1], axis=1, keepdims=True) + a_tbar * m_den) / safe
+        alpha = (1 + ratio) / safe
+        beta = (m_tbar + a_tbar * ratio) / safe
+        alpha[lost], beta[lost] = 0.0, 0.0
+    else:  # D = 1, M(D) = 0, M(b_ij) = |G_i| . |v_j|
+        safe, alpha = np.ones((n, 1)), np.ones((n, 1))
+        ratio, beta = np.zeros((n, 1)), np.zeros((n, 1))
     left = np.concatenate([alpha * ag, beta], 1)
     right_v = _ones_after(av)
-    m_phi = {"q": np.empty((n, d)), "k": np.empty(fk.shape)}
+    m_phi = {"q": np.empty(fq.shape), "k": np.empty(fk.shape)}
     if kind == "channel-gates":
-        for m in range(d):
+        for m in range(fq.shape[1]):
             at, channel_logs = slice(m, m + 1), logs[:, m : m + 1]
             forward = _abs_sums(channel_logs, left, right_v, fk[:, at], False)
             m_phi["q"][:, at] = c * spread * forward
@@ -375,6 +425,107 @@ def _magnitudes(fq, fk, v, g_out, decay, spec: Spec, forward):
     else:
         m_v = plain(fk, fq, scaled_g * (spread + ratio), True)
     return {"v": c * m_v}, m_phi
+
+
+def _spread(logs: np.ndarray) -> np.ndarray:
+    """1 + 2 max_m sum_(t<=i) |g_tm| per row i: grad.py's bound on 1 + M(ln w_ij)."""
+    return 1 + 2 * np.max(np.cumsum(np.abs(logs.reshape(logs.shape[0], -1)), axis=0), axis=1)
+
+
+def _abs_sums(logs, left, right, cols, backward: bool) -> np.ndarray:
+    """sum_(j<=i) sum_m left_im right_jm w_ijm cols_j (or j >= i, backward) for non-negative
+    float64 inputs, w from the log-decays (N, 1) or (N, m): certified_decay.chain, streamed."""
+    if backward:
+        left, right, cols = _flipped(left), _flipped(right), _flipped(cols)
+        logs = _flipped_logs(logs)
+    n, step = left.shape[0], cd.CHUNK * cd.GROUP
+    state, out = np.zeros((left.shape[1], cols.shape[1])), []
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        f = Factors.of(np.pad(logs[start:stop], ((0, -(stop - start) % cd.CHUNK), (0, 0))))
+        rows = slice(start, stop)
+        part, state = chain(f, left[rows], right[rows], cols[rows], state)
+        out.append(part)
+    sums = np.concatenate(out)
+    return sums[::-1] if backward else sums
+
+
+def _total_abs_sums(left, right, cols) -> np.ndarray:
+    """sum_j (left_i . right_j) cols_j over all j for non-negative float64 inputs."""
+    return left @ (right.T @ cols)
+
+
+def _constant_abs_sums(log_gamma: float, left, right, cols, backward: bool) -> np.ndarray:
+    """sum_(j<=i) gamma^(i-j) (1 + (i-j) L) (left_i . right_j) cols_j (or j >= i, gamma^(j-i)
+    (1 + (j-i) L), backward), L = -ln gamma, for non-negative inputs: by chunks of CHUNK
+    rows (module docstring), every part non-negative."""
+    if backward:
+        left, right, cols = _flipped(left), _flipped(right), _flipped(cols)
+    n, size = left.shape[0], cd.CHUNK
+    lc, rc, xc = (
+        np.pad(t, ((0, -n % size), (0, 0))).reshape(-1, size, t.shape[1])
+        for t in (left, right, cols)
+    )
+    at = np.arange(size, dtype=np.float64) * log_gamma  # o L for the offsets o in a chunk
+    apart = np.maximum(at[:, None] - at[None, :], 0.0)  # (i - j) L inside a chunk, j <= i
+    inner = np.tril(np.exp(-apart) * (1 + apart))
+    to_end = at[::-1]  # (e' - j) L, e' the chunk's last row
+    own_a = np.matmul((rc * np.exp(-to_end)[:, None]).swapaxes(1, 2), xc)
+    own_b = np.matmul((rc * (np.exp(-to_end) * to_end)[:, None]).swapaxes(1, 2), xc)
+    whole, length = math.exp(-size * log_gamma), size * log_gamma
+    before_a, before_b = np.empty_like(own_a), np.empty_like(own_b)
+    state_a = state_b = np.zeros_like(own_a[0])
+    for chunk in range(own_a.shape[0]):
+        before_a[chunk], before_b[chunk] = state_a, state_b
+        state_b = whole * (state_b + length * state_a) + own_b[chunk]
+        state_a = whole * state_a + own_a[chunk]
+    reach = at + log_gamma  # (i - e) L, e the last row before i's chunk
+    pre = np.exp(-reach)[:, None]
+    out = np.matmul(lc * (pre * (1 + reach[:, None])), before_a) + np.matmul(lc * pre, before_b)
+    out += np.matmul(np.matmul(lc, rc.swapaxes(1, 2)) * inner, xc)
+    sums = out.reshape(-1, cols.shape[1])[:n]
+    return sums[::-1] if backward else sums
+
+
+def gate_gradient(features, grads: Arrays, bounds: Arrays, terms, channel: bool):
+    """(dL/dg, its bound, its magnitude) from the features (Features of q and k), grads and
+    bounds of dL/dphi(q) and dL/dphi(k) under "q" and "k", and the magnitudes' terms
+    (phiM(q) M'(dphi(q)), phiM(k) M'(dphi(k))) (module docstring): the reverse cumulative
+    sum of phi(q) . dphi(q) - phi(k) . dphi(k) (per channel for channel gates), 0 at token
+    0. A product f^ y^ of f^ within psi of f and y^ within E of y errs by (|f^| + psi) E +
+    psi |y^|."""
+    fq, fk = features
+    q, k, psi_q, psi_k = fq.phi, fk.phi, fq.err, fk.err
+    dq, dk, eq, ek = grads["q"], grads["k"], bounds["q"], bounds["k"]
+    aq, ak = np.abs(q), np.abs(k)
+    with np.errstate(invalid="ignore"):  # inf bounds times 0 features: inf below
+        err_terms = (aq + psi_q) * eq + (ak + psi_k) * ek + psi_q * np.abs(dq) + psi_k * np.abs(dk)
+    if channel:
+        width, x = 1, q * dq - k * dk
+        err = err_terms + gamma64(2) * (aq * np.abs(dq) + ak * np.abs(dk))
+        mag = terms[0] + terms[1]
+    else:
+        width, x = q.shape[1], np.sum(q * dq, axis=1) - np.sum(k * dk, axis=1)
+        err = np.sum(err_terms, axis=1)
+        err += gamma64(width + 1) * np.sum(aq * np.abs(dq) + ak * np.abs(dk), axis=1)
+        mag = np.sum(terms[0] + terms[1], axis=1)
+    err = np.where(np.isnan(err), np.inf, err)
+    n = x.shape[0]
+    # products that may underflow: none where every product has an exact zero factor
+    active = ((aq != 0) & (dq != 0)) | ((ak != 0) & (dk != 0)) | (err_terms > 0)
+    active = active if channel else np.any(active, axis=1)
+    err = err + 4 * width * SUBNORMAL * active
+
+    def through(t: np.ndarray) -> np.ndarray:  # sum_(s>=t) t_s
+        return np.cumsum(t[::-1], axis=0)[::-1]
+
+    g = gamma64(n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = (through(err) + g * through(np.abs(x))) / (1 - g) * SAFETY
+    dg = through(x)
+    dg[0], bound[0] = 0.0, 0.0
+    bound[~np.isfinite(dg)] = np.inf
+    return dg, bound, through(mag)
 
 
 def _unresolved_keys(grads: Arrays, bounds: Arrays, mags: Arrays, zero, lost) -> None:
