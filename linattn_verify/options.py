@@ -46,7 +46,8 @@ RUN = (
     Option("long_grad", "--long-grad", int | None, None,
            f"with --grad, {GRADIENT_LENGTH}: the backward at N = {SHORTEST}, 1024, ... up to "
            f"N against certified exact gradients (default {LONG_GRAD_LONGEST}; in Triton's "
-           f"interpreter and for the delta rule {SHORTER_LONGEST}; not in --smallest; 0 skips "
+           f"interpreter, for the delta rule and softmax {SHORTER_LONGEST}; not in --smallest; "
+           "0 skips "
            "it)", metavar="N", check=_long_grad_problem),
 )  # fmt: skip
 OPTIONS = (*CLAIM, *RUN)

@@ -5,10 +5,17 @@ state gradient that vet's zoo run rejects)."""
 
 from __future__ import annotations
 
-from linattn_verify.checks.gradient_length import gradient_length, lengths, not_applicable
+from linattn_verify.checks.gradient_length import (
+    default_longest,
+    gradient_length,
+    lengths,
+    not_applicable,
+)
 from linattn_verify.under_test import resolve
 from tests.zoo.delta_backward import SEGMENT, adjoint_reset, hand_backward
 from tests.zoo.long_backward import plain_hand_backward, plain_square_narrow
+from tests.zoo.taylor_backward import SEGMENT as TAYLOR_SEGMENT
+from tests.zoo.taylor_backward import taylor_backward, taylor_segment_reset
 
 
 def test_lengths_are_powers_of_four_from_256_and_the_longest():
@@ -17,7 +24,7 @@ def test_lengths_are_powers_of_four_from_256_and_the_longest():
     assert lengths(5000) == (256, 1024, 4096, 5000)
 
 
-def test_it_covers_the_certified_specs_and_says_why_not_for_the_others():
+def test_it_covers_every_spec_and_says_why_not_for_float64_alone():
     gla = resolve(form="chunked", feature_map="identity", causal=True, normalize=False,
                   decay="channel-gates")  # fmt: skip
     deltanet = dict(feature_map="identity", causal=True, normalize=False, delta_rule=True)
@@ -33,11 +40,14 @@ def test_it_covers_the_certified_specs_and_says_why_not_for_the_others():
         resolve(form="recurrent", feature_map="cosformer", causal=True),
         resolve(form="chunked", feature_map="taylor", causal=True, normalize=False),
         resolve(form="chunked", feature_map="identity", causal=True),
+        resolve(form="quadratic", feature_map="softmax", causal=True),
     )
     assert all(not_applicable(impl, ("float32",)) is None for impl in covered)
     assert "float64 only" in not_applicable(gla, ("float64",))
-    softmax = resolve(form="quadratic", feature_map="softmax", causal=True)
-    assert "softmax has no feature map" in not_applicable(softmax, ("float32",))
+    # shorter by default where its backwards are token loops or quadratic
+    assert default_longest(False, gla.spec) == 4096
+    assert default_longest(False, resolve(form="recurrent", decay="gates", **deltanet).spec) == 1024
+    assert default_longest(False, covered[-1].spec) == 1024
 
 
 def test_the_built_in_chunked_form_passes_at_length():
@@ -73,3 +83,17 @@ def test_a_delta_rule_adjoint_dropped_every_512_tokens_fails_past_them():
     assert gradient_length(impl, ("float32",), longest=SEGMENT // 2).passed
     result = gradient_length(impl, ("float32",), longest=1024)
     assert not result.passed and "float32: fails from N = 1024" in result.message
+
+
+def test_a_taylor_backward_whose_key_sums_reset_every_512_tokens_fails_past_them():
+    """The zoo's Taylor (Based) kernel with dk and dv from the queries of their own
+    SEGMENT tokens alone (tests/zoo/taylor_backward.py): exact to SEGMENT, so gradient-
+    length passes it to 256 and fails it at 1024 (dk, dv far above the bound); its correct
+    twin passes at 1024: the newly certified maps' backward at length bites."""
+    right = resolve(taylor_backward, feature_map="taylor", causal=True)
+    assert gradient_length(right, ("float16", "float32"), longest=1024).passed
+    impl = resolve(taylor_segment_reset, feature_map="taylor", causal=True)
+    assert gradient_length(impl, ("float32",), longest=TAYLOR_SEGMENT // 2).passed
+    result = gradient_length(impl, ("float32",), longest=1024)
+    assert not result.passed and "float32: fails from N = 1024" in result.message
+    assert "EXCEEDED by dk, dv" in result.message

@@ -14,13 +14,13 @@ its cotangent splits: gradients.golden_samples) and the rounding floor. An eleme
 certificate exceeds CERTIFIED_SHARE of its magnitude M is left out (counted in the detail).
 float64 is judged at N <= 65 by the gradient check, not here.
 
-Specs: the delta rule's (DeltaNet, Gated DeltaNet, KDA) and every kernelised one
-(certified_grad: every feature map but softmax, normalised or not, causal or not, any eps,
-scale and decay); softmax says why not. For the normalised specs the magnitudes of dq, dk
-and dg (and the Performer maps' dv) are an upper bound M' on grad.py's M
-(certified_grad_features.py's docstring: 1 to 2.2 times it as measured, the Performer
-maps' dv 4 to 22 times), so their errors in units of u M' read up to that much smaller:
-the bound and the budget scale alike.
+Specs: every one: the delta rule's (DeltaNet, Gated DeltaNet, KDA: certified_delta_grad),
+the kernelised ones (certified_grad_features: every feature map, normalised or not, causal
+or not, any eps, scale and decay) and softmax (certified_grad_softmax, dense). For the
+normalised kernelised specs the magnitudes of dq, dk and dg (and the Performer maps' dv)
+are an upper bound M' on grad.py's M (certified_grad_features.py's docstring: 1 to 2.2
+times it as measured, the Performer maps' dv 4 to 22 times), so their errors in units of
+u M' read up to that much smaller: the bound and the budget scale alike.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from ..implementations.golden import long_form
 from ..inputs import AttentionInputs, unit_roundoff, validate
 from ..reference.certified import CERTIFIED_SHARE
 from ..reference.certified_delta_grad import certified_delta_gradients
-from ..reference.certified_grad import certified_gradients, covered
+from ..reference.certified_grad import certified_gradients
 from ..reference.grad import roundings
 from ..results import CheckResult
+from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .core import as_array
 from .gradients import autograd_gradients, golden_samples
@@ -47,15 +48,17 @@ from .long_context import DIMS, MEMORIES, Draw
 NAME = "gradient-length"
 SHORTEST = 256
 LONGEST_DEFAULT = 4096
-# in Triton's interpreter (its backward takes seconds a call) and for the delta rule (a
-# token loop's backward, the golden's and most kernels' reference forms: 37 s to 4096)
+# in Triton's interpreter (its backward takes seconds a call), for the delta rule (a token
+# loop's backward, the golden's and most kernels' reference forms: 37 s to 4096) and for
+# softmax (quadratic: its golden's backward holds N^2 weights a copy, 2.0 GiB at 4096)
 SHORTER_LONGEST = 1024
 
 
-def default_longest(interpreted: bool, delta_rule: bool) -> int:
-    """vet's longest N: SHORTER_LONGEST in Triton's interpreter or for the delta rule,
-    else LONGEST_DEFAULT."""
-    return SHORTER_LONGEST if interpreted or delta_rule else LONGEST_DEFAULT
+def default_longest(interpreted: bool, spec: Spec) -> int:
+    """vet's longest N: SHORTER_LONGEST in Triton's interpreter, for the delta rule or
+    softmax, else LONGEST_DEFAULT."""
+    shorter = interpreted or spec.delta_rule or not spec.info.kernelised
+    return SHORTER_LONGEST if shorter else LONGEST_DEFAULT
 
 
 def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
@@ -68,12 +71,6 @@ def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
 
 def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
-    if not (impl.spec.delta_rule or covered(impl.spec)):
-        return (
-            "softmax has no feature map: its exact gradients at length would be a quadratic "
-            "certified backward (reference/certified_grad.py covers the kernelised specs and "
-            "certified_delta_grad.py the delta rule)"
-        )
     if all(t == "float64" for t in dtypes):
         return "float64 only: its backward is judged at N <= 65 by the gradient check"
     return None

@@ -21,6 +21,7 @@ from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .certified import SUBNORMAL
 from .certified_grad_features import feature_head
+from .certified_grad_softmax import softmax_head
 from .common import ReferenceAccuracyError
 from .grad import _check_g_out, gradient_names
 
@@ -28,8 +29,8 @@ Arrays = dict[str, np.ndarray]
 
 
 def covered(spec: Spec) -> bool:
-    """Whether certified_gradients takes `spec`: a kernelised map, not the delta rule."""
-    return spec.info.kernelised and not spec.delta_rule
+    """Whether certified_gradients takes `spec`: every spec but the delta rule's."""
+    return not spec.delta_rule
 
 
 def certified_gradients(
@@ -42,8 +43,8 @@ def certified_gradients(
     SpecError for a spec `covered` refuses."""
     if not covered(spec):
         raise SpecError(
-            f"certified gradients cover the kernelised specs (every feature map but "
-            f"softmax), not the delta rule: not {spec}"
+            f"certified gradients cover every spec but the delta rule's "
+            f"(reference/certified_delta_grad.py): not {spec}"
         )
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
@@ -57,7 +58,10 @@ def certified_gradients(
                 if x.decay is not None:
                     decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
                 qkv = (x.q[b, h], x.k[b, h], x.v[b, h])
-                heads[b].append(feature_head(*qkv, ga[b, h], decay, x.projection, spec))
+                if spec.info.kernelised:
+                    heads[b].append(feature_head(*qkv, ga[b, h], decay, x.projection, spec))
+                else:
+                    heads[b].append(softmax_head(*qkv, ga[b, h], spec))
     names = gradient_names(spec)
     return tuple(
         {name: np.array([[head[part][name] for head in row] for row in heads]) for name in names}

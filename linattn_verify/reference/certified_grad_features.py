@@ -292,14 +292,16 @@ def _scaled_terms(g_out, spec: Spec, d: int):
     return ones, nothing, none, none, ones, ones, gt, xi, nothing, nothing, nothing, nothing
 
 
-def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int):
+def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int, eps=None, eps_rel=0.0):
     """The forward's out^ and Dt^ (e_D) from its sums, and the quotient rule's inputs with
     their bounds (module docstring: Gt^ within xi, tbar^ within tau, h^ within eta), 0 on
     rows whose denominator is not resolved (0/0 ones too): (den, e_den, zero, lost,
-    safe_den, safe_slack, gt, xi, tbar, tau, h, eta)."""
+    safe_den, safe_slack, gt, xi, tbar, tau, h, eta). eps: spec.eps, or one per row within
+    eps_rel of its value (softmax's shifted one)."""
     dv = g_out.shape[1]
-    out, e_out, _ = _finish(value, total, mag, spec.eps, 0.0, spec, d)
-    den, e_den = _denominator(value, total, spec, d)
+    eps = spec.eps if eps is None else eps
+    out, e_out, _ = _finish(value, total, mag, eps, eps_rel, spec, d)
+    den, e_den = _denominator(value, total, spec, d, eps, eps_rel)
     with np.errstate(invalid="ignore"):
         slack = np.abs(den) - e_den
     zero = (den == 0) & (e_den == 0) & spec.info.positive  # 0/0 rows
@@ -324,13 +326,14 @@ def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int):
     return den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta
 
 
-def _denominator(value, total, spec: Spec, d: int):
-    """(Dt^ = S^ + eps / c, a bound on its error) as certified._finish forms them."""
+def _denominator(value, total, spec: Spec, d: int, eps, eps_rel: float):
+    """(Dt^ = S^ + eps / c, a bound on its error) as certified._finish forms them (eps
+    within eps_rel of its value)."""
     c, c_rel = spec.scale_for(d), LIB if spec.scale == RSQRT_D else 0.0
-    eps_c = spec.eps / c if c != 1.0 else spec.eps
-    eps_rel = (1 + U64) / (1 - c_rel) - 1 if c != 1.0 else 0.0
+    eps_c = eps / c if c != 1.0 else eps
+    eps_rel = (1 + eps_rel) * (1 + U64) / (1 - c_rel) - 1 if c != 1.0 else eps_rel
     den = value[:, -1] + eps_c
-    err = total[:, -1] + abs(eps_c) * eps_rel * SAFETY + U64 * np.abs(den)
+    err = total[:, -1] + np.abs(eps_c) * eps_rel * SAFETY + U64 * np.abs(den)
     return den, err
 
 

@@ -150,7 +150,8 @@ def _scaled_error(xs: np.ndarray) -> np.ndarray:
 
 
 def _times_c(c: float, inner: np.ndarray, e_inner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(fl(c^ inner^), its bound) for c^ = fl(d^(-1/4)) within LIB, inner^ within e_inner."""
+    """(fl(c^ inner^), its bound) for c^ (a power of d) within LIB of c, inner^ within
+    e_inner."""
     r_c = LIB / (1 - LIB)
     with np.errstate(over="ignore", invalid="ignore"):
         grad = c * inner

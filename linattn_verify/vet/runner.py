@@ -63,7 +63,7 @@ class VetOptions:
             return self.longest
         return default_longest(interpreted, self.smallest, delta_rule)
 
-    def long_grad_n(self, interpreted: bool, delta_rule: bool = False) -> int:
+    def long_grad_n(self, interpreted: bool, spec: Spec) -> int:
         """The gradient check at length's longest N: 0 without --grad, the one given, 0 in
         the smallest plan, else the plan's (gradient_length.default_longest)."""
         if not self.grad:
@@ -72,7 +72,7 @@ class VetOptions:
             return self.long_grad
         if self.smallest:
             return 0
-        return long_grad_default(interpreted, delta_rule)
+        return long_grad_default(interpreted, spec)
 
     def __post_init__(self) -> None:
         if self.fail_on not in REGIMES:
@@ -164,7 +164,7 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, st
     if longest := options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         long = {"longest": longest, "seed": options.seed}
         steps.append(("long-context", "long-context", {**long, **where}))
-    if long_grad := options.long_grad_n(description.get("triton") == "interpret", spec.delta_rule):
+    if long_grad := options.long_grad_n(description.get("triton") == "interpret", spec):
         grad = {"longest": long_grad, "seed": options.seed}
         steps.append((GRADIENT_LENGTH, GRADIENT_LENGTH, {**grad, **where}))
     if options.kat and not kat_not_applicable(spec):
@@ -216,7 +216,7 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
                 skipped(name, "without --grad")
     if not options.long_n(description.get("triton") == "interpret", spec.delta_rule):
         skipped("long-context", "--long 0")
-    if not options.long_grad_n(description.get("triton") == "interpret", spec.delta_rule):
+    if not options.long_grad_n(description.get("triton") == "interpret", spec):
         without = "--smallest" if options.long_grad is None else "--long-grad 0"
         skipped(GRADIENT_LENGTH, without if options.grad else "without --grad")
     if not options.kat and not kat_not_applicable(spec):

@@ -1,0 +1,138 @@
+"""Certified gradients at length of softmax (Vaswani et al. 2017, eq. 1): dL/dq, dL/dk,
+dL/dv of L = sum(out * G) in float64, O(N^2 d) in dense blocks of query rows (softmax has no
+feature map to carry a state), each element with a rigorous bound on its error, and the
+magnitudes M of reference/grad.py's gradient_magnitudes.
+
+Definitions (grad.py): s_ij = c_d q_i . k_j (c_d = d^(-1/2)), a_ij = exp(s_ij) for the keys
+j that query i uses, A_ij = c a_ij (c the spec's scale), D_i = eps + sum_j A_ij, out_i =
+sum_j A_ij v_j / D_i, b_ij = G_i . (v_j - out_i) / D_i, dA_ij/dq_i = c_d A_ij k_j. Each row
+is taken in units of exp(m_i), m_i the row's largest computed logit (an exact constant per
+row): a'_ij = exp(s_ij - m_i) <= about 1, eps'_i = eps exp(-m_i), Dt_i = eps'_i / c + sum_j
+a'_ij, and every gradient is invariant under that shift:
+
+    dv_j = sum_(i uses j) a'_ij Gt_i,        Gt_i = G_i / Dt_i,
+    U_ij = a'_ij (Gt_i . v_j - h_i),          h_i = (G_i . out_i) / Dt_i,
+    dq_i = c_d sum_j U_ij k_j,   dk_j = c_d sum_i U_ij q_i
+
+(b_ij A_ij = U_ij: the scale c cancels but in eps / c).
+
+Bounds (Higham 2002: Lemma 3.1 and eq. 3.5 for sums and dots in any order, eq. 3.2's (1 +
+delta) products; gradual underflow: half a SUBNORMAL a result below 2^-1022):
+- the logits s^ = fl(q_i . k_j) c_d^ within e_s = (gamma_(d+1) + LIB + u) (|q_i| . |k_j|)
+  c_d (certified._softmax_sums, the forward's); a'^ = exp(fl(s^ - m)) within
+  certified._exp_features' bound E_a (the argument's error e_s and its rounding, the
+  exponential's LIB, underflow);
+- the forward's sums N = a' v and S = sum_j a': |a'^| |v| gamma_(Nk+2) plus E_a |v| (and
+  E_a for S); out^, Dt^ and the quotient rule's Gt^ (xi), tbar^ (tau), h^ (eta) as
+  certified_grad_features._quotient_terms forms and bounds them, eps' within LIB + u;
+- y^_ij = fl(fl(Gt^_i . v_j) - h^_i) within e_y = xi_i . |v_j| + gamma_(dv+1) (|Gt^_i| .
+  |v_j| + |h^_i|) + eta_i + (2 dv + 1) SUBNORMAL; U^ = fl(a'^ y^) within e_U = (a'^ + E_a)
+  e_y + E_a |y^| + u |U^| + SUBNORMAL (exactly 0 where j is not used);
+- dq^ = fl(c_d^ fl(U^ K)): the sum within gamma_Nk |U^| |K| + e_U |K| + Nk SUBNORMAL max|K|,
+  then the product by c_d^ (relative LIB) as certified_grad_maps._times_c bounds it; dk^ =
+  fl(c_d^ sum over the row blocks of U^T Q) alike with gamma_(Nq + blocks); dv^ = sum over
+  the blocks of a'^T Gt^ within gamma_(Nq + blocks) a'^T |Gt^| + E_a^T |Gt^| + (a'^ +
+  E_a)^T xi.
+Every bound times SAFETY for its own roundings.
+
+Magnitudes (grad.py's, for softmax M(a_ij) = a_ij (1 + sm_ij), sm_ij = c_d |q_i| . |k_j|,
+in units of exp(m_i) as above): Ma_ij = a'_ij (1 + sm_ij), MDt_i = eps'_i / c + sum_j
+Ma_ij, Mtbar_i = (sum_j Ma_ij |G_i| . |v_j| + |tbar_i| MDt_i) / Dt_i, and the coefficient
+of dq's and dk's terms C_ij = Ma_ij (|G_i| . |v_j| + Mtbar_i + |G_i . v_j - tbar_i| MDt_i /
+Dt_i) / Dt_i (grad.py's M(b_ij) c M(a_ij)): M(dq_i) = c_d sum_j C_ij |k_j|, M(dk_j) = c_d
+sum_i C_ij |q_i|, M(dv_j) = sum_i (Ma_ij + a'_ij MDt_i / Dt_i) |G_i| / Dt_i; evaluated
+dense in float64 (relative error about (Nk + d) u), not upper bounds but grad.py's M to
+the last bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs import Spec
+from .certified import LIB, SAFETY, SUBNORMAL, U64, _exp_features, gamma64
+from .certified_grad_features import _quotient_terms
+from .certified_grad_maps import _times_c
+
+Arrays = dict[str, np.ndarray]
+ROWS = 256  # query rows per dense block (a few N x ROWS float64 matrices at once)
+
+
+def softmax_head(q, k, v, g_out, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
+    """One head's (grads, bounds, magnitudes) of a softmax spec (module docstring)."""
+    nq, d = q.shape
+    nk, dv = v.shape
+    c_d = d**-0.5
+    aq, ak, av, ag = (np.abs(t) for t in (q, k, v, g_out))
+    grads = {"q": np.empty((nq, d)), "k": np.zeros((nk, d)), "v": np.zeros((nk, dv))}
+    sums = {name: np.zeros_like(t) for name, t in grads.items()}  # the bounds' parts
+    sums["k_err"], sums["v_err"] = np.zeros((nk, d)), np.zeros((nk, dv))
+    bounds = {"q": np.empty((nq, d))}
+    mags = {"q": np.empty((nq, d)), "k": np.zeros((nk, d)), "v": np.zeros((nk, dv))}
+    blocks = -(-nq // ROWS)
+    for start in range(0, nq, ROWS):
+        rows = slice(start, min(start + ROWS, nq))
+        used = _used(np.arange(nq)[rows], nk, spec.causal)
+        a, e_a, top, sm = _weights(q[rows], k, used, c_d)
+        # the forward's sums and the quotient rule's inputs
+        value = np.concatenate([a @ v, a.sum(1, keepdims=True)], 1)
+        mag = np.concatenate([a @ av, value[:, -1:]], 1)
+        total = gamma64(nk + 2) * mag + np.concatenate([e_a @ av, e_a.sum(1, keepdims=True)], 1)
+        eps = spec.eps * np.exp(-top[:, 0])  # eps', within LIB + u
+        terms = _quotient_terms(value, total * SAFETY, mag, g_out[rows], spec, d, eps, LIB + U64)
+        den, _, _, _, _, _, gt, xi, tbar, _, h, eta = terms
+        # U and its bound
+        y = gt @ v.T - h[:, None]
+        e_y = xi @ av.T + gamma64(dv + 1) * (np.abs(gt) @ av.T + np.abs(h)[:, None])
+        e_y += eta[:, None] + (2 * dv + 1) * SUBNORMAL
+        u = a * y
+        e_u = (a + e_a) * e_y + e_a * np.abs(y) + U64 * np.abs(u) + SUBNORMAL * used
+        e_u *= SAFETY
+        au = np.abs(u)
+        inner = u @ k
+        e_inner = gamma64(nk) * (au @ ak) + e_u @ ak + nk * SUBNORMAL * ak.max(initial=0.0)
+        grads["q"][rows], bounds["q"][rows] = _times_c(c_d, inner, e_inner)
+        grads["k"] += u.T @ q[rows]
+        sums["k"] += au.T @ aq[rows]
+        sums["k_err"] += e_u.T @ aq[rows]
+        grads["v"] += a.T @ gt
+        sums["v"] += a.T @ np.abs(gt)
+        sums["v_err"] += e_a.T @ np.abs(gt) + (a + e_a).T @ xi
+        # the magnitudes
+        scale = spec.scale_for(d)
+        dt = den[:, None]
+        ma = a * (1 + sm)
+        m_dt = eps[:, None] / scale + ma.sum(1, keepdims=True)
+        t_m = ag[rows] @ av.T  # |G_i| . |v_j|
+        a_tbar = np.abs(tbar)[:, None]
+        m_tbar = ((ma * t_m).sum(1, keepdims=True) + a_tbar * m_dt) / dt
+        coef = ma * (t_m + m_tbar + np.abs(g_out[rows] @ v.T - tbar[:, None]) * m_dt / dt) / dt
+        mags["q"][rows] = c_d * coef @ ak
+        mags["k"] += c_d * coef.T @ aq[rows]
+        mags["v"] += ((ma + a * m_dt / dt) / dt).T @ ag[rows]
+    depth = nq + blocks
+    grads["k"], bounds["k"] = _times_c(c_d, grads["k"], gamma64(depth) * sums["k"] + sums["k_err"])
+    bounds["v"] = (gamma64(depth) * sums["v"] + sums["v_err"] + depth * SUBNORMAL) * SAFETY
+    return grads, bounds, mags
+
+
+def _used(rows: np.ndarray, nk: int, causal: bool) -> np.ndarray:
+    """1.0 where query row i uses key j (j <= i causal), else 0.0."""
+    if not causal:
+        return np.ones((rows.size, nk))
+    return (np.arange(nk)[None, :] <= rows[:, None]).astype(np.float64)
+
+
+def _weights(q, k, used, c_d: float):
+    """(a'^, its bound E_a, the rows' shifts m (rows, 1), sm = c_d |q| . |k|) for the rows
+    q against every key, 0 (exactly, bound 0) where a key is not used (module docstring)."""
+    logits = (q @ k.T) * c_d
+    sm = (np.abs(q) @ np.abs(k).T) * c_d
+    e_s = (gamma64(q.shape[1] + 1) + LIB + U64) * sm * SAFETY
+    logits = np.where(used > 0, logits, -np.inf)
+    top = logits.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        arg = np.where(used > 0, logits - top, -np.inf)
+        f = _exp_features(arg, np.where(used > 0, e_s, 0.0), 1.0)
+    err = np.where(used > 0, f.err, 0.0)
+    return f.phi, err, top, sm

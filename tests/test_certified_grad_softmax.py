@@ -1,0 +1,92 @@
+"""Certified gradients of softmax (reference/certified_grad_softmax.py) against the exact
+ones of reference/grad.py: every element within its bound, the bound below 2^-40 of
+grad.py's magnitude M on typical inputs and M equal to grad.py's, across row blocks
+(shrunk), causal or not, eps and scales, more keys than queries; logits large enough that
+most weights underflow; the causal certificate fails against the non-causal gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linattn_verify.inputs import validate
+from linattn_verify.reference import certified_grad_softmax
+from linattn_verify.reference.certified_grad import certified_gradients
+from linattn_verify.reference.grad import exact_gradients_and_magnitudes
+from linattn_verify.specs import RSQRT_D, Spec
+
+B, H, D, DV = 1, 2, 4, 3
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 8 query rows: 21 rows cross three, the last ragged."""
+    monkeypatch.setattr(certified_grad_softmax, "ROWS", 8)
+
+
+def _case(spec: Spec, n=21, keys=None, seed=0, qk=1.0):
+    """(inputs, g_out): q, k ~ N(0, 1) times qk, v, g_out ~ N(0, 1); `keys` keys (n if None)."""
+    rng = np.random.default_rng(seed)
+    keys = n if keys is None else keys
+    q = rng.normal(size=(B, H, n, D)) * qk
+    k = rng.normal(size=(B, H, keys, D)) * qk
+    v, g_out = rng.normal(size=(B, H, keys, DV)), rng.normal(size=(B, H, n, DV))
+    return validate(*(torch.tensor(t) for t in (q, k, v)), spec, None, None), g_out
+
+
+def _check(x, spec, g_out, share=2.0**-40):
+    exact, mags_exact = exact_gradients_and_magnitudes(x, spec, g_out)
+    grads, bounds, mags = certified_gradients(x, spec, g_out)
+    assert set(grads) == set(bounds) == set(mags) == set(exact) == {"q", "k", "v"}
+    for name, want in exact.items():
+        assert grads[name].shape == bounds[name].shape == mags[name].shape == want.shape
+        ok = np.abs(grads[name] - want) <= bounds[name]
+        assert np.all(ok), (name, np.argwhere(~ok)[:5])
+        if share is not None:
+            assert np.all(bounds[name] <= share * mags_exact[name]), name
+            np.testing.assert_allclose(mags[name], mags_exact[name], rtol=1e-12, atol=0)
+
+
+SPECS = [
+    Spec("softmax", causal=True),
+    Spec("softmax"),
+    Spec("softmax", causal=True, eps=1e-3, scale=0.3),
+    Spec("softmax", eps=0.5, scale=RSQRT_D),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_within_the_bound_certified_and_magnitudes_as_grad_py(small_blocks, spec):
+    x, g_out = _case(spec)
+    _check(x, spec, g_out)
+
+
+def test_more_keys_than_queries(small_blocks):
+    spec = Spec("softmax")
+    x, g_out = _case(spec, n=9, keys=30, seed=1)
+    _check(x, spec, g_out)
+
+
+@pytest.mark.parametrize("qk", [6.0, 1e-150])
+def test_large_and_tiny_logits_within_the_bound(small_blocks, qk):
+    """qk 6: logits to +-150, most weights of a row underflow; 1e-150: every weight 1."""
+    spec = Spec("softmax", causal=True, eps=1e-6)
+    x, g_out = _case(spec, seed=2, qk=qk)
+    _check(x, spec, g_out, share=None)
+
+
+def test_one_token():
+    spec = Spec("softmax", causal=True)
+    x, g_out = _case(spec, n=1)
+    _check(x, spec, g_out)
+
+
+def test_the_causal_certificate_breaks_the_bound(small_blocks):
+    """The bound tells the causal sums from the non-causal ones in every tensor."""
+    spec = Spec("softmax")
+    x, g_out = _case(spec, n=12)
+    exact, _ = exact_gradients_and_magnitudes(x, spec, g_out)
+    causal = Spec("softmax", causal=True)
+    grads, bounds, _ = certified_gradients(validate(x.q, x.k, x.v, causal), causal, g_out)
+    assert all(np.any(np.abs(grads[n] - exact[n]) > bounds[n]) for n in "qkv")
