@@ -58,6 +58,12 @@ RUNS = (
     ("built-in chunked Gated DeltaNet --qk-l2norm --varlen --value-heads 2",
      [*VET, *DELTA, "--decay", "gates", "--qk-l2norm", "--form", "chunked", "--varlen",
       "--value-heads", "2"], 60, 0),
+    ("built-in chunked taylor --grad", [*VET, "--feature-map", "taylor", "--causal", "--form",
+                                        "chunked", "--grad"], 90, 0),
+    ("built-in chunked performer-trig --grad", [*VET, "--feature-map", "performer-trig",
+                                                "--causal", "--form", "chunked", "--grad"], 90, 0),
+    ("built-in quadratic softmax --grad", [*VET, "--feature-map", "softmax", "--causal",
+                                           "--form", "quadratic", "--grad"], 90, 0),
     ("assert_linear_attention elu-cumsum", [sys.executable, "-c", ASSERT], 60, 0),
     ("N x N claiming linear", [*VET, "tests.zoo.long:quadratic_weights", *ELU_CAUSAL], 60, 1),
 )  # fmt: skip
