@@ -1,5 +1,5 @@
 """Certified gradients of the non-causal specs (reference/certified_grad.py's and
-certified_grad_normalised.py's "Non-causal") against the exact ones of reference/grad.py:
+certified_grad_features.py's "Non-causal") against the exact ones of reference/grad.py:
 every element within its bound (NaN where grad.py's is), the bound below 2^-30 of grad.py's
 magnitude M on typical inputs, M equal to grad.py's (unnormalised, and dv normalised) or
 M <= M' <= 2 M (normalised dq, dk: 1 + M(D) / D <= 2 without a decay), across sub-chunks,

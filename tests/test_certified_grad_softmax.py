@@ -90,3 +90,21 @@ def test_the_causal_certificate_breaks_the_bound(small_blocks):
     causal = Spec("softmax", causal=True)
     grads, bounds, _ = certified_gradients(validate(x.q, x.k, x.v, causal), causal, g_out)
     assert all(np.any(np.abs(grads[n] - exact[n]) > bounds[n]) for n in "qkv")
+
+
+@pytest.mark.parametrize("eps", [0.0, 1.0])
+def test_rows_whose_logits_are_all_below_exp_range(eps):
+    """Every logit below -709 (exp(-max) overflows): the row in units of the larger of its
+    largest logit and ln eps stays resolved (a review's counterexample, once silently 0)."""
+    spec = Spec("softmax", causal=True, eps=eps)
+    q = torch.tensor([[[[1.0], [1.0]]]], dtype=torch.float64)
+    k = torch.tensor([[[[-800.0], [-801.0]]]], dtype=torch.float64)
+    v = torch.tensor([[[[1e3], [-1e3]]]], dtype=torch.float64)
+    _check(validate(q, k, v, spec), spec, np.full((1, 1, 2, 1), 1e3), share=None)
+
+
+def test_products_that_underflow_are_bounded():
+    """Tiny q, k and a cotangent of 1e-300: dq's and dk's products fall below 2^-1022."""
+    spec = Spec("softmax")
+    x, g_out = _case(spec, seed=1, qk=2.0**-60)
+    _check(x, spec, g_out * 1e-300, share=None)

@@ -123,7 +123,8 @@ def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
     float64 the golden forms compute in the inputs' precision, peers of the kernel, and one
     draw of a handful of roundings can be far luckier than a correct kernel's (the budget is
     K_BUDGET times the largest). A non-causal spec's splits also take the keys (and values)
-    in a seeded random order: its sums over every key are the same in any order, so the
+    in a seeded random order (but cosFormer's, whose weights depend on the keys'
+    positions): its sums over every key are the same in any order, so the
     forward's roundings fall anew too (a denominator that cancels, with signed features, is
     one draw of them). All 1 + 2 SPLITS cotangents run as one batch of copies of the inputs
     (one pass: a token loop's cost is per step, not per row)."""
@@ -134,7 +135,9 @@ def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
         away = torch.where(up.to(g.device), torch.inf, -torch.inf).to(g.dtype)
         g1 = torch.nextafter(g, away)
         cotangents += [g1, g - g1]
-        order = torch.randperm(k.shape[-2], generator=seeded) if not spec.causal else orders[0]
+        # cosFormer's weights depend on the keys' positions: no symmetry to draw on
+        symmetric = not spec.causal and spec.feature_map != "cosformer"
+        order = torch.randperm(k.shape[-2], generator=seeded) if symmetric else orders[0]
         orders += [order, order]
     copies, b = len(cotangents), g.shape[0]
 

@@ -1,15 +1,16 @@
 """Certified gradients at length: dL/dq, dL/dk, dL/dv (and dL/dg of the log-gates) of
-L = sum(out * G) in float64 at matmul speed, O(N), each element with a rigorous bound on
-its error, and the magnitudes M that reference/grad.py's gradient_magnitudes defines (an
+L = sum(out * G) in float64 at matmul speed, each element with a rigorous bound on its
+error, and the magnitudes M that reference/grad.py's gradient_magnitudes defines (an
 upper bound M' on them where M is not a chain sum).
 
-Covered: every kernelised spec (every feature map but softmax: elu, relu, identity,
-cosFormer, Taylor, the Performer maps), normalised or not, causal or not, any eps, scale
-and decay; not the delta rule (certified_delta_grad.py) nor softmax, which has no feature
-map to carry a state. The gradients are decayed linear-attention sums themselves, each run
-as a chain of certified_decay.decayed_sums forward or on the reversed sequence:
-certified_grad_features.py derives them, their bounds and the magnitudes;
-certified_grad_maps.py the per-map step through J_phi^T.
+Covered: every spec but the delta rule's (certified_delta_grad.py). The kernelised ones
+(every feature map: elu, relu, identity, cosFormer, Taylor, the Performer maps; normalised
+or not, causal or not, any eps, scale and decay), O(N): their gradients are decayed
+linear-attention sums themselves, each run as a chain of certified_decay.decayed_sums
+forward or on the reversed sequence (certified_grad_features.py derives them, their bounds
+and the magnitudes; certified_grad_maps.py the per-map step through J_phi^T). Softmax,
+O(N^2 d) in dense blocks of query rows (certified_grad_softmax.py): it has no feature map
+to carry a state.
 """
 
 from __future__ import annotations

@@ -69,16 +69,19 @@ Every bound is multiplied by SAFETY for its own roundings (certified.py).
 Magnitudes. grad.py's M(b_ij) = (|G_i| . |v_j| + M(tbar_i) + |b_ij| M(D_i)) / |D_i| holds
 |b_ij|, not a sum of products of row and column factors: no chain sums it in O(N). M' takes
 |b_ij| <= (|G_i| . |v_j| + |tbar_i|) / |D_i| instead, so M <= M' <= (1 + M(D_i) / |D_i|) M
-term by term (2 M without a decay and eps = 0; unnormalised M(b_ij) = |G_i| . |v_j| and M'
-= M): M'(b_ij) = alpha_i |G_i| . |v_j| + beta_i with alpha_i = (1 + M(D_i) / |D_i|) / |D_i|,
+term by term (2 M without a decay and eps = 0 for non-negative features, unbounded where
+signed ones cancel in D_i; unnormalised M(b_ij) = |G_i| . |v_j| and M' = M): M'(b_ij) =
+alpha_i |G_i| . |v_j| + beta_i with alpha_i = (1 + M(D_i) / |D_i|) / |D_i|,
 beta_i = (M(tbar_i) + |tbar_i| M(D_i) / |D_i|) / |D_i|, M(D_i) = eps + c sum_j sigma_ij
 w_ij M(a_ij), M(a_ij) = phiM(q_i) . phiM(k_j) (grad.py's; phiM = |phi| but for the Performer
 maps, certified_grad_maps.py), M(tbar_i) = (c |G_i| . sum_j sigma_ij w_ij M(a_ij) |v_j| +
 |tbar_i| M(D_i)) / |D_i|, sigma_ij = 1 + M(ln w_ij): 1 without a decay, 1 + (i - j) |ln
 gamma| for a constant one, 1 + 2 sum_(t<=i) |g_t| for gates, 1 + 2 max_m sum_(t<=i) |g_tm|
 for channel gates. Then M'(dphi(q)_i) = c sum_j sigma_ij w_ij M'(b_ij) phiM(k_j),
-M'(dphi(k)_j) alike over i, M'(dv_j) = c sum_i w_ij M(a_ij) (sigma_ij + M(D_i) / |D_i|)
-|G_i| / |D_i| (>= grad.py's, |a_ij| <= M(a_ij); equal for |phi| features), M'(dq) through
+M'(dphi(k)_j) alike over i, M'(dv_j) = c sum_i w_ij (sigma_ij M(a_ij) + a+_ij M(D_i) /
+|D_i|) |G_i| / |D_i| with a+_ij = (|phi^(q_i)| + psi) . (|phi^(k_j)| + psi) >= |a_ij|
+(grad.py's, but for a+ in place of |a|: equal to the last bits for elementwise features),
+M'(dq) through
 |J^T| (certified_grad_maps.py), and M'(dg_t) = sum_(s>=t) (phiM(q_s) . M'(dphi(q)_s) +
 phiM(k_s) . M'(dphi(k)_s)) (per channel for channel gates), chain sums of non-negative terms
 in float64 (relative error about rho): _abs_sums, and for a constant decay
@@ -189,7 +192,8 @@ def feature_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, 
 
     phi_m = {side: rows[side].phi_m for side in rows}
     c = spec.scale_for(d)
-    mags, m_phi = _magnitudes(phi_m, v, g_out, decay, spec, c, (den, tbar, lost))
+    features = (phi_m, {side: up[side].phi for side in up})
+    mags, m_phi = _magnitudes(features, v, g_out, decay, spec, c, (den, tbar, lost))
     for side in ("q", "k"):
         mags[side] = rows[side].through_magnitudes(m_phi[side])
     if spec.gated:
@@ -359,10 +363,11 @@ def _scaled(num, e_num, spec: Spec, d: int):
     return out, bound
 
 
-def _magnitudes(phi_m: Arrays, v, g_out, decay, spec: Spec, c: float, forward):
+def _magnitudes(features, v, g_out, decay, spec: Spec, c: float, forward):
     """({"v": M'(dv)}, {"q": M'(dphi(q)), "k": M'(dphi(k))}) from the features' magnitudes
-    phiM (module docstring)."""
+    phiM and upper bounds |phi^| + psi on |phi| (module docstring)."""
     den, tbar, lost = forward
+    (phi_m, up) = features
     fq, fk = phi_m["q"], phi_m["k"]
     n = fq.shape[0]
     kind = spec.decay
@@ -423,10 +428,10 @@ def _magnitudes(phi_m: Arrays, v, g_out, decay, spec: Spec, c: float, forward):
         m_phi["k"] = c * nonnegative(right_v, spread * left, fq, True)
     scaled_g = ag / safe
     scaled_g[lost] = 0.0
-    if kind == "constant":
-        m_v = nonnegative(fk, fq, scaled_g, True) + plain(fk, fq, scaled_g * ratio, True)
-    else:
-        m_v = plain(fk, fq, scaled_g * (spread + ratio), True)
+    # M(dv_j) = c sum_i w_ij (sigma_ij M(a_ij) + |a_ij| M(D_i) / |D_i|) |G_i| / |D_i|
+    m_v = nonnegative(fk, fq, scaled_g * (1.0 if kind == "constant" else spread), True)
+    if spec.normalize:
+        m_v += plain(up["k"], up["q"], scaled_g * ratio, True)
     return {"v": c * m_v}, m_phi
 
 
