@@ -1,9 +1,10 @@
 """Certified gradients of the normalised elu and relu specs
 (reference/certified_grad_features.py) against the exact ones of reference/grad.py: every
 element within its bound (NaN where grad.py's is), the bound below 2^-30 of grad.py's
-magnitude M on typical inputs, dv's M equal to grad.py's and dq's, dk's, dg's M' between M
-and (1 + max sigma) M (the upper bound the module states), across sub-chunks, chunks and
-steps (shrunk), every decay, scale and eps; adversarial magnitudes and denominators."""
+magnitude M on typical inputs, dv's M equal to grad.py's (but for D's bound) and dq's,
+dk's, dg's M' between M and (1 + max sigma) M (the upper bound the module states), across
+sub-chunks, chunks and steps (shrunk), every decay, scale and eps; adversarial magnitudes
+and denominators."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _case(fm, decay, scale, gates, eps, n=21, seed=0, shift=0.0, qk=1.0, values=
 
 def _check(x, spec, g_out, spread=None, share=2.0**-30):
     """Every element within its bound, NaN where grad.py's is; with spread: bound <= share
-    M and M <= M' <= (1 + spread) M (M' = M for dv)."""
+    M and M <= M' <= (1 + spread) M (M' = M for dv, but for D's bound)."""
     exact, mags_exact = exact_gradients_and_magnitudes(x, spec, g_out)
     grads, bounds, mags = certified_gradients(x, spec, g_out)
     assert set(grads) == set(bounds) == set(mags) == set(exact)
@@ -73,8 +74,9 @@ def _check(x, spec, g_out, spread=None, share=2.0**-30):
         certified = ~nan & (bounds[name] < np.inf)
         m, mine = mags_exact[name][certified], mags[name][certified]
         assert share == np.inf or np.all(bounds[name][certified] <= share * m), name
-        if name == "v":
-            np.testing.assert_allclose(mine, m, rtol=1e-12, atol=0, err_msg=name)
+        if name == "v":  # grad.py's but for |D| taken as its lower bound, D^ - e_D (2.5e-4
+            # relative where relu's gates of -50 leave the denominator's bound that large)
+            assert np.all(mine >= m * (1 - 1e-12)) and np.all(mine <= m * (1 + 2.0**-10)), name
         else:
             assert np.all(mine >= m * (1 - 1e-12)), name
             assert np.all(mine <= (1 + spread) * m * (1 + 1e-12)), name

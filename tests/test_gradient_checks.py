@@ -119,6 +119,26 @@ def test_beyond_the_bound_or_non_finite_is_a_violation_and_0_over_0_is_not_judge
     assert judge_gradients(grads, exact, m, "float64", u, n).passed
 
 
+def test_an_infinity_within_the_budget_of_the_range_is_its_rounding_and_counted():
+    """float16 with a vacuous bound (n u >= 1): an exact 65,487 computed as inf is within
+    the budget of the range (|exact| + budget u M > 65,504), so it is taken as its rounding
+    and counted; where the budget does not reach the range it is an error."""
+    exact, m = _exact()
+    u, n = 2.0**-11, 4096
+    exact["q"][0, 0, 0, 0], m["q"][0, 0, 0, 0] = 65487.0, 1e9
+    grads = {name: e.copy() for name, e in exact.items()}
+    grads["q"][0, 0, 0, 0] = np.inf
+    golden = {name: e.copy() for name, e in exact.items()}
+    golden["q"][0, 0, 0, 0] += 100 * u * 1e9  # the budget: 400 u M of it, past the range
+    verdict = judge_gradients(grads, exact, m, "float16", u, n, [golden])
+    assert verdict.passed and verdict.rounded_to_inf == 1
+    # an exact 30,000 (M the same): the budget, 4 x 64 roundings (the floor), reaches 33,750
+    exact["q"][0, 0, 0, 0] = m["q"][0, 0, 0, 0] = 30000.0
+    golden["q"][0, 0, 0, 0] = 30000.0 * (1 + u)
+    verdict = judge_gradients(grads, exact, m, "float16", u, n, [golden])
+    assert not verdict.passed and verdict.rounded_to_inf == 0
+
+
 def test_a_magnitude_below_the_subnormal_range_is_floored():
     exact, m = _exact()
     m["q"][0, 0, 0, 0] = 0.0  # e.g. a weight e^-2000, whose magnitude underflows float64

@@ -60,6 +60,9 @@ class GradientVerdict:
     budget: dict[str, float] | None
     violations: int  # elements above the bound, or non-finite where the exact one is finite
     worst: tuple[str, tuple[int, ...]]
+    rounded_to_inf: int = (
+        0  # infinite where the exact value is beyond (or within the budget of) the range
+    )
 
     @property
     def over_budget(self) -> list[str]:
@@ -90,6 +93,11 @@ class GradientVerdict:
         )
         if self.violations:
             parts.append(f"{self.violations} element(s) above the bound or non-finite")
+        if self.rounded_to_inf:
+            parts.append(
+                f"{self.rounded_to_inf} element(s) infinite where the exact value is beyond the "
+                "dtype's range or within the budget of it (taken as its rounding)"
+            )
         if self.budget is not None:
             budgets = ", ".join(f"d{n} {b:.3g}" for n, b in self.budget.items())
             over = ", ".join(f"d{n}" for n in self.over_budget)
@@ -140,26 +148,29 @@ def judge_gradients(
     bound = gradient_bound(roundings, u)
     top = float(torch.finfo(getattr(torch, dtype)).max)
 
-    def errors_of(g: Mapping[str, np.ndarray], allowed=None) -> dict[str, np.ndarray]:
-        """Error units per tensor; 0 where the exact value is undefined (NaN: a 0/0 row) and
-        where g has the infinity of its sign and the exact value is beyond the dtype's range
-        (its rounding: unnormalised gradients grow with the inputs' squares), or within
-        `allowed` units of u M of it (an error the budget allows takes it there)."""
+    def errors_of(g: Mapping[str, np.ndarray], allowed=None) -> tuple[dict, int]:
+        """(error units per tensor, the infinities exempted): 0 where the exact value is
+        undefined (NaN: a 0/0 row) and where g has the infinity of its sign and the exact
+        value is beyond the dtype's range (its rounding: unnormalised gradients grow with
+        the inputs' squares), or within `allowed` units of u M of it (an error the budget
+        allows takes it there)."""
         reach = {n: 0.0 if allowed is None else allowed[n] * u for n in names}
-        units, exempt = {}, {}
+        units, exempt, infinite = {}, {}, 0
         for n in names:
             m = effective_scale(scale[n], dtype, u)
             units[n] = error_units(g[n], exact[n], m, u)
             with np.errstate(invalid="ignore", over="ignore"):
                 beyond = np.abs(exact[n]) + reach[n] * m > top
-                exempt[n] = np.isnan(exact[n]) | (beyond & (g[n] == exact[n] * np.inf))
-        return {n: np.where(exempt[n], 0.0, units[n]) for n in names}
+                rounded = beyond & (g[n] == exact[n] * np.inf)
+            exempt[n] = np.isnan(exact[n]) | rounded
+            infinite += int(rounded.sum())
+        return {n: np.where(exempt[n], 0.0, units[n]) for n in names}, infinite
 
     typical = typical_roundings(roundings, u)
     floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in names}
     golden_max = budget = None
     if golden:
-        golden_errors = [errors_of(g) for g in golden]
+        golden_errors = [errors_of(g)[0] for g in golden]
         golden_max = {
             n: max(
                 float(np.max(np.where(np.isfinite(e[n]), e[n], 0.0), initial=0.0))
@@ -168,7 +179,7 @@ def judge_gradients(
             for n in names
         }
         budget = {n: K_BUDGET * max(golden_max[n], floor[n]) for n in names}
-    errors = errors_of(grads, budget)
+    errors, rounded_to_inf = errors_of(grads, budget)
     violations = 0
     for n in names:
         finite_exact = np.isfinite(exact[n]) & (np.abs(exact[n]) <= top)  # fits the dtype
@@ -187,4 +198,5 @@ def judge_gradients(
         budget=budget,
         violations=violations,
         worst=(worst_name, tuple(int(t) for t in worst_at)),
+        rounded_to_inf=rounded_to_inf,
     )

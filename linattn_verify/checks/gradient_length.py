@@ -89,7 +89,7 @@ def gradient_length(
     spec, ns = impl.spec, lengths(longest)
     judged = [t for t in dtypes if t != "float64"]
     figures: dict[str, float] = {}
-    failures, left_out = [], 0
+    failures, left_out, rounded_to_inf = [], 0, 0
     for dtype in judged:
         heads = len(MEMORIES) if spec.decay else 1
         draw = Draw(spec, dtype, 1, heads, DIMS[0], ns[-1], seed, device)
@@ -112,13 +112,14 @@ def gradient_length(
             golden = golden_samples(q, k, v, w, g, spec, decay, forms=(long_form(spec),))
             u = unit_roundoff(dtype, spec)
             verdict = judge_gradients(grads, exact, magnitude, dtype, u, rounds, golden)
+            rounded_to_inf += verdict.rounded_to_inf
             for name, e in verdict.max_error.items():
                 figures[f"max_error_d{name} {dtype} N={n}"] = e
             if not verdict.passed:
                 severity = "wrong" if verdict.violations else "inaccurate"
                 failures.append((n, dtype, severity, verdict.message))
                 break
-    return _result(spec, ns, judged, dtypes, failures, figures, left_out)
+    return _result(spec, ns, judged, dtypes, failures, figures, (left_out, rounded_to_inf))
 
 
 def _certified(x: AttentionInputs, spec, g: np.ndarray):
@@ -137,8 +138,14 @@ def _loss_weights(draw: Draw) -> torch.Tensor:
     return g.to(device=draw.device, dtype=getattr(torch, draw.dtype))
 
 
-def _result(spec, ns, judged, dtypes, failures, figures, left_out: int) -> CheckResult:
+def _result(spec, ns, judged, dtypes, failures, figures, counts) -> CheckResult:
+    left_out, rounded_to_inf = counts
     uncertified = f"; {left_out} element(s) not certified, not judged" if left_out else ""
+    if rounded_to_inf:
+        uncertified += (
+            f"; {rounded_to_inf} element(s) infinite where the exact value is beyond the "
+            "dtype's range or within the budget of it (its rounding)"
+        )
     if failures:
         n, dtype, severity, what = min(failures, key=lambda f: (f[0], f[2] != "wrong"))
         also = f" ({len(failures)} of {len(judged)} dtypes fail)" if len(failures) > 1 else ""

@@ -77,7 +77,9 @@ w_ij M(a_ij), M(a_ij) = phiM(q_i) . phiM(k_j) (grad.py's; phiM = |phi| but for t
 maps, certified_grad_maps.py), M(tbar_i) = (c |G_i| . sum_j sigma_ij w_ij M(a_ij) |v_j| +
 |tbar_i| M(D_i)) / |D_i|, sigma_ij = 1 + M(ln w_ij): 1 without a decay, 1 + (i - j) |ln
 gamma| for a constant one, 1 + 2 sum_(t<=i) |g_t| for gates, 1 + 2 max_m sum_(t<=i) |g_tm|
-for channel gates. Then M'(dphi(q)_i) = c sum_j sigma_ij w_ij M'(b_ij) phiM(k_j),
+for channel gates; |D_i| is taken as its lower bound c slack_i and |tbar_i| as |tbar^_i| +
+tau_i, so that M' >= M but for the chain sums' own roundings. Then M'(dphi(q)_i) = c sum_j
+sigma_ij w_ij M'(b_ij) phiM(k_j),
 M'(dphi(k)_j) alike over i, M'(dv_j) = c sum_i w_ij (sigma_ij M(a_ij) + a+_ij M(D_i) /
 |D_i|) |G_i| / |D_i| with a+_ij = (|phi^(q_i)| + psi) . (|phi^(k_j)| + psi) >= |a_ij|
 (grad.py's, but for a+ in place of |a|: equal to the last bits for elementwise features),
@@ -140,7 +142,7 @@ def feature_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, 
         terms = _quotient_terms(value, total, mag, g_out, spec, d)
     else:
         terms = _scaled_terms(g_out, spec, d)
-    den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta = terms
+    _, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta = terms
 
     grads, bounds = {}, {}
     identity = replace(spec, feature_map="identity", normalize=False, eps=0.0, scale=1.0)
@@ -193,7 +195,8 @@ def feature_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, 
     phi_m = {side: rows[side].phi_m for side in rows}
     c = spec.scale_for(d)
     features = (phi_m, {side: up[side].phi for side in up})
-    mags, m_phi = _magnitudes(features, v, g_out, decay, spec, c, (den, tbar, lost))
+    forward = (safe_slack, np.abs(tbar) + tau, lost)  # |Dt| and |tbar| bounded below, above
+    mags, m_phi = _magnitudes(features, v, g_out, decay, spec, c, forward)
     for side in ("q", "k"):
         mags[side] = rows[side].through_magnitudes(m_phi[side])
     if spec.gated:
@@ -365,8 +368,10 @@ def _scaled(num, e_num, spec: Spec, d: int):
 
 def _magnitudes(features, v, g_out, decay, spec: Spec, c: float, forward):
     """({"v": M'(dv)}, {"q": M'(dphi(q)), "k": M'(dphi(k))}) from the features' magnitudes
-    phiM and upper bounds |phi^| + psi on |phi| (module docstring)."""
-    den, tbar, lost = forward
+    phiM and upper bounds |phi^| + psi on |phi| (module docstring); forward: the
+    denominators' slack |Dt^| - e_D <= |Dt| and |tbar^| + tau >= |tbar| per row, and the
+    rows not resolved."""
+    slack, tbar_up, lost = forward
     (phi_m, up) = features
     fq, fk = phi_m["q"], phi_m["k"]
     n = fq.shape[0]
@@ -402,11 +407,11 @@ def _magnitudes(features, v, g_out, decay, spec: Spec, c: float, forward):
         plain = nonnegative
 
     if spec.normalize:
-        safe = np.where(lost, 1.0, np.abs(c * den))[:, None]  # |D_i|
+        safe = np.where(lost, 1.0, c * slack)[:, None]  # <= |D_i|
         sums = spread * nonnegative(fq, fk, _ones_after(av), False)
         m_den = spec.eps + c * sums[:, -1:]
-        ratio = m_den / safe  # M(D_i) / |D_i|
-        a_tbar = np.abs(tbar)[:, None]
+        ratio = m_den / safe  # >= M(D_i) / |D_i|
+        a_tbar = tbar_up[:, None]  # >= |tbar_i|
         m_tbar = (c * np.sum(ag * sums[:, :-1], axis=1, keepdims=True) + a_tbar * m_den) / safe
         alpha = (1 + ratio) / safe
         beta = (m_tbar + a_tbar * ratio) / safe
