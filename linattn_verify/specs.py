@@ -275,6 +275,16 @@ class Spec:
         return d**-0.5 if self.scale == RSQRT_D else float(self.scale)
 
     @property
+    def ordered(self) -> str | None:
+        """Why the output depends on the order of the keys (taken with their values); None
+        where every permutation of them leaves it unchanged."""
+        if self.causal:
+            return "causal specs depend on the order of tokens"
+        if self.feature_map == "cosformer":
+            return "cosformer weights depend on token positions"
+        return None
+
+    @property
     def no_state(self) -> str | None:
         """Why a kernel of this spec carries no state from one piece of a sequence to the
         next (docs/contract.md, "Carried state"); None when it does."""

@@ -90,6 +90,26 @@ def assert_shifted_gates_break_the_bound(x, spec, g_out) -> None:
     assert all(np.any(np.abs(grads[n] - exact[n]) > bounds[n]) for n in "qkvg")
 
 
+def certified_against_exact(x, spec, g_out) -> tuple[dict, ...]:
+    """(grads, bounds, mags, exact, exact_mags, undefined) of certified_gradients and
+    grad.py's exact_gradients_and_magnitudes, having asserted what every certified
+    gradient owes: the same names and shapes, NaN where the exact one is (a 0/0 row) and
+    nowhere else but under an infinite bound, and every other element within its bound (an
+    infinite one: a denominator not resolved)."""
+    exact, exact_mags = exact_gradients_and_magnitudes(x, spec, g_out)
+    grads, bounds, mags = certified_gradients(x, spec, g_out)
+    assert set(grads) == set(bounds) == set(mags) == set(exact)
+    undefined = {}
+    for name, want in exact.items():
+        assert grads[name].shape == bounds[name].shape == mags[name].shape == want.shape
+        nan = undefined[name] = np.isnan(want)
+        assert np.all(np.isnan(grads[name][nan])), name
+        assert not np.any(np.isnan(grads[name]) & ~nan & (bounds[name] < np.inf)), name
+        ok = (np.abs(grads[name] - want) <= bounds[name]) | (bounds[name] == np.inf)
+        assert np.all(ok[~nan]), (name, np.argwhere(~ok & ~nan)[:5])
+    return grads, bounds, mags, exact, exact_mags, undefined
+
+
 def test_the_delta_rule_is_refused_naming_its_module():
     spec = Spec("identity", causal=True, normalize=False, delta_rule=True)
     assert not covered(spec)

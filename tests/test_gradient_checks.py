@@ -14,6 +14,7 @@ import torch
 from linattn_verify.accuracy.gradient import NAMES, gradient_bound, judge_gradients
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS, not_applicable
+from linattn_verify.checks.gradients import golden_samples
 from linattn_verify.cli import main
 from linattn_verify.specs import Spec
 from linattn_verify.under_test import Implementation, resolve
@@ -237,3 +238,20 @@ def test_check_runs_a_gradient_check_and_vet_grad_runs_them_all(tmp_path, capsys
     for name in ("gradient", "gradient-associativity", "gradient-finite"):
         assert rows[name]["status"] == "pass"
     assert rows["gradient-causality"]["status"] == "not applicable"
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "cosformer", "performer-trig"])
+def test_golden_samples_are_the_same_gradients_with_other_roundings(feature_map):
+    """Each split sample (its keys reordered where Spec.ordered allows, then put back) is
+    the unsplit golden gradient to within float64 roundings: a key order not undone, or
+    one applied to cosFormer (whose weights depend on positions), differs by 10% or more."""
+    spec = Spec(feature_map, eps=0.1)  # no 0/0 row (cosFormer's relu features)
+    rng = np.random.default_rng(3)
+    q, k, v, g = (torch.tensor(rng.normal(size=(1, 2, 9, 4))) for _ in range(4))
+    w = torch.tensor(rng.normal(size=(8, 4))) if spec.info.needs_projection else None
+    first, *splits = golden_samples(q, k, v, w, g, spec, forms=("linear",))
+    assert len(splits) == 2
+    for sample in splits:
+        for name in NAMES:
+            scale = np.max(np.abs(first[name]))
+            assert np.max(np.abs(sample[name] - first[name])) <= 1e-12 * scale, name

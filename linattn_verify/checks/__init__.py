@@ -84,10 +84,8 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return f"{spec.feature_map} has no feature map: one association only"
     if name == "convex-hull" and not spec.info.positive:
         return f"{spec.feature_map} is not a positive kernel"
-    if name == "permutation" and spec.causal:
-        return "causal specs depend on the order of tokens"
-    if name == "permutation" and spec.feature_map == "cosformer":
-        return "cosformer weights depend on token positions"
+    if name == "permutation" and spec.ordered:
+        return spec.ordered
     if name in ("causality", "gradient-causality") and not spec.causal:
         return "non-causal spec"
     if name == "split-resume" and (not spec.causal or impl.stream is None):

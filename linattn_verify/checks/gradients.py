@@ -122,9 +122,9 @@ def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
     own error a unit of a unit). The same careful evaluations with other luck: in float32 and
     float64 the golden forms compute in the inputs' precision, peers of the kernel, and one
     draw of a handful of roundings can be far luckier than a correct kernel's (the budget is
-    K_BUDGET times the largest). A non-causal spec's splits also take the keys (and values)
-    in a seeded random order (but cosFormer's, whose weights depend on the keys'
-    positions): its sums over every key are the same in any order, so the
+    K_BUDGET times the largest). A spec whose output does not depend on the keys' order
+    (Spec.ordered: non-causal, not cosFormer) has its splits take the keys (and values) in
+    a seeded random order: its sums over every key are the same in any order, so the
     forward's roundings fall anew too (a denominator that cancels, with signed features, is
     one draw of them). All 1 + 2 SPLITS cotangents run as one batch of copies of the inputs
     (one pass: a token loop's cost is per step, not per row)."""
@@ -135,9 +135,7 @@ def golden_samples(q, k, v, w, g, spec, decay=None, forms=None) -> list[Grads]:
         away = torch.where(up.to(g.device), torch.inf, -torch.inf).to(g.dtype)
         g1 = torch.nextafter(g, away)
         cotangents += [g1, g - g1]
-        # cosFormer's weights depend on the keys' positions: no symmetry to draw on
-        symmetric = not spec.causal and spec.feature_map != "cosformer"
-        order = torch.randperm(k.shape[-2], generator=seeded) if symmetric else orders[0]
+        order = orders[0] if spec.ordered else torch.randperm(k.shape[-2], generator=seeded)
         orders += [order, order]
     copies, b = len(cotangents), g.shape[0]
 
