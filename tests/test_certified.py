@@ -76,6 +76,29 @@ def test_rows_it_cannot_certify_are_settled_by_arb(monkeypatch):
     assert np.array_equal(got.values, exact(x, spec, "arb"))
 
 
+def test_rows_not_named_keep_their_float64_values_within_their_bounds(monkeypatch):
+    """settle=: the rows named go to arb; the others keep the float64 pass's values, within
+    their (finite) bounds of the exact ones, but for a row whose bound is infinite."""
+    x, spec = _inputs("normal", "elu", True, seed=5)
+    monkeypatch.setattr(engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
+    plain = certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
+    assert plain.recomputed == 0 and np.isfinite(plain.bound).all()
+    ref = exact(x, spec, "arb")
+    assert np.all(np.abs(plain.values - ref) <= plain.bound)
+    named = np.zeros(x.shape[:3], dtype=bool)
+    named[0, 1, [3, 30]] = True
+    got = certified_attention(x, spec, settle=named)
+    assert got.recomputed == 2
+    assert np.array_equal(got.values[named], ref[named])
+    assert np.array_equal(got.values[~named], plain.values[~named])
+    x, spec = _inputs("normal", "performer-trig", True, seed=5)
+    x.k[0, 0, 7] *= 60  # e^(|k'|^2 / 2) overflows float64: head (0, 0) loses its bounds
+    lost = certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
+    assert lost.recomputed == x.shape[2]  # every row of that head, none of the other's
+    assert np.isfinite(lost.bound).all()
+    assert np.all(np.abs(lost.values - exact(x, spec, "arb")) <= lost.bound)
+
+
 @pytest.mark.parametrize("fn", ["exp", "sin", "cos"])
 def test_numpy_elementary_functions_are_within_the_assumed_ulps(fn):
     """LIB_ULPS, the engine's one assumption, on arguments where the features take them."""

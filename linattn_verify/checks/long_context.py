@@ -64,7 +64,7 @@ from ..cases import log_gates
 from ..implementations.golden import golden_attention, long_form
 from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, pack_delta, unit_roundoff, validate
-from ..reference.certified import certified_attention
+from ..reference.certified import Certified, certified_attention, settle_rows
 from ..reference.delta import certified_delta
 from ..results import CheckResult
 from ..scaling.cost import Cost, counted
@@ -380,26 +380,43 @@ def standard(draw: Draw, n: int):
 def _standard(draw: Draw, n: int, model: str):
     """What a length of a draw is judged against, the same for every implementation of the
     spec (kept for the next one: the zoo and the property suite judge many on one draw):
-    the certified reference, the golden linear form's output,
-    {dtype: (scale, bound)} (deterministic and probabilistic, feature model `model`), and
-    the rows the budget compares."""
+    the certified reference (settled where it is judged: _judged_rows), the golden linear
+    form's output, {dtype: (scale, bound)} (deterministic and probabilistic, feature model
+    `model`), and the rows the budget compares."""
     spec, u = draw.spec, unit_roundoff(draw.dtype, draw.spec)
     q, k, v, w, decay = draw.tensors(n)
     x = validate(q, k, v, spec, w, decay)
     if spec.causal and spec.feature_map != "cosformer":  # row i depends on tokens <= i alone
-        ref, golden = _reference_and_golden(draw)
-        ref, golden = ref[:, :, :n], golden[:, :, :n]
+        whole, golden = _reference_and_golden(draw)
+        # views: the rows settled here are settled in the kept reference too
+        ref = Certified(*(t[:, :, :n] for t in (whole.values, whole.bound, whole.scale)))
+        golden = golden[:, :, :n]
     else:
         ref = certified(x, spec)
         golden = golden_attention(q, k, v, spec, w, long_form(spec), decay)
     lam = probabilistic_lambda(probabilistic_terms(x, spec), FALSE_FAILURE, u)
+    resolvable = resolvable_rows(x, spec, lam)
+    tiny = SMALLEST_SUBNORMAL[draw.dtype]
     if spec.delta_rule:
         bounds = {draw.dtype: tuple(t[:, :, :n] for t in _delta_bound(draw))}
-    else:
-        with feature_model(model):
-            tiny = SMALLEST_SUBNORMAL[draw.dtype]
-            bounds = {draw.dtype: scale_and_bound(x, spec, ref, u, tiny, lam=lam)}
-    return ref, golden, bounds, resolvable_rows(x, spec, lam)
+        return ref.values, golden, bounds, resolvable
+    with feature_model(model):
+        bounds = {draw.dtype: scale_and_bound(x, spec, ref.values, u, tiny, lam=lam)}
+        judged = _judged_rows(ref, resolvable, bounds[draw.dtype][1], draw.dtype)
+        if settle_rows(x, spec, ref, judged):  # the bound's |out| is the settled value
+            bounds = {draw.dtype: scale_and_bound(x, spec, ref.values, u, tiny, lam=lam)}
+    return ref.values, golden, bounds, resolvable
+
+
+def _judged_rows(ref: Certified, resolvable, bound: np.ndarray, dtype: str) -> np.ndarray:
+    """The rows (B, H, N) whose reference must be within CERTIFIED_SHARE s: those the budget
+    compares (`resolvable`), those whose bound in the dtype is finite, and those whose exact
+    values may lie on either side of the dtype's range. The others are judged only for
+    finiteness (the bound is infinite where the denominator's error bound reaches it, with
+    any reference), which the float64 value within its finite bound decides."""
+    low, high = np.abs(ref.values) - ref.bound, np.abs(ref.values) + ref.bound
+    straddles = beyond_range(high, dtype) & ~beyond_range(low, dtype)
+    return resolvable[..., 0] | (np.isfinite(bound) | straddles).any(axis=-1)
 
 
 @functools.lru_cache(maxsize=PANELS_KEPT)
@@ -410,25 +427,27 @@ def _delta_bound(draw: Draw) -> tuple[np.ndarray, np.ndarray]:
     (their condition is at least as large), so computed once (a loop over the tokens)."""
     q, k, v, w, decay = draw.tensors()
     x = validate(q, k, v, draw.spec, w, decay)
-    ref = _reference_and_golden(draw)[0]
+    ref = _reference_and_golden(draw)[0].values
     u, tiny = unit_roundoff(draw.dtype, draw.spec), SMALLEST_SUBNORMAL[draw.dtype]
     return scale_and_bound(x, draw.spec, ref, u, tiny)
 
 
 @functools.lru_cache(maxsize=PANELS_KEPT)
-def _reference_and_golden(draw: Draw) -> tuple[np.ndarray, torch.Tensor]:
-    """The certified reference and the golden linear form's output at the longest N."""
+def _reference_and_golden(draw: Draw) -> tuple[Certified, torch.Tensor]:
+    """The certified reference (unsettled: _standard settles it length by length) and the
+    golden linear form's output at the longest N."""
     q, k, v, w, decay = draw.tensors()
     ref = certified(validate(q, k, v, draw.spec, w, decay), draw.spec)
     return ref, golden_attention(q, k, v, draw.spec, w, long_form(draw.spec), decay)
 
 
-def certified(x, spec: Spec) -> np.ndarray:
-    """The certified reference's values: reference/certified.py's, the delta rule's
-    reference/delta.py's certified recurrence."""
+def certified(x, spec: Spec) -> Certified:
+    """The certified reference, settled only where its bound is infinite (_standard settles
+    the rows it judges); the delta rule's certified recurrence (reference/delta.py) settles
+    every row (its rows are all resolvable: no denominator)."""
     if spec.delta_rule:
-        return certified_delta(x, spec).values
-    return certified_attention(x, spec).values
+        return certified_delta(x, spec)
+    return certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
 
 
 @dataclass(frozen=True)

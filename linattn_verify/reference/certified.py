@@ -18,7 +18,9 @@ An element is certified when its bound is below CERTIFIED_SHARE of its scale s (
 accuracy/bound.py: sum_j |a_ij| |v_jc| / |eps + D_i|, |phi| products for signed features);
 rows with an element that is not are recomputed by the arb engine. The result is then
 within CERTIFIED_SHARE s of the exact value: enough to judge float32, bfloat16 and float16,
-not float64 (judge float64 against `exact`, which rounds correctly).
+not float64 (judge float64 against `exact`, which rounds correctly). A caller that judges
+some rows by less (the long-context check: rows whose bound is vacuous, left out of the
+budget) names the rows to settle, and the others keep their float64 values and bounds.
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def _underflow(phi: np.ndarray, possible) -> np.ndarray:
 def _exp_features(arg: np.ndarray, err_arg: np.ndarray, factor: float) -> Features:
     """exp(arg) factor, factor = 1/sqrt(m) (relative error 2u): a relative error of
     expm1(|d arg| + u |arg|) plus the exponential's own and the factor's."""
-    phi = np.exp(arg) * factor
-    rel = np.expm1(err_arg + U64 * np.abs(arg)) * (1 + U64) + LIB + 3 * U64
+    with np.errstate(over="ignore"):  # an infinite feature has an infinite bound
+        phi = np.exp(arg) * factor
+        rel = np.expm1(err_arg + U64 * np.abs(arg)) * (1 + U64) + LIB + 3 * U64
     return Features(phi, (rel * phi + _underflow(phi, True)) * SAFETY)
 
 
@@ -144,11 +147,12 @@ def float_features(
         )
     # performer-trig: exp(|x'|^2/2) / sqrt(m) [sin(W x'), cos(W x')]
     scale = _exp_features(half_sq, err_half, 1 / math.sqrt(m))
-    rel_scale = scale.err / scale.phi
     trig = np.concatenate([np.sin(proj), np.cos(proj)], 1)
     err_trig = np.concatenate([err_proj, err_proj], 1) + LIB * np.abs(trig)
-    phi = scale.phi * trig
-    err = scale.phi * err_trig * (1 + rel_scale) + rel_scale * np.abs(phi) + U64 * np.abs(phi)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf scale: NaN bounds, never certified
+        rel_scale = scale.err / scale.phi
+        phi = scale.phi * trig
+        err = scale.phi * err_trig * (1 + rel_scale) + rel_scale * np.abs(phi) + U64 * np.abs(phi)
     return Features(phi, (err + _underflow(phi, True)) * SAFETY)
 
 
@@ -233,7 +237,7 @@ def _chunks(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, CHUNK, a.shape[1])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Certified:
     """The engine's output (B, H, Nq, dv): values, a bound on each one's absolute error,
     the scale s of each element, and how many rows the arb engine settled instead."""
@@ -241,14 +245,18 @@ class Certified:
     values: np.ndarray
     bound: np.ndarray
     scale: np.ndarray
-    recomputed: int
+    recomputed: int = 0
 
 
-def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
+def certified_attention(
+    x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None
+) -> Certified:
     """Attention within CERTIFIED_SHARE s of the exact value, element by element (module
-    docstring), for every spec but the delta rule's (delta.certified_delta); NaN where the
-    value is 0/0 exactly (relu rows with eps = 0). Decayed specs: certified_decay.py."""
-    from .arb import arb_attention
+    docstring), in the rows `settle` marks ((B, H, Nq), every row by default); the others
+    keep the float64 pass's values, within `bound` of the exact ones, and go to arb only
+    where that bound is infinite (the pass lost the row's denominator). Every spec but the
+    delta rule's (delta.certified_delta); NaN where the value is 0/0 exactly (relu rows
+    with eps = 0). Decayed specs: certified_decay.py."""
     from .certified_decay import decayed_sums
 
     if spec.delta_rule:
@@ -257,7 +265,6 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
     b_, h_, nq, _, d, dv = x.shape
     values, bound, scale = (np.empty((b_, h_, nq, dv)) for _ in range(3))
-    pending: dict[tuple[int, int], list[int]] = {}
     for b in range(b_):
         for h in range(h_):
             q, k, v = x.q[b, h], x.k[b, h], x.v[b, h]
@@ -271,18 +278,35 @@ def certified_attention(x: AttentionInputs, spec: Spec) -> Certified:
                     scale[b, h, start:stop] = out[2]
             else:
                 _plain_head(q, k, v, x.projection, spec, (values, bound, scale), (b, h))
-            # 0 <= 0 where 0/0 exactly; an infinite bound (a denominator lost) never passes
-            ok = (bound[b, h] <= CERTIFIED_SHARE * scale[b, h]) & np.isfinite(bound[b, h])
-            rows = np.flatnonzero(~ok.all(axis=1)).tolist()
-            if rows:
-                pending[b, h] = rows
-    if pending:
-        exact = arb_attention(x, spec, pending=pending)
-        for (b, h), rows in pending.items():
-            values[b, h, rows] = exact[b, h, rows]
-            # within one ulp, or half a subnormal unit
-            bound[b, h, rows] = np.maximum(np.abs(exact[b, h, rows]) * 2 * U64, SUBNORMAL)
-    return Certified(values, bound, scale, sum(map(len, pending.values())))
+    result = Certified(values, bound, scale)
+    lost = ~np.isfinite(bound).all(axis=-1)
+    settle_rows(x, spec, result, np.ones_like(lost) if settle is None else settle | lost)
+    return result
+
+
+def settle_rows(x: AttentionInputs, spec: Spec, c: Certified, rows: np.ndarray) -> int:
+    """Recompute with the arb engine, in place, the rows of c that `rows` marks (B, H, Nq)
+    and whose elements are not all within CERTIFIED_SHARE of their
+    scale (0 <= 0 where 0/0 exactly; an infinite bound never is): each is then within one
+    ulp of the exact value, or half a subnormal unit. Returns how many rows it settled."""
+    from .arb import arb_attention
+
+    ok = ((c.bound <= CERTIFIED_SHARE * c.scale) & np.isfinite(c.bound)).all(axis=-1)
+    pending = {
+        (b, h): found
+        for b in range(ok.shape[0])
+        for h in range(ok.shape[1])
+        if (found := np.flatnonzero(rows[b, h] & ~ok[b, h]).tolist())
+    }
+    if not pending:
+        return 0
+    exact = arb_attention(x, spec, pending=pending)
+    for (b, h), found in pending.items():
+        c.values[b, h, found] = exact[b, h, found]
+        c.bound[b, h, found] = np.maximum(np.abs(exact[b, h, found]) * 2 * U64, SUBNORMAL)
+    settled = sum(map(len, pending.values()))
+    c.recomputed += settled
+    return settled
 
 
 def _plain_head(q, k, v, w, spec: Spec, outs: tuple[np.ndarray, ...], at: tuple[int, int]):
