@@ -31,6 +31,8 @@ ELU_CAUSAL = ["--feature-map", "elu", "--causal"]
 GLA = ["--feature-map", "identity", "--causal", "--no-normalize", "--decay", "channel-gates"]
 DELTA = ["--feature-map", "identity", "--causal", "--no-normalize", "--scale", "d^-0.5",
          "--delta-rule"]  # fmt: skip
+TRIG_GATED = ["--feature-map", "performer-trig", "--causal", "--decay", "gates", "--scale",
+              "d^-0.5", "--form", "chunked"]  # fmt: skip
 ASSERT = (
     "from linattn_verify.testing import assert_linear_attention\n"
     "from tests.zoo.textbook import elu_cumsum\n"
@@ -62,6 +64,11 @@ RUNS = (
                                         "chunked", "--grad"], 90, 0),
     ("built-in chunked performer-trig --grad", [*VET, "--feature-map", "performer-trig",
                                                 "--causal", "--form", "chunked", "--grad"], 90, 0),
+    ("built-in chunked performer-trig gates d^-0.5", [*VET, *TRIG_GATED], 60, 0),
+    ("built-in chunked performer-trig gates d^-0.5 --grad", [*VET, *TRIG_GATED, "--grad"], 90, 0),
+    ("built-in chunked identity gates (normalised)", [*VET, "--feature-map", "identity",
+                                                      "--causal", "--decay", "gates", "--form",
+                                                      "chunked"], 60, 0),
     ("built-in quadratic softmax --grad", [*VET, "--feature-map", "softmax", "--causal",
                                            "--form", "quadratic", "--grad"], 90, 0),
     ("assert_linear_attention elu-cumsum", [sys.executable, "-c", ASSERT], 60, 0),

@@ -106,6 +106,43 @@ def test_state_kept_in_float16_is_within_the_bound_but_over_the_budget():
     assert judge(golden, x, spec, ref, golden=golden).passed
 
 
+def test_where_the_denominator_cancels_the_budget_grows_with_its_error():
+    """Normalised identity features with gates: row 64 of head (0, 2) has kappa 1.1e4 and
+    an output 2000 times its values' size. Correct forms err there by up to 0.8 x the
+    floor times kappa |out| / s (amplification), 24 x the golden's largest error: the
+    recurrence and the chunked form pass (both failed a budget of 4 x golden alone). A
+    kernel that reads q, k and v rounded to 14 bits (2^-15 relative; bfloat16's 8 leave
+    the bound) is within the bound and over the budget all the same."""
+    from linattn_verify.accuracy.verdict import amplification
+    from linattn_verify.cases import Case
+    from linattn_verify.implementations.decayed import decayed_attention
+
+    spec = lv.Spec("identity", causal=True, decay="gates")
+    case = Case(2, 3, 65, 5, 4, "float32", "normal", 1.0, 7)
+    q, k, v, w, decay = case.arguments(spec)
+    x = validate(q, k, v, spec, w, decay)
+    ref = exact(x, spec)
+    golden = golden_attention(q, k, v, spec, w, "quadratic", decay)
+    for form in ("recurrent", "chunked"):
+        out = decayed_attention(q, k, v, spec, form, w, decay=decay)[0]
+        verdict = judge(out, x, spec, ref, golden=golden)
+        assert verdict.passed, verdict.message
+        assert verdict.worst_index[:3] == (0, 2, 64)
+        assert verdict.max_error > verdict.budget  # 578 and 2.4e3 against 394
+        assert verdict.budget_at_worst > verdict.max_error
+    scale = scale_and_bound(x, spec, ref, UNIT_ROUNDOFF["float32"])[0]
+    assert amplification(x, spec, ref, scale)[0, 2, 64].max() > 1000
+
+    def fourteen_bits(t: torch.Tensor) -> torch.Tensor:
+        i = t.contiguous().view(torch.int32)
+        return (((i + 2**8) >> 9) << 9).view(torch.float32)  # 23 - 9 bits, to nearest
+
+    out = decayed_attention(*map(fourteen_bits, (q, k, v)), spec, "recurrent", w, decay=decay)[0]
+    verdict = judge(out, x, spec, ref, golden=golden)
+    assert verdict.within_bound and verdict.within_budget is False, verdict.message
+    assert "EXCEEDED at (0, 0, 41, 0)" in verdict.message
+
+
 def test_verdict_reports_its_figures():
     spec, tensors, x, ref = _case("softmax", True, torch.bfloat16)
     verdict = judge(golden_attention(**tensors, spec=spec), x, spec, ref)

@@ -29,7 +29,7 @@ from ..inputs import (
     unit_roundoff,
 )
 from ..specs import Spec, SpecError
-from .bound import scale_and_bound
+from .bound import denominator_condition, scale_and_bound
 
 # Two correct summation orders in the same precision differ in their rounding errors by a
 # small factor (the worst-case bounds differ by the ratio of their gamma_n, a few for the
@@ -69,6 +69,24 @@ def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
     n = nk * (d + 5) if spec.delta_rule else m + nk + 1
     return BUDGET_FLOOR * max(typical_roundings(n, u), decay_floor(spec, x, u))
+
+
+def amplification(
+    x: AttentionInputs, spec: Spec, ref: np.ndarray, scale: np.ndarray
+) -> np.ndarray | float:
+    """max(1, kappa_i |ref_ic| / s_ic): how many times a correct evaluation's typical error
+    at element (i, c) exceeds the numerator's share of it. out = N / D errs by (dN - out
+    dD) / D; sums of n terms typically err by sqrt(n) u_c times their |terms| (Higham &
+    Mary 2019), dN by s |D| and dD by kappa |D| (bound.denominator_condition), so out errs
+    by sqrt(n) u_c (s + kappa |out|): kappa |out| / s times more where the denominator's
+    terms cancel (signed features: identity, performer-trig, taylor). 1 (a float) without
+    a denominator and for non-negative features (kappa = 1, |out| <= s)."""
+    if not spec.normalize or not spec.info.kernelised or spec.info.nonnegative_features:
+        return 1.0
+    kappa = denominator_condition(x, spec)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        times = kappa * np.abs(ref) / scale
+    return np.maximum(1.0, np.nan_to_num(times, nan=1.0, posinf=1.0))
 
 
 def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
@@ -143,6 +161,10 @@ class AccuracyVerdict:
     non_finite: int = 0  # of bound_violations: not finite where the exact value fits the dtype
     failing_output: float | None = None  # the output and exact value at failing_index
     failing_exact: float | None = None
+    # the budget at worst_index: `budget`, or more where the denominator's terms cancel
+    # (amplification); (index, error, budget there) of the element furthest over its own
+    budget_at_worst: float | None = None
+    over_budget: tuple[tuple[int, ...], float, float] | None = None
 
     @property
     def passed(self) -> bool:
@@ -197,12 +219,26 @@ class AccuracyVerdict:
         if self.budget is not None:
             parts.append(
                 f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
-                + ("" if self.within_budget else " EXCEEDED")
+                + self._cancelling(self.budget_at_worst, "at worst")
+                + ("" if self.over_budget is None else self._exceeded)
             )
         if self.undefined and not self.not_nan:
             parts.append(f"{self.undefined} element(s) of exact value 0/0, NaN as they must be")
         head = f"{self.spec} {self.dtype}: "
         return head + "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
+
+    def _cancelling(self, allowed: float | None, where: str) -> str:
+        """The budget at an element where it is raised (its denominator cancels), or ""."""
+        if allowed is None or allowed <= self.budget:
+            return ""
+        return f", {allowed:.3g} {where} (the denominator's terms cancel there)"
+
+    @property
+    def _exceeded(self) -> str:
+        at, error, allowed = self.over_budget
+        if at == self.worst_index:
+            return " EXCEEDED"
+        return f" EXCEEDED at {at} by {error:.3g} u s" + self._cancelling(allowed, "there")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -257,13 +293,22 @@ def judge(
     counted = defined & ~rounded_to_inf(out64, ref, dtype)
     e = np.where(counted, error_units(out64, ref, scale, u), 0.0)
     worst = np.unravel_index(int(np.argmax(e)), e.shape)
-    golden_max = budget = within_budget = None
+    golden_max = budget = within_budget = over_budget = budget_at_worst = None
     if golden is not None:
         budgeted = defined if resolvable is None else defined & resolvable
         goldens = golden if isinstance(golden, list | tuple) else [golden]
         golden_max = max(_largest_finite_error(g, ref, scale, u, budgeted) for g in goldens)
-        budget = K_BUDGET * max(golden_max, attainable_floor(spec, x, u))
-        within_budget = bool(np.max(e, where=budgeted, initial=0.0) <= budget)
+        floor = attainable_floor(spec, x, u)
+        budget = K_BUDGET * max(golden_max, floor)
+        # where the denominator's terms cancel, the floor times the error's amplification
+        times = amplification(x, spec, ref, scale)
+        allowed = np.broadcast_to(np.maximum(budget, K_BUDGET * floor * times), e.shape)
+        excess = np.where(budgeted & (e > allowed), e / allowed, 0.0)
+        within_budget = not excess.any()
+        budget_at_worst = float(allowed[worst])
+        if not within_budget:
+            at = np.unravel_index(int(np.argmax(excess)), e.shape)
+            over_budget = (tuple(int(t) for t in at), float(e[at]), float(allowed[at]))
     # A non-finite output where the exact value fits the dtype is wrong even where the
     # bound is vacuous; where the exact value is 0/0 the output must be NaN (docs/accuracy.md).
     non_finite = defined & ~np.isfinite(out64) & ~overflow
@@ -294,6 +339,8 @@ def judge(
         non_finite=int(np.sum(non_finite)),
         failing_output=failing_output,
         failing_exact=failing_exact,
+        budget_at_worst=budget_at_worst,
+        over_budget=over_budget,
     )
 
 

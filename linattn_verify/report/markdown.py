@@ -25,7 +25,7 @@ BUDGET_RULE = (
     f"{K_BUDGET:g} x the larger of the golden implementation's error and the typical error "
     f"of a correct evaluation, {BUDGET_FLOOR:g} x max(1, sqrt(n) u_c / u) units for a sum of "
     "n = m + N + 1 terms in the golden's compute precision u_c, float32 or float64 (Higham & "
-    "Mary 2019)"
+    "Mary 2019), times max(1, kappa |out| / s) where the denominator's terms cancel"
 )
 # what attainable_floor adds for the specs of --impl that are not plain
 DECAYED_BUDGET_RULE = (
