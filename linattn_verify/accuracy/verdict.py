@@ -47,28 +47,40 @@ BUDGET_FLOOR = 1.0
 
 def typical_roundings(n: int, u: float) -> float:
     """How many roundings of the result's own size a correct evaluation of n roundings
-    typically makes, at least one: sqrt(n) u_c / u, u_c the precision the golden forms
-    compute in (float32 for half precision, whose output is then rounded once). Higham &
-    Mary 2019 ("A new approach to probabilistic rounding error analysis", SISC 41(5), Thm.
-    3.1): with independent mean-zero rounding errors the error of n roundings is within
-    lambda sqrt(n) u_c with probability >= 1 - 2 exp(-lambda^2 / 2); lambda = 1 is its
-    typical scale, below which a single lucky evaluation can fall far (identical keys
-    summed 31 times: 1.2 units for one rounding of their feature, 8.3 for the next)."""
+    typically makes, at least one (the result's own): sum_roundings(n, u)."""
+    return max(1.0, sum_roundings(n, u))
+
+
+def sum_roundings(n: int, u: float) -> float:
+    """sqrt(n) u_c / u: the typical error of n roundings in units of u, u_c the precision
+    the golden forms compute in (float32 for half precision, whose output is then rounded
+    once). Higham & Mary 2019 ("A new approach to probabilistic rounding error analysis",
+    SISC 41(5), Thm. 3.1): with independent mean-zero rounding errors the error of n
+    roundings is within lambda sqrt(n) u_c with probability >= 1 - 2 exp(-lambda^2 / 2);
+    lambda = 1 is its typical scale, below which a single lucky evaluation can fall far
+    (identical keys summed 31 times: 1.2 units for one rounding of their feature, 8.3 for
+    the next)."""
     u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
-    return max(1.0, math.sqrt(n) * u_compute / u)
+    return math.sqrt(n) * u_compute / u
 
 
 def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     """The least error (units of u s) the budget takes as attainable, however the golden
-    forms' roundings fell: typical_roundings of the longest sum, n = m + Nk + 1 terms (m
-    features, Nk keys, eps), times BUDGET_FLOOR; for the delta rule of its Nk steps of
-    d + 5 roundings each (delta_bound.py); with a decay at least the error of its chunked
-    evaluation (decay_floor)."""
+    forms' roundings fell: BUDGET_FLOOR times max(1, sums_floor), one rounding of the
+    output or its sums' typical error."""
+    return BUDGET_FLOOR * max(1.0, sums_floor(spec, x, u))
+
+
+def sums_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
+    """The typical error (units of u s) of a correct evaluation's sums, before the output's
+    rounding: sum_roundings of the longest sum, n = m + Nk + 1 terms (m features, Nk keys,
+    eps), for the delta rule of its Nk steps of d + 5 roundings each (delta_bound.py); with
+    a decay at least the error of its chunked evaluation (decay_floor)."""
     nk, d = x.k.shape[2:]
     rows = None if x.projection is None else x.projection.shape[0]
     m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
     n = nk * (d + 5) if spec.delta_rule else m + nk + 1
-    return BUDGET_FLOOR * max(typical_roundings(n, u), decay_floor(spec, x, u))
+    return max(sum_roundings(n, u), decay_floor(spec, x, u))
 
 
 def amplification(
@@ -86,7 +98,17 @@ def amplification(
     kappa = denominator_condition(x, spec)
     with np.errstate(divide="ignore", invalid="ignore"):
         times = kappa * np.abs(ref) / scale
-    return np.maximum(1.0, np.nan_to_num(times, nan=1.0, posinf=1.0))
+    return np.maximum(1.0, np.nan_to_num(times, nan=1.0, posinf=np.inf))
+
+
+def element_budgets(
+    x: AttentionInputs, spec: Spec, ref: np.ndarray, scale: np.ndarray, u: float, budget: float
+) -> np.ndarray:
+    """Each element's budget (units of u s, ref's shape): `budget`, or where the
+    denominator's terms cancel K_BUDGET times its sums' typical error amplified there
+    (sums_floor times amplification: the output's own rounding is not amplified)."""
+    times = amplification(x, spec, ref, scale) * sums_floor(spec, x, u)
+    return np.broadcast_to(np.maximum(budget, K_BUDGET * times), ref.shape)
 
 
 def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
@@ -219,7 +241,7 @@ class AccuracyVerdict:
         if self.budget is not None:
             parts.append(
                 f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
-                + self._cancelling(self.budget_at_worst, "at worst")
+                + self._raised
                 + ("" if self.over_budget is None else self._exceeded)
             )
         if self.undefined and not self.not_nan:
@@ -227,18 +249,19 @@ class AccuracyVerdict:
         head = f"{self.spec} {self.dtype}: "
         return head + "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
 
-    def _cancelling(self, allowed: float | None, where: str) -> str:
-        """The budget at an element where it is raised (its denominator cancels), or ""."""
-        if allowed is None or allowed <= self.budget:
+    @property
+    def _raised(self) -> str:
+        """The budget at the worst element where it is raised (its denominator cancels)."""
+        if self.budget_at_worst is None or self.budget_at_worst <= self.budget:
             return ""
-        return f", {allowed:.3g} {where} (the denominator's terms cancel there)"
+        return f", {self.budget_at_worst:.3g} at the worst element (its denominator cancels)"
 
     @property
     def _exceeded(self) -> str:
         at, error, allowed = self.over_budget
         if at == self.worst_index:
             return " EXCEEDED"
-        return f" EXCEEDED at {at} by {error:.3g} u s" + self._cancelling(allowed, "there")
+        return f" EXCEEDED at {at}: error {error:.3g} u s against {allowed:.3g} there"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -298,14 +321,11 @@ def judge(
         budgeted = defined if resolvable is None else defined & resolvable
         goldens = golden if isinstance(golden, list | tuple) else [golden]
         golden_max = max(_largest_finite_error(g, ref, scale, u, budgeted) for g in goldens)
-        floor = attainable_floor(spec, x, u)
-        budget = K_BUDGET * max(golden_max, floor)
-        # where the denominator's terms cancel, the floor times the error's amplification
-        times = amplification(x, spec, ref, scale)
-        allowed = np.broadcast_to(np.maximum(budget, K_BUDGET * floor * times), e.shape)
+        budget = K_BUDGET * max(golden_max, attainable_floor(spec, x, u))
+        allowed = element_budgets(x, spec, ref, scale, u, budget)
         excess = np.where(budgeted & (e > allowed), e / allowed, 0.0)
         within_budget = not excess.any()
-        budget_at_worst = float(allowed[worst])
+        budget_at_worst = float(allowed[worst]) if budgeted[worst] else None
         if not within_budget:
             at = np.unravel_index(int(np.argmax(excess)), e.shape)
             over_budget = (tuple(int(t) for t in at), float(e[at]), float(allowed[at]))

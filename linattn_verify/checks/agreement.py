@@ -41,7 +41,10 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
         figures["budget"] = verdict.budget
     worst = None
     if not verdict.passed:
-        at = verdict.failing_index or verdict.worst_index
+        at = verdict.failing_index
+        if at is None and verdict.over_budget is not None:  # the budget alone: its element
+            at, _, figures["budget"] = verdict.over_budget
+        at = at or verdict.worst_index
         result = as_array(out)
         worst = worst_element(q, k, v, result, judgement.ref, at, impl.spec.causal)
         # the element the worst lines describe, for naming its cause (vet/causes.py)

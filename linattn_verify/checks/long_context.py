@@ -53,9 +53,9 @@ from ..accuracy.bound import (
     scale_and_bound,
 )
 from ..accuracy.verdict import (
-    AccuracyVerdict,
     attainable_floor,
     beyond_range,
+    element_budgets,
     error_units,
     judge,
     rounded_to_inf,
@@ -279,7 +279,7 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
     spec, u = impl.spec, unit_roundoff(panel.dtype, impl.spec)
     draw = Draw(spec, panel.dtype, panel.b, panel.h, panel.d, ns[-1], seed, device)
     prefix_stable = spec.causal and spec.feature_map != "cosformer"
-    runs: dict[int, tuple[np.ndarray, AccuracyVerdict]] = {}
+    runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # N: (output, element budgets)
     costs: list[Cost] = []
     for n in ns:
         panel.stop = predicted_stop(costs, n)
@@ -307,7 +307,9 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
         panel.errors[n] = float(np.max(e, where=judged, initial=0.0))
         panel.golden[n] = verdict.golden_max_error
         panel.floors[n] = attainable_floor(spec, x, u)
-        runs[n] = (out, verdict)
+        if prefix_stable:  # each element's budget, for the prefix comparisons
+            budgets = element_budgets(x, spec, ref, bounds[panel.dtype][0], u, verdict.budget)
+            runs[n] = (out, np.where(resolvable, budgets, np.inf))
         if not verdict.passed:
             bad = (~np.isfinite(out) & ~beyond_range(ref, panel.dtype) & ~np.isnan(ref)).any()
             what = "non-finite" if bad else "bound" if not verdict.within_bound else "budget"
@@ -489,23 +491,25 @@ def predicted_stop(costs: list[Cost], n: int) -> Stop | None:
 
 
 def _prefix_problem(runs, n: int, u: float, scale, ref, dtype: str) -> str | None:
-    """The first rows of the run at n against each shorter run, within both budgets, where
-    neither is beyond the dtype's range (an exact value past it rounds to inf or to the
-    largest finite value: both are right)."""
-    out, verdict = runs[n]
-    for short, (out_short, verdict_short) in runs.items():
+    """The first rows of the run at n against each shorter run, within the sum of their
+    element budgets (accuracy/verdict.element_budgets; inf in the rows the budget leaves to
+    the bound), where neither is beyond the dtype's range (an exact value past it rounds to
+    inf or to the largest finite value: both are right)."""
+    out, budgets = runs[n]
+    for short, (out_short, budgets_short) in runs.items():
         if short >= n:
             continue
         head, exact = out[:, :, :short], ref[:, :, :short]
         e = error_units(head, out_short, scale[:, :, :short], u)
         compared = ~beyond_range(exact, dtype) & ~np.isnan(exact)
-        largest = float(np.max(e, where=compared, initial=0.0))
-        allowed = verdict.budget + verdict_short.budget
-        if largest > allowed:
+        excess = np.where(compared, e / (budgets[:, :, :short] + budgets_short), 0.0)
+        if excess.max(initial=0.0) > 1:
+            at = np.unravel_index(int(np.argmax(excess)), excess.shape)
+            allowed = budgets[:, :, :short][at] + budgets_short[at]
             return (
                 f"prefix: the first {short} rows of the run of length {n} differ from the "
-                f"run of length {short} by {largest:.3g} u s, more than the two budgets "
-                f"{allowed:.3g}: rows change when the sequence grows"
+                f"run of length {short} by {e[at]:.3g} u s at {tuple(map(int, at))}, more "
+                f"than the two budgets {allowed:.3g}: rows change when the sequence grows"
             )
     return None
 

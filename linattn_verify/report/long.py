@@ -9,14 +9,18 @@ check's inputs: q, k ~ N(0, 1) with the keys sharing a direction, values ~ N(1, 
 B = H = 1, d = dv = LONG_D, and its prefixes of each N. At each N:
 
 - the reference: reference/certified.py (float64, within 2^-34 s of the exact value with a
-  rigorous per-element certificate): enough for float32 and the half precisions, not for
-  float64, which is judged against correctly rounded references in the accuracy sweep;
+  rigorous per-element certificate) in the rows judged by their value, the long-context
+  check's (its _judged_rows; elsewhere, rows judged for finiteness alone, within the float64
+  pass's own bound, so the largest errors reported there are within bound / (u s) of the
+  exact ones): enough for float32 and the half precisions, not for float64, which is
+  judged against correctly rounded references in the accuracy sweep;
 - the bounds, in units of u s per element: Higham's deterministic gamma_n (vacuous, inf,
   once the denominator's relative error bound reaches 1: float16 from N = 2^10 here) and
   the smaller of it and Higham & Mary's probabilistic one at a false-failure probability
   of FALSE_FAILURE per case; the rows report each one's largest element (0/0 rows left out);
 - each form judged by accuracy/verdict.py's judge against the probabilistic bound (the
-  smaller) and the budget (K_BUDGET x the golden linear form's error) on the rows whose
+  smaller) and the budget (K_BUDGET x the golden linear form's error, more where the
+  denominator cancels: element_budgets) on the rows whose
   denominator a float32 evaluation resolves, as the long-context check does (its
   resolvable_rows: performer-trig's and taylor's denominators cancel more as N grows, and
   correct evaluations differ there by chance beyond any fixed budget; the bound alone

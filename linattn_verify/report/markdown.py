@@ -65,10 +65,13 @@ def _table(header: list[str], rows: list[list[str]], right: int = 0) -> list[str
 
 
 def _cell(row: Row) -> str:
-    """max / p99 (budget) of one judgement, or why there is none."""
+    """max / p99 (budget at the worst element) of one judgement, or why there is none."""
     if "error" in row:
         return f"**{row['error']}**"
-    text = f"{_num(row['max_error'])} / {_num(row['p99_error'])} ({_num(row['budget'])})"
+    budget = row["budget"]
+    if budget is not None and (row.get("budget_at_worst") or 0.0) > budget:
+        budget = row["budget_at_worst"]  # raised where the denominator cancels
+    text = f"{_num(row['max_error'])} / {_num(row['p99_error'])} ({_num(budget)})"
     return text if row["passed"] else f"**{text} FAIL**"
 
 

@@ -395,12 +395,13 @@ def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause 
     judgement = Judgement.of_case(case, spec)
     q, k, v, w, decay = case.arguments(spec)
     rounded = [round_to_tf32(t) for t in (q, k, v)]
-    tf32 = max(
-        judgement(golden_attention(*rounded, spec, w, form, decay)).max_error
-        for form in golden_forms(spec)
-    )
+    verdicts = [
+        judgement(golden_attention(*rounded, spec, w, form, decay)) for form in golden_forms(spec)
+    ]
+    tf32 = max(v.max_error for v in verdicts)
     budget = judgement(judgement.golden[0]).budget  # the float32 budget of this case
-    if not (budget and tf32 > budget and tf32 / EXPLAINS <= error <= tf32 * EXPLAINS):
+    over = any(v.within_budget is False for v in verdicts)
+    if not (budget and over and tf32 / EXPLAINS <= error <= tf32 * EXPLAINS):
         return None
     short = "float32 errors of TF32 products (2^-11 per product; --dot-precision tf32 if by design)"
     detail = (
