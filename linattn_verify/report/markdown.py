@@ -505,7 +505,8 @@ def render(document: dict[str, Any], comparison: list[str] | None = None) -> str
         "# linattn-verify report",
         "",
         f"Verdict: **{document['verdict']}**. {counts(document)}. Errors are in units of "
-        "u s (linattn-verify's docs/accuracy.md): each cell is max / p99 (budget) at the "
+        "u s (linattn-verify's docs/accuracy.md): each cell is max / p99 (the budget at the "
+        "worst element) at the "
         f"largest N, the budget {_budget_rule(document)}; the last column is the gradients' "
         "verdict (see Gradients).",
         "",
