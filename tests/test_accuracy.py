@@ -131,6 +131,19 @@ def test_where_the_denominator_cancels_the_budget_grows_with_its_error():
     scale = scale_and_bound(x, spec, ref, UNIT_ROUNDOFF["float32"])[0]
     assert amplification(x, spec, ref, scale)[0, 2, 64].max() > 1000
 
+    def fourteen_bits(t: torch.Tensor) -> torch.Tensor:  # 2^-15 relative, to nearest
+        i = t.contiguous().view(torch.int32)
+        return (((i + 2**8) >> 9) << 9).view(torch.float32)
+
+    # a kernel reading q, k and v at 14 bits (bfloat16's 8 leave the bound): over the
+    # budget of an element whose denominator does not cancel as much, within the bound
+    out = decayed_attention(*map(fourteen_bits, (q, k, v)), spec, "recurrent", w, decay=decay)[0]
+    verdict = judge(out, x, spec, ref, golden=golden)
+    assert verdict.within_bound and verdict.within_budget is False, verdict.message
+    at, error, there = verdict.over_budget
+    assert at != verdict.worst_index and error > there >= verdict.budget
+    assert f"EXCEEDED at {at}: error {error:.3g} u s against {there:.3g} there" in verdict.message
+
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_float16_state_fails_the_budget_where_the_denominator_cancels(seed):

@@ -183,8 +183,9 @@ class AccuracyVerdict:
     non_finite: int = 0  # of bound_violations: not finite where the exact value fits the dtype
     failing_output: float | None = None  # the output and exact value at failing_index
     failing_exact: float | None = None
-    # the budget at worst_index: `budget`, or more where the denominator's terms cancel
-    # (amplification); (index, error, budget there) of the element furthest over its own
+    # the budget at worst_index (None where the budget does not compare it): `budget`, or
+    # more where the denominator's terms cancel (amplification); (index, error, budget
+    # there) of the element furthest over its own
     budget_at_worst: float | None = None
     over_budget: tuple[tuple[int, ...], float, float] | None = None
 

@@ -43,7 +43,7 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     if not verdict.passed:
         at = verdict.failing_index
         if at is None and verdict.over_budget is not None:  # the budget alone: its element
-            at, _, figures["budget"] = verdict.over_budget
+            at, figures["worst_error"], figures["budget"] = verdict.over_budget
         at = at or verdict.worst_index
         result = as_array(out)
         worst = worst_element(q, k, v, result, judgement.ref, at, impl.spec.causal)

@@ -18,7 +18,8 @@ and its prefixes of `lengths` tokens. At each length:
   budget, K_BUDGET times the golden implementation's error at the same N;
 - for causal specs whose weights do not depend on N (all but cosFormer), prefix
   consistency: the first n rows of the longest run against the run of length n, within
-  the two budgets (implied by the accuracy of both; it names the failure better);
+  the two element budgets where a budget or a finite bound judges (implied by the accuracy
+  of both in the rows the budget compares; it adds the rows left to a finite bound);
 and over the lengths, growth: an error that grows faster with N than the golden's by
 GROWTH_EXCESS in the log-log slope, and exceeds GROWTH_MARGIN times the golden's at the
 longest N, is flagged (an error growing like n u where the golden's grows like sqrt(n) u).
@@ -307,9 +308,10 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
         panel.errors[n] = float(np.max(e, where=judged, initial=0.0))
         panel.golden[n] = verdict.golden_max_error
         panel.floors[n] = attainable_floor(spec, x, u)
-        if prefix_stable:  # each element's budget, for the prefix comparisons
-            budgets = element_budgets(x, spec, ref, bounds[panel.dtype][0], u, verdict.budget)
-            runs[n] = (out, np.where(resolvable, budgets, np.inf))
+        if prefix_stable:  # each element's budget where a budget or a finite bound judges
+            scale, bound = bounds[panel.dtype]
+            budgets = element_budgets(x, spec, ref, scale, u, verdict.budget)
+            runs[n] = (out, np.where(resolvable | np.isfinite(bound), budgets, np.inf))
         if not verdict.passed:
             bad = (~np.isfinite(out) & ~beyond_range(ref, panel.dtype) & ~np.isnan(ref)).any()
             what = "non-finite" if bad else "bound" if not verdict.within_bound else "budget"
@@ -492,24 +494,24 @@ def predicted_stop(costs: list[Cost], n: int) -> Stop | None:
 
 def _prefix_problem(runs, n: int, u: float, scale, ref, dtype: str) -> str | None:
     """The first rows of the run at n against each shorter run, within the sum of their
-    element budgets (accuracy/verdict.element_budgets; inf in the rows the budget leaves to
-    the bound), where neither is beyond the dtype's range (an exact value past it rounds to
-    inf or to the largest finite value: both are right)."""
+    element budgets (accuracy/verdict.element_budgets; inf where the bound is vacuous, which
+    judges finiteness alone), where neither is beyond the dtype's range (an exact value past
+    it rounds to inf or to the largest finite value: both are right)."""
     out, budgets = runs[n]
     for short, (out_short, budgets_short) in runs.items():
         if short >= n:
             continue
         head, exact = out[:, :, :short], ref[:, :, :short]
         e = error_units(head, out_short, scale[:, :, :short], u)
-        compared = ~beyond_range(exact, dtype) & ~np.isnan(exact)
-        excess = np.where(compared, e / (budgets[:, :, :short] + budgets_short), 0.0)
+        allowed = budgets[:, :, :short] + budgets_short
+        compared = ~beyond_range(exact, dtype) & ~np.isnan(exact) & np.isfinite(allowed)
+        excess = np.where(compared, e / allowed, 0.0)
         if excess.max(initial=0.0) > 1:
             at = np.unravel_index(int(np.argmax(excess)), excess.shape)
-            allowed = budgets[:, :, :short][at] + budgets_short[at]
             return (
                 f"prefix: the first {short} rows of the run of length {n} differ from the "
                 f"run of length {short} by {e[at]:.3g} u s at {tuple(map(int, at))}, more "
-                f"than the two budgets {allowed:.3g}: rows change when the sequence grows"
+                f"than the two budgets {allowed[at]:.3g}: rows change when the sequence grows"
             )
     return None
 

@@ -25,7 +25,8 @@ BUDGET_RULE = (
     f"{K_BUDGET:g} x the larger of the golden implementation's error and the typical error "
     f"of a correct evaluation, {BUDGET_FLOOR:g} x max(1, sqrt(n) u_c / u) units for a sum of "
     "n = m + N + 1 terms in the golden's compute precision u_c, float32 or float64 (Higham & "
-    "Mary 2019), times max(1, kappa |out| / s) where the denominator's terms cancel"
+    f"Mary 2019); where the denominator's terms cancel, at least {K_BUDGET:g} x sqrt(n) u_c / "
+    "u x kappa |out| / s at that element"
 )
 # what attainable_floor adds for the specs of --impl that are not plain
 DECAYED_BUDGET_RULE = (
@@ -69,7 +70,7 @@ def _cell(row: Row) -> str:
     if "error" in row:
         return f"**{row['error']}**"
     budget = row["budget"]
-    if budget is not None and (row.get("budget_at_worst") or 0.0) > budget:
+    if row["passed"] and budget is not None and (row.get("budget_at_worst") or 0.0) > budget:
         budget = row["budget_at_worst"]  # raised where the denominator cancels
     text = f"{_num(row['max_error'])} / {_num(row['p99_error'])} ({_num(budget)})"
     return text if row["passed"] else f"**{text} FAIL**"
