@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..implementations import CausalStream, attention
-from ..implementations.forms import (
-    DEFAULT_CHUNK,
-    attention_varlen,
-    attention_with_state,
-    fast_form,
-    forms_of,
-)
+from ..families import attention, attention_varlen, attention_with_state, fast_form, forms_of
+from ..implementations import CausalStream
+from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import Spec, SpecError
 from .claim import state_layout
-
-if TYPE_CHECKING:
-    from .implementation import Implementation
 
 
 def form_of(spec: Spec, form: str | None, chunk_size: int | None) -> tuple[str, int | None]:
@@ -43,14 +35,16 @@ def state_of(spec: Spec, form: str, name: str) -> str:
     return state_layout(spec)
 
 
-def calls(impl: Implementation) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
-    """(fn, stream) of a built-in form: fn takes packed batches with varlen and carries its
-    state with state; the stream, for the causal forms of a plain spec."""
-    spec, form = impl.spec, impl.source.name
-    chunk_size = impl.source.chunk_size or DEFAULT_CHUNK
-    if impl.varlen:
+def calls(
+    spec: Spec, form: str, chunk_size: int | None, varlen: bool, stateful: bool
+) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+    """(fn, stream) of the built-in form `form` evaluating `spec`: fn takes packed batches
+    with varlen and carries its state when stateful; the stream, for the causal forms of a
+    plain spec."""
+    chunk_size = chunk_size or DEFAULT_CHUNK
+    if varlen:
         fn = functools.partial(attention_varlen, causal=spec.causal, form=form)
-    elif impl.state is not None:
+    elif stateful:
         fn = functools.partial(attention_with_state, form=form)
     else:
         fn = functools.partial(attention, causal=spec.causal, form=form)

@@ -2,11 +2,14 @@
 (docs/contract.md), the spec and contract options it claims, and where it comes from (its
 Source). Every call goes through here: keywords by the spec, layouts converted, states and
 packed batches checked, the implementation's exceptions turned into ImplementationFailure.
+The options that name it again (command) and the line that reruns a check on a case
+(reproduce) are its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,8 +23,10 @@ from ..implementations.forms import DEFAULT_CHUNK
 from ..inputs import delta_arguments
 from ..specs import DECAY_ARGUMENTS, RSQRT_D, Spec, SpecError
 from ..target import load_target
-from . import builtin, commands
+from . import builtin
+from .claim import CLAIM, DECLARED, SOURCE, SPEC_FIELDS, default_cost, words
 from .guard_bands import OutOfBounds, guarded
+from .names import importable_name
 
 # a stream factory: stream(max_len, projection) -> piece(q, k, v) -> out, carrying state
 StreamFactory = Callable[[int, torch.Tensor | None], Callable[..., torch.Tensor]]
@@ -98,12 +103,39 @@ class Implementation:
 
     @property
     def command(self) -> str:
-        """The options that name it to a command (`check`, `vet`, ...): what resolve takes."""
-        return commands.command(self)
+        """The options that name it to a command (`check`, `vet`, ...): what resolve takes.
+        How its Triton kernels run is said even where it is automatic (so that a command
+        copied to a machine with a GPU runs what it ran here)."""
+        kind, name = self.source.kind, self.source.name
+        triton = {"triton": self.triton, "tf32": self.tf32}
+        if kind == "adapter":  # its spec and layout are its own
+            cost = self.cost if self.cost != ADAPTERS[name].cost else None
+            state = DECLARED if self.state is not None else None
+            given = {"cost": cost, "state": state, "varlen": self.varlen, **triton,
+                     "dot_precision": self.spec.dot_precision}  # fmt: skip
+            return shlex.join(["--impl", name, *words(CLAIM, given)])
+        if kind == "form":
+            source = words(SOURCE, {"form": name, "chunk_size": self.source.chunk_size})
+            state = DECLARED if self.state is not None else None
+        else:
+            source = ["--impl", name if kind == "target" else importable_name(self.fn)]
+            state = self.state
+        default = default_cost(self.spec, name if kind == "form" else None)
+        values = {f: getattr(self.spec, f) for f in SPEC_FIELDS} | {
+            "layout": self.layout,
+            "cost": self.cost if self.cost != default else None,
+            "state": state,
+            "varlen": self.varlen,
+            **triton,
+        }
+        return shlex.join([*source, *words(CLAIM, values)])
 
     def reproduce(self, check: str, case: Case) -> str:
         """One line that reruns check `check` on `case`."""
-        return commands.reproduce(self, check, case)
+        return (
+            f"python -m linattn_verify check {check} {self.command} "
+            f"--case {shlex.quote(case.to_json())}"
+        )
 
     def load(self) -> Implementation:
         """The implementation with its fn (imports a target or an adapter's library; raises
@@ -121,7 +153,8 @@ class Implementation:
             fn = load_target(name)
             return replace(self, fn=guarded(fn) if self.triton else fn)
         if kind == "form":
-            fn, stream = builtin.calls(self)
+            chunk_size, stateful = self.source.chunk_size, self.state is not None
+            fn, stream = builtin.calls(self.spec, name, chunk_size, self.varlen, stateful)
             return replace(self, fn=fn, stream=stream)
         raise SpecError(f"the callable {name} cannot be loaded again: pass it in process")
 

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from ..adapters import ADAPTERS
 from ..specs import Spec, SpecError
 from ..target import split_target
@@ -23,9 +25,9 @@ from .claim import (
     default_cost,
     state_layout,
 )
-from .commands import label
 from .guard_bands import guarded
 from .implementation import Implementation, Source, StreamFactory
+from .names import label
 
 _CLAIM = {o.name: o for o in CLAIM}
 
@@ -126,8 +128,6 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
 def automatic_triton(adapter) -> str | None:
     """How a Triton adapter runs unless told: natively where torch sees a CUDA device, else
     in Triton's interpreter ("interpret")."""
-    import torch
-
     return "interpret" if adapter.triton and not torch.cuda.is_available() else None
 
 
