@@ -1,9 +1,10 @@
 """linattn-verify: exact references, an accuracy model and property tests for linear attention."""
 
 from . import accuracy, implementations
-from .implementations import CausalStream, attention, sample_projection_torch
+from .families import attention, reference
+from .implementations import CausalStream, sample_projection_torch
 from .inputs import UNIT_ROUNDOFF
-from .reference import ReferenceAccuracyError, reference
+from .reference import ReferenceAccuracyError
 from .sampling import SAMPLERS, sample_projection
 from .specs import FEATURE_MAPS, Spec, SpecError
 

@@ -35,9 +35,9 @@ import torch
 
 from .accuracy.bound import scale_and_bound
 from .cases import DELTA_KINDS, Case
+from .families.delta.reference import arb_delta_decimal
 from .inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments, pack_delta, validate
 from .reference.arb import arb_decimal
-from .reference.delta import arb_delta_decimal
 from .regimes import magnitude_range, regime_of
 from .specs import (
     DECAY_ARGUMENTS,

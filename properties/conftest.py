@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from linattn_verify.checks import GRAD_CHECKS, STATE_CHECKS, not_applicable
-from linattn_verify.implementations.forms import forms_of
+from linattn_verify.families import forms_of
 from linattn_verify.pytest_plugin import drawn_regimes, implementation_under_test, run_values
 from linattn_verify.specs import FEATURE_MAPS, Spec
 from linattn_verify.under_test import DECLARED, Implementation, resolve

@@ -18,9 +18,9 @@ from linattn_verify.accuracy import (
     judge,
     scale_and_bound,
 )
+from linattn_verify.families import exact
 from linattn_verify.implementations import golden_attention
 from linattn_verify.inputs import UNIT_ROUNDOFF, validate
-from linattn_verify.reference import exact
 
 ALL = list(lv.FEATURE_MAPS)
 

@@ -133,7 +133,7 @@ def test_the_fast_bound_is_the_arb_one_never_below(
 
 def test_the_fast_bound_with_the_exact_output_at_the_shipped_chunks():
     """CHUNK and SUB as shipped (N = 300 crosses two chunks), ref given (|out| in place of s)."""
-    from linattn_verify.reference import exact
+    from linattn_verify.families import exact
 
     spec = Spec("elu", causal=True, eps=1e-6, scale=RSQRT_D, decay="channel-gates")
     x = _inputs(spec, "normal", 300, seed=5)

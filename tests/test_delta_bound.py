@@ -13,11 +13,9 @@ import torch
 from linattn_verify.accuracy.bound import scale_and_bound, state_bound
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import DELTA_KINDS, Case
-from linattn_verify.implementations.delta import delta_attention
-from linattn_verify.implementations.golden import golden_attention
+from linattn_verify.families import exact, exact_state, golden_attention
+from linattn_verify.families.delta.forms import delta_attention
 from linattn_verify.inputs import UNIT_ROUNDOFF, delta_arguments, validate
-from linattn_verify.reference import exact
-from linattn_verify.reference.state import exact_state
 from linattn_verify.specs import DELTA_DECAYS, RSQRT_D, Spec
 
 KINDS = ("normal", *DELTA_KINDS)

@@ -44,15 +44,16 @@ import pytest
 import torch
 
 from linattn_verify.accuracy.bound import gamma
-from linattn_verify.implementations.delta import delta_attention
-from linattn_verify.implementations.forms import (
+from linattn_verify.families import (
     attention,
     attention_varlen,
     attention_with_state,
     fast_form,
     forms_of,
+    golden_attention,
+    golden_forms,
 )
-from linattn_verify.implementations.golden import golden_attention, golden_forms
+from linattn_verify.families.delta.forms import delta_attention
 from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, pack_delta
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from linattn_verify.accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
 from linattn_verify.accuracy.gradient import allowance, judge_gradients
 from linattn_verify.cases import Case
 from linattn_verify.checks.core import as_array, inputs_of
 from linattn_verify.checks.gradients import autograd_gradients, loss_weights
+from linattn_verify.families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
+from linattn_verify.families.delta.gradients import exact_delta_gradients
 from linattn_verify.inputs import UNIT_ROUNDOFF
-from linattn_verify.reference.delta_grad import exact_delta_gradients
 from linattn_verify.under_test import resolve
 
 FORMS = (("recurrent", None), ("chunked", 16), ("chunked", 64))

@@ -18,11 +18,9 @@ import pytest
 import torch
 from flint import arb, arb_mat
 
-from linattn_verify.inputs import pack_delta, validate
-from linattn_verify.reference import ReferenceAccuracyError, exact, reference
-from linattn_verify.reference import delta as engine
-from linattn_verify.reference.balls import balls, working_precision
-from linattn_verify.reference.delta import (
+from linattn_verify.families import exact, exact_state, reference
+from linattn_verify.families.delta import reference as engine
+from linattn_verify.families.delta.reference import (
     arb_delta,
     certified_delta,
     delta_scale,
@@ -30,7 +28,9 @@ from linattn_verify.reference.delta import (
     float64_delta,
     mp_delta,
 )
-from linattn_verify.reference.state import exact_state
+from linattn_verify.inputs import pack_delta, validate
+from linattn_verify.reference import ReferenceAccuracyError
+from linattn_verify.reference.balls import balls, working_precision
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
 DECAYS = [None, "gates", "channel-gates"]

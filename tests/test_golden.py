@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.families import golden_forms, long_form
 from linattn_verify.implementations import GOLDEN_FORMS, golden, golden_attention
-from linattn_verify.implementations.golden import golden_forms, long_form
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.sampling import sample_projection
 from linattn_verify.specs import FEATURE_MAPS, RSQRT_D, Spec, SpecError

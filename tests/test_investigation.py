@@ -13,7 +13,7 @@ import torch
 from linattn_verify.cases import Case
 from linattn_verify.checks import CHECKS
 from linattn_verify.cli import main
-from linattn_verify.reference import reference
+from linattn_verify.families import reference
 from linattn_verify.under_test import resolve
 from linattn_verify.vet import runner
 

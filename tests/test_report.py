@@ -23,7 +23,7 @@ import linattn_verify.report.build as build
 import linattn_verify.report.long as report_long
 import linattn_verify.report.random_features as report_rf
 from linattn_verify.cli import main
-from linattn_verify.implementations.forms import attention
+from linattn_verify.families import attention
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.report import ERROR_FACTOR, TIME_FACTOR, compare
 from linattn_verify.report.accuracy import Sweep, denominator_margins, sweep_inputs

@@ -11,7 +11,7 @@ import pytest
 
 import linattn_verify.report.build as build
 import linattn_verify.report.long as long
-from linattn_verify.implementations.forms import forms_of
+from linattn_verify.families import forms_of
 from linattn_verify.report.plots import plot_long_context
 from linattn_verify.specs import Spec
 from linattn_verify.under_test import resolve

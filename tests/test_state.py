@@ -15,11 +15,10 @@ import torch
 from linattn_verify.accuracy.bound import state_bound
 from linattn_verify.cases import Case
 from linattn_verify.cli import main
-from linattn_verify.implementations.forms import attention_with_state
+from linattn_verify.families import attention_with_state, exact_state
 from linattn_verify.inputs import UNIT_ROUNDOFF, validate
 from linattn_verify.reference.mp import features as mp_features
 from linattn_verify.reference.mp import nearest
-from linattn_verify.reference.state import exact_state
 from linattn_verify.specs import Spec, SpecError
 from linattn_verify.under_test import ImplementationFailure, resolve
 

@@ -11,7 +11,7 @@ import torch
 
 from linattn_verify.cases import Case
 from linattn_verify.cli import main
-from linattn_verify.implementations.forms import attention, attention_varlen
+from linattn_verify.families import attention, attention_varlen
 from linattn_verify.inputs import check_cu_seqlens
 from linattn_verify.specs import SpecError
 from linattn_verify.under_test import ImplementationFailure, resolve

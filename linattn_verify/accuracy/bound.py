@@ -44,6 +44,7 @@ import numpy as np
 from flint import arb, arb_mat
 from threadpoolctl import threadpool_limits
 
+from ..families import family_of
 from ..inputs import AttentionInputs
 from ..reference.balls import (
     Head,
@@ -68,11 +69,9 @@ from ..reference.certified import (
 )
 from ..reference.certified_decay import FEW_ROUNDINGS, decayed_sums, log_decays, one_sided_sums
 from ..reference.common import MAX_PREC
+from ..rounding import C_LIB, gamma
 from ..specs import RSQRT_D, Spec, SpecError
 
-# Elementary functions (exp, expm1, sin, cos, sqrt) are within 1 ulp = 2u in glibc, SLEEF
-# and CUDA's libdevice for these arguments; C_LIB = 2 units of roundoff.
-C_LIB = 2
 BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
 FAST_BOUND_WORK = 2**16  # query-key pairs per head beyond which the sums run in float64
 # Bytes of heads' ball sums kept (_head_sums): the checks meet a head again (batch-head and
@@ -100,11 +99,6 @@ def feature_model(model: str) -> Iterator[None]:
         yield
     finally:
         FEATURE_MODEL.reset(token)
-
-
-def gamma(n: int, u: float) -> float:
-    """gamma_n = n u / (1 - n u) (Higham eq. 3.5); inf when n u >= 1."""
-    return n * u / (1 - n * u) if n * u < 1 else math.inf
 
 
 def gamma_probabilistic(n: int, u: float, lam: float) -> float:
@@ -537,10 +531,8 @@ def scale_and_bound(
     lam: also Higham & Mary's probabilistic bound with that lambda (gamma_probabilistic),
     the smaller of the two; it holds but with the probability its lambda was chosen for.
     """
-    if spec.delta_rule:  # its own model (delta_bound.py imports this module's constants)
-        from .delta_bound import delta_scale_and_bound
-
-        return delta_scale_and_bound(x, spec, ref, u, tiny)
+    if own := family_of(spec).scale_and_bound:  # a family with a model of its own
+        return own(x, spec, ref, u, tiny)
     b_, h_, nq, nk, _, dv = x.shape
     if engine == "auto":
         engine = "fast" if spec.info.kernelised and nq * nk > FAST_BOUND_WORK else "arb"
@@ -659,10 +651,8 @@ def state_bound(
     infinite where gamma is (n u >= 1). The delta rule's is its own (delta_bound.py), z
     none (zeros)."""
     b_, h_, nk, _, _, dv = x.shape
-    if spec.delta_rule:
-        from .delta_bound import delta_state_bound
-
-        return delta_state_bound(x, spec, u, tiny), np.zeros(x.k.shape[:2] + x.k.shape[3:])
+    if own := family_of(spec).state_bound:  # a family with a model of its own
+        return own(x, spec, u, tiny)
     name, g = spec.feature_map, gamma((C_LIB + 2) * nk + 1, u)
     out_s, out_z = [], []
     for b in range(b_):

@@ -11,9 +11,8 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..implementations.golden import golden_attention, golden_forms
+from ..families import exact, golden_attention, golden_forms
 from ..inputs import AttentionInputs, round_to_tf32, validate
-from ..reference import exact
 from ..specs import Spec
 from .bound import FEATURE_MODEL
 from .verdict import AccuracyVerdict, judge

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..families import family_of
 from ..inputs import (
     SMALLEST_SUBNORMAL,
     UNIT_ROUNDOFF,
@@ -28,6 +29,7 @@ from ..inputs import (
     dtype_name,
     unit_roundoff,
 )
+from ..rounding import widest_gate_sum
 from ..specs import Spec, SpecError
 from .bound import denominator_condition, scale_and_bound
 
@@ -36,7 +38,6 @@ from .bound import denominator_condition, scale_and_bound
 # orders in use: sequential, pairwise, blocked); 4 admits any of them and still rejects a
 # kernel that keeps its state one precision lower (16x or more in these units).
 K_BUDGET = 4.0
-DECAY_CHUNK = 64  # the chunk of fla's and GLA's chunked kernels (decay_floor)
 # an infinite bound, in words (bound.py: gamma_n is infinite once n u >= 1, and so is a
 # bound whose denominator's possible error reaches the denominator)
 VACUOUS = "vacuous (n u >= 1, or the denominator within its error of 0)"
@@ -74,12 +75,12 @@ def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
 def sums_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     """The typical error (units of u s) of a correct evaluation's sums, before the output's
     rounding: sum_roundings of the longest sum, n = m + Nk + 1 terms (m features, Nk keys,
-    eps), for the delta rule of its Nk steps of d + 5 roundings each (delta_bound.py); with
-    a decay at least the error of its chunked evaluation (decay_floor)."""
+    eps; a family's own count where it has one: Family.sum_length); with a decay at least
+    the error of its chunked evaluation (decay_floor)."""
     nk, d = x.k.shape[2:]
     rows = None if x.projection is None else x.projection.shape[0]
     m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
-    n = nk * (d + 5) if spec.delta_rule else m + nk + 1
+    n = family_of(spec).sum_length(nk, d, m)
     return max(sum_roundings(n, u), decay_floor(spec, x, u))
 
 
@@ -122,22 +123,6 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     widest = widest_gate_sum(spec, x)
     u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
     return widest * u_compute / u
-
-
-def widest_gate_sum(spec: Spec, x: AttentionInputs) -> float:
-    """|G|: the largest sum of |ln w_t| over DECAY_CHUNK consecutive tokens (of a key
-    channel, for channel gates), what a chunked kernel's prefix sums reach; 0 without a
-    decay."""
-    if spec.decay is None:
-        return 0.0
-    logs = np.abs(np.log(x.decay)) if spec.decay == "constant" else np.abs(x.decay)
-    if spec.decay == "constant":
-        return float(logs.max()) * min(DECAY_CHUNK, x.k.shape[2])
-    sums = np.cumsum(logs, axis=2)  # the token axis: (B, H, N) or (B, H, N, d)
-    pad = [(0, 0)] * sums.ndim
-    pad[2] = (DECAY_CHUNK, 0)
-    ahead = np.pad(sums, pad)[:, :, :-DECAY_CHUNK]
-    return float((sums - ahead).max())
 
 
 def beyond_range(ref: np.ndarray, dtype: str) -> np.ndarray:

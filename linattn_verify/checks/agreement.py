@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ..accuracy.judgement import Judgement
 from ..cases import Case
-from ..implementations.golden import golden_attention, golden_forms
+from ..families import golden_attention, golden_forms
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, check, inputs_of

@@ -30,12 +30,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
 from ..accuracy.gradient import gradient_names, judge_gradients
-from ..implementations.golden import long_form
+from ..families import long_form
+from ..families.delta.certified_gradients import certified_delta_gradients
+from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
 from ..inputs import AttentionInputs, unit_roundoff, validate
 from ..reference.certified import CERTIFIED_SHARE
-from ..reference.certified_delta_grad import certified_delta_gradients
 from ..reference.certified_grad import certified_gradients
 from ..reference.grad import roundings
 from ..results import CheckResult

@@ -25,7 +25,6 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
 from ..accuracy.gradient import (
     NAMES,
     allowance,
@@ -36,10 +35,11 @@ from ..accuracy.gradient import (
 )
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
-from ..implementations.golden import golden_attention, golden_forms
+from ..families import golden_attention, golden_forms
+from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
+from ..families.delta.gradients import exact_delta_gradients
 from ..inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments
 from ..reference.arb import arb_denominator_signs
-from ..reference.delta_grad import exact_delta_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import families
 from ..accuracy.bound import (
     FEATURE_MODEL,
     denominator_condition,
@@ -62,11 +63,10 @@ from ..accuracy.verdict import (
     rounded_to_inf,
 )
 from ..cases import log_gates
-from ..implementations.golden import golden_attention, long_form
+from ..families import golden_attention, long_form
 from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, pack_delta, unit_roundoff, validate
-from ..reference.certified import Certified, certified_attention, settle_rows
-from ..reference.delta import certified_delta
+from ..reference.certified import Certified, settle_rows
 from ..results import CheckResult
 from ..scaling.cost import Cost, counted
 from ..scaling.growth import SLOPE_TOLERANCE
@@ -447,11 +447,9 @@ def _reference_and_golden(draw: Draw) -> tuple[Certified, torch.Tensor]:
 
 def certified(x, spec: Spec) -> Certified:
     """The certified reference, settled only where its bound is infinite (_standard settles
-    the rows it judges); the delta rule's certified recurrence (reference/delta.py) settles
-    every row (its rows are all resolvable: no denominator)."""
-    if spec.delta_rule:
-        return certified_delta(x, spec)
-    return certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
+    the rows it judges), where the family's engine takes rows to settle (the delta rule's
+    settles every row: its rows are all resolvable, no denominator)."""
+    return families.certified(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
 
 
 @dataclass(frozen=True)

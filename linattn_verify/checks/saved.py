@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from ..cases import Case
+from ..families import exact
 from ..inputs import validate
-from ..reference import exact
 from ..specs import DECAY_ARGUMENTS
 from ..under_test import Implementation, ImplementationFailure
 

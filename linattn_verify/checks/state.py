@@ -27,9 +27,9 @@ import torch
 
 from ..accuracy.bound import state_bound
 from ..cases import Case
+from ..families import exact_state
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff, validate
 from ..reference.certified import float_features
-from ..reference.state import exact_state
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, case_generator, check, decay_part, inputs_of

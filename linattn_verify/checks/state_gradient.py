@@ -23,16 +23,17 @@ import numpy as np
 import torch
 
 from ..accuracy.bound import state_gradient_bound
-from ..accuracy.delta_gradient import delta_gradient_magnitudes, delta_roundings
 from ..accuracy.gradient import judge_gradients
 from ..cases import Case
-from ..implementations.golden_delta import golden_delta_with_state
+from ..families import exact_state
+from ..families.delta.golden import golden_delta_with_state
+from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
+from ..families.delta.gradients import exact_delta_gradients
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, delta_arguments
 from ..reference.common import ReferenceAccuracyError
-from ..reference.delta_grad import exact_delta_gradients
 from ..reference.final_state import final_state_gradients
 from ..reference.grad import roundings
-from ..reference.state import exact_state, exact_state_gradients
+from ..reference.state import exact_state_gradients
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, inputs_of
 from .gradients import loss_weights

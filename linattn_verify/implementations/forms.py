@@ -17,7 +17,7 @@ from native.c (one pass, with the queries' denominators and the input checks fol
 and the chunked form reuses its scratch tensors from block to block. Performer features,
 and elu features of very negative inputs, are kept in shifted form (features.py,
 needs_shift); the key shift is carried with the state and rescaled when it grows.
-The delta rule (Spec.delta_rule) has its own recurrent and chunked forms (delta.py).
+The delta rule's forms are its family's (families/delta/forms.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from ..specs import Spec, SpecError
 from . import native
 from .chunked import BLOCK_ROWS, chunked
 from .decayed import decayed_attention
-from .delta import DELTA_FORMS, delta_attention
 from .features import ELU_SHIFT_BELOW, exp, needs_shift, records_grad, scaled_features
 from .golden import golden_attention
 from .state import State, absorb, absorb_token, quotient, rescaled
@@ -43,17 +42,15 @@ DEFAULT_CHUNK = 64
 
 
 def forms_of(spec: Spec) -> tuple[str, ...]:
-    """The forms that evaluate `spec`."""
-    if spec.delta_rule:
-        return DELTA_FORMS
+    """The forms that evaluate `spec` (a spec of this package's families)."""
     if not spec.info.kernelised:
         return ("quadratic",)
     return ("quadratic", "recurrent", "chunked") if spec.causal else ("quadratic", "linear")
 
 
 def fast_form(spec: Spec) -> str:
-    """The form `attention` takes at large N: linear (non-causal) or chunked (causal, the
-    delta rule's too) for kernelised specs, quadratic for softmax (the last of forms_of)."""
+    """The form `attention` takes at large N: linear (non-causal) or chunked (causal) for
+    kernelised specs, quadratic for softmax (the last of forms_of)."""
     return forms_of(spec)[-1]
 
 
@@ -188,18 +185,6 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def grouped(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-    """The delta rule's grouped value heads (fla's HV = G H): q and k of H heads where v has
-    G H, repeated so that value head hv reads head hv // G; as given otherwise (check_tensors
-    then names a mismatch)."""
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
-        return q, k
-    h, hv = q.shape[1], v.shape[1]
-    if h in (0, hv) or k.shape[1] != h or hv % h:
-        return q, k
-    return q.repeat_interleave(hv // h, dim=1), k.repeat_interleave(hv // h, dim=1)
-
-
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -216,9 +201,6 @@ def attention(
     decay: str | None = None,
     gamma: torch.Tensor | None = None,
     g: torch.Tensor | None = None,
-    delta_rule: bool = False,
-    qk_l2norm: bool = False,
-    beta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of `feature_map` in `form` (None: the cheaper of quadratic and linear).
 
@@ -226,18 +208,11 @@ def attention(
     projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype.
     normalize, scale, decay: the spec's (specs.Spec); a decay's values are gamma (H,) for
     "constant" and the log-gates g, (B, H, N) for "gates" and (B, H, N, d) for
-    "channel-gates" (decayed.py's forms). delta_rule, qk_l2norm: the delta rule's
-    (delta.py's forms; causal, identity, unnormalised), with beta (B, H, N) and g.
+    "channel-gates" (decayed.py's forms). The delta rule's forms are its family's
+    (families.attention takes every family's spec).
     """
-    kinds = {"delta_rule": delta_rule, "qk_l2norm": qk_l2norm}
-    spec = Spec(feature_map, causal, eps, normalize, scale, decay, **kinds)
-    _check_keywords(spec, beta, gamma)
-    if spec.delta_rule:
-        q, k = grouped(q, k, v)
+    spec = Spec(feature_map, causal, eps, normalize, scale, decay)
     check_tensors(q, k, v, spec, projection)
-    if spec.delta_rule:
-        check_finite(q, k, v, projection)
-        return delta_attention(q, k, v, spec, form or fast_form(spec), beta, g, chunk_size)[0]
     if not spec.plain or gamma is not None or g is not None:
         form = form or fast_form(spec)
         values = decay_values(spec, gamma, g)
@@ -270,15 +245,6 @@ def attention(
         return out.to(q.dtype)
     stream = CausalStream(feature_map, projection, eps, chunk_size, max_len=n_pos, form=form)
     return stream(q, k, v)
-
-
-def _check_keywords(spec: Spec, beta: torch.Tensor | None, gamma: torch.Tensor | None) -> None:
-    """SpecError for beta without the delta rule, and for gamma with it (its decays are
-    log-gates g)."""
-    if beta is not None and not spec.delta_rule:
-        raise SpecError(f"beta is the delta rule's (delta_rule=True), not {spec}'s")
-    if gamma is not None and spec.delta_rule:
-        raise SpecError(f"{spec} takes log-gates g, not gamma")
 
 
 def _check_chunk_size(chunk_size: object) -> None:
@@ -409,24 +375,13 @@ def attention_with_state(
     decay: str | None = None,
     gamma: torch.Tensor | None = None,
     g: torch.Tensor | None = None,
-    delta_rule: bool = False,
-    qk_l2norm: bool = False,
-    beta: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     = (S, z) (Katharopoulos et al. 2020, eq. 18-20: S = sum_j phi(k_j) v_j^T, z = sum_j
     phi(k_j) over the earlier tokens, decayed as the spec says; S alone for an unnormalised
     spec; None: nothing before). Returns the output (B, H, N, dv) in q's dtype and the state
-    after the last token, (S, z) as CausalStream.carried() (S alone, unnormalised; the delta
-    rule's S (B, H, d, dv) with beta and g: delta.py)."""
-    kinds = {"delta_rule": delta_rule, "qk_l2norm": qk_l2norm}
-    spec = Spec(feature_map, True, eps, normalize, scale, decay, **kinds)
-    _check_keywords(spec, beta, gamma)
-    if spec.delta_rule:
-        q, k = grouped(q, k, v)
-        check_tensors(q, k, v, spec, projection)
-        check_finite(q, k, v, projection)
-        return delta_attention(q, k, v, spec, form, beta, g, chunk_size, initial_state)
+    after the last token, (S, z) as CausalStream.carried() (S alone, unnormalised)."""
+    spec = Spec(feature_map, True, eps, normalize, scale, decay)
     if not spec.plain or gamma is not None or g is not None:
         check_tensors(q, k, v, spec, projection)
         check_finite(q, k, v, projection)
@@ -462,16 +417,9 @@ def attention_varlen(
     if cu_seqlens is None:
         return attention(q, k, v, **options)
     keys = ("feature_map", "causal", "eps", "normalize", "scale", "decay")
-    keys += ("delta_rule", "qk_l2norm")
     defaults = Spec("elu")
     spec = Spec(**{key: options.get(key, getattr(defaults, key)) for key in keys})
     check_tensors(q, k, v, spec, options.get("projection"))
-    if spec.delta_rule:
-        check_finite(q, k, v, options.get("projection"))
-        form = options.get("form") or fast_form(spec)
-        chunk_size = options.get("chunk_size", DEFAULT_CHUNK)
-        beta, gates = options.get("beta"), options.get("g")
-        return delta_attention(q, k, v, spec, form, beta, gates, chunk_size, None, cu_seqlens)[0]
     if q.shape[0] != 1 or k.shape[-2] != q.shape[-2]:
         raise SpecError(f"a packed batch is one row (1, H, T, d) of q and k alike, got {q.shape}")
     offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])

@@ -34,7 +34,6 @@ import torch
 
 from ..inputs import validate
 from ..specs import Spec, SpecError
-from .golden_delta import GOLDEN_DELTA_FORMS, golden_delta
 from .golden_features import at_one_scale, eps_in_units, golden_features, shifted_form, total
 
 if TYPE_CHECKING:
@@ -57,19 +56,14 @@ def golden_forms(spec: Spec) -> tuple[str, ...]:
     """The golden forms whose larger error sets `spec`'s accuracy budgets: both associations
     of a plain kernelised spec, the quadratic form alone for softmax (it has no finite
     feature map) and for a scaled, unnormalised or decayed one (whose linear form is the
-    long-context check's, long_form), the recurrence itself for the delta rule
-    (golden_delta.py)."""
-    if spec.delta_rule:
-        return GOLDEN_DELTA_FORMS
+    long-context check's, long_form). The delta rule's golden form is its family's
+    (families/delta/golden.py)."""
     return GOLDEN_FORMS if spec.info.kernelised and spec.plain else ("quadratic",)
 
 
 def long_form(spec: Spec) -> str:
     """The golden form of the long-context check (checks/long_context.py), O(N) where the
-    spec allows: the linear one for every kernelised spec, the delta rule's recurrence, the
-    quadratic form for softmax."""
-    if spec.delta_rule:
-        return golden_forms(spec)[-1]
+    spec allows: the linear one for every kernelised spec, the quadratic form for softmax."""
     return "linear" if spec.info.kernelised else "quadratic"
 
 
@@ -83,8 +77,7 @@ def golden_attention(
     decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention for `spec`, evaluated carefully in `form` ("quadratic", or "linear" for
-    every kernelised spec; None: the first of golden_forms). A delta-rule spec is
-    golden_delta.py's, decay its beta and gates (inputs.pack_delta).
+    every kernelised spec; None: the first of golden_forms).
 
     The linear form of a scaled spec takes c once: c N / (c D + eps) as N / (D + eps / c)
     normalised (c cancels but against eps), c N unnormalised; a decayed one carries the
@@ -101,8 +94,6 @@ def golden_attention(
     """
     if isinstance(spec, Spec):
         form = form or golden_forms(spec)[0]
-        if spec.delta_rule:
-            return golden_delta(q, k, v, spec, projection, form, decay)
     _check_call(q, k, v, spec, projection, form, decay)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc = (t.to(compute) for t in (q, k, v))

@@ -27,7 +27,6 @@ from .balls import (
     working_precision,
 )
 from .common import MAX_PREC, ReferenceAccuracyError
-from .delta import exact_delta_state
 
 
 def _head_state(head: Head, spec: Spec, prec: int) -> list[list[float | None]]:
@@ -51,10 +50,8 @@ def _head_state(head: Head, spec: Spec, prec: int) -> list[list[float | None]]:
 def exact_state(
     x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(S (B, H, F, dv), z (B, H, F)) over every key of x, in float64; for the delta rule
-    (S_N (B, H, d, dv), None): delta.exact_delta_state's, from S_0 = 0."""
-    if spec.delta_rule:
-        return exact_delta_state(x, spec)[1], None
+    """(S (B, H, F, dv), z (B, H, F)) over every key of x, in float64 (a kernelised spec's;
+    families.exact_state takes every family's)."""
     if no_state := Spec(spec.feature_map, causal=True).no_state:  # the state after every key
         raise SpecError(no_state)
     b_, h_ = x.k.shape[:2]

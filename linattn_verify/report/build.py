@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..environment import environment
-from ..implementations.forms import fast_form, forms_of
+from ..families import fast_form, forms_of
 from ..scaling import ScalingResult, plot_scaling
 from ..specs import Spec
 from ..under_test import Implementation, resolve

@@ -31,7 +31,7 @@ import numpy as np
 import scipy.stats
 import torch
 
-from ..reference import reference
+from ..families import reference
 from ..results import CheckResult
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure

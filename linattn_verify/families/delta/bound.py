@@ -58,11 +58,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs import AttentionInputs
-from ..reference.delta import delta_scale
-from ..specs import QK_L2NORM_EPS, Spec
-from .bound import C_LIB, SAFETY, gamma
-from .verdict import DECAY_CHUNK, widest_gate_sum
+from ...inputs import AttentionInputs
+from ...reference.certified import SAFETY
+from ...rounding import C_LIB, DECAY_CHUNK, gamma, widest_gate_sum
+from ...specs import QK_L2NORM_EPS, Spec
+from .reference import delta_scale
 
 # the stride of the windows whose condition numbers cover every chunk (_wy_condition): the
 # windows are DECAY_CHUNK + WINDOW_STEP long, their condition numbers grow with it

@@ -76,11 +76,11 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ..inputs import AttentionInputs
-from ..specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
-from .certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
-from .delta import MAX_TOKENS, SMALL_NORM
-from .delta_grad import _inputs, _shapes
+from ...inputs import AttentionInputs
+from ...reference.certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
+from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from .gradients import _inputs, _shapes
+from .reference import MAX_TOKENS, SMALL_NORM
 
 BLOCK = 64  # tokens per checkpoint of the forward (read at each call: tests shrink it)
 SUBNORMAL_EXP = 2.0**-1072  # a subnormal exp(g)'s absolute error (2 ulps of 2^-1074)

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 
-from ..inputs import check_cu_seqlens, check_decay
-from ..specs import QK_L2NORM_EPS, Spec, SpecError
+from ...inputs import check_cu_seqlens, check_decay
+from ...specs import QK_L2NORM_EPS, Spec, SpecError
 
 DELTA_FORMS = ("recurrent", "chunked")
 # Channel gates' factors exp(G_im - G_jm) are materialised in diagonal blocks of SUB_CHUNK
@@ -95,6 +96,18 @@ def delta_attention(
             out[:, :, a:b] = rows
         finals.append(state)
     return out, torch.cat(finals)
+
+
+def grouped(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """Grouped value heads (fla's HV = G H): q and k of H heads where v has G H, repeated so
+    that value head hv reads head hv // G; as given otherwise (check_tensors then names a
+    mismatch)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return q, k
+    h, hv = q.shape[1], v.shape[1]
+    if h in (0, hv) or k.shape[1] != h or hv % h:
+        return q, k
+    return q.repeat_interleave(hv // h, dim=1), k.repeat_interleave(hv // h, dim=1)
 
 
 def _check_beta(beta: object, q: torch.Tensor) -> None:

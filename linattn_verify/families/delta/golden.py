@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..inputs import delta_arguments, validate
-from ..specs import QK_L2NORM_EPS, Spec, SpecError
+from ...inputs import delta_arguments, validate
+from ...specs import QK_L2NORM_EPS, Spec, SpecError
 
 GOLDEN_DELTA_FORMS: tuple[str, ...] = ("recurrent",)
 

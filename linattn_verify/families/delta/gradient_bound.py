@@ -58,11 +58,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..inputs import AttentionInputs
-from ..specs import QK_L2NORM_EPS, Spec
-from .bound import SAFETY
-from .delta_bound import step_roundings, steps
-from .verdict import DECAY_CHUNK
+from ...inputs import AttentionInputs
+from ...reference.certified import SAFETY
+from ...rounding import DECAY_CHUNK
+from ...specs import QK_L2NORM_EPS, Spec
+from .bound import step_roundings, steps
 
 
 def delta_roundings(x: AttentionInputs, spec: Spec) -> int:

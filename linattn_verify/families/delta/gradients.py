@@ -67,14 +67,14 @@ import mpmath
 import numpy as np
 from flint import arb, arb_mat
 
-from ..inputs import AttentionInputs, as_float64
-from ..specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
-from .balls import balls, working_precision
-from .common import MAX_PREC, ReferenceAccuracyError
-from .delta import ARB_PREC, checked_initial_state, decided, log_gate_rows
-from .grad import agree
-from .mp import DEFAULT_PREC as MP_PREC
-from .mp import nearest
+from ...inputs import AttentionInputs, as_float64
+from ...reference.balls import balls, working_precision
+from ...reference.common import MAX_PREC, ReferenceAccuracyError
+from ...reference.grad import agree
+from ...reference.mp import DEFAULT_PREC as MP_PREC
+from ...reference.mp import nearest
+from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from .reference import ARB_PREC, checked_initial_state, decided, log_gate_rows
 
 FAITHFUL = 2.0**-64  # the relative error estimate under which an mp element is accepted
 TINY = 2.0**-1076  # half the smallest subnormal: an estimate below it decides 0 or the subnormal

@@ -45,14 +45,14 @@ import numpy as np
 from flint import arb, arb_mat
 from threadpoolctl import threadpool_limits
 
-from ..inputs import AttentionInputs, as_float64
-from ..specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
-from .arb import decimal_text
-from .balls import balls, working_precision
-from .certified import CERTIFIED_SHARE, LIB, SAFETY, U64, UNDERFLOW, Certified, gamma64
-from .common import MAX_PREC, ReferenceAccuracyError
-from .mp import DEFAULT_PREC as MP_PREC
-from .mp import _settled, nearest
+from ...inputs import AttentionInputs, as_float64
+from ...reference.arb import decimal_text
+from ...reference.balls import balls, working_precision
+from ...reference.certified import CERTIFIED_SHARE, LIB, SAFETY, U64, UNDERFLOW, Certified, gamma64
+from ...reference.common import MAX_PREC, ReferenceAccuracyError
+from ...reference.mp import DEFAULT_PREC as MP_PREC
+from ...reference.mp import _settled, nearest
+from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
 ARB_PREC = 128
 # Largest B*H*N*d*dv (the recurrence's multiplications) for which exact_delta_state and

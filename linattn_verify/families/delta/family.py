@@ -1,0 +1,92 @@
+"""The delta rule behind families.protocol.Family: the hooks the shared layers call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...implementations.forms import check_finite, check_tensors
+from ...inputs import AttentionInputs, decay_values, pack_delta
+from ...reference.certified import Certified
+from ...specs import DELTA_SOURCE, Spec, SpecError
+from ..protocol import Family
+from .bound import delta_scale_and_bound, delta_state_bound
+from .forms import DELTA_FORMS, delta_attention, grouped
+from .golden import GOLDEN_DELTA_FORMS, golden_delta
+from .reference import MP_MAX_STEPS, arb_delta, certified_delta, exact_delta_state, mp_delta
+
+
+def _pack(spec: Spec, arguments: dict[str, Any]) -> torch.Tensor:
+    """beta (B, H, N) with the gates g packed beside it (inputs.pack_delta)."""
+    if arguments.get("beta") is None:
+        raise SpecError("the delta rule needs beta (B, H, N)")
+    gates = decay_values(spec, None, arguments.get("g"))
+    beta = torch.as_tensor(arguments["beta"])
+    return pack_delta(beta, None if gates is None else torch.as_tensor(gates))
+
+
+def _attention_with_state(q, k, v, spec, form, projection, chunk_size, initial_state, arguments):
+    q, k = grouped(q, k, v)
+    check_tensors(q, k, v, spec, projection)
+    check_finite(q, k, v, projection)
+    beta, g = arguments.get("beta"), arguments.get("g")
+    return delta_attention(q, k, v, spec, form, beta, g, chunk_size, initial_state)
+
+
+def _attention(q, k, v, spec, form, projection, chunk_size, arguments) -> torch.Tensor:
+    form = form or DELTA_FORMS[-1]
+    return _attention_with_state(q, k, v, spec, form, projection, chunk_size, None, arguments)[0]
+
+
+def _attention_varlen(q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments):
+    check_tensors(q, k, v, spec, projection)
+    check_finite(q, k, v, projection)
+    beta, g = arguments.get("beta"), arguments.get("g")
+    form = form or DELTA_FORMS[-1]
+    return delta_attention(q, k, v, spec, form, beta, g, chunk_size, None, cu_seqlens)[0]
+
+
+def _exact(x: AttentionInputs, spec: Spec, engine: str) -> np.ndarray:
+    """mpmath's recurrence up to MP_MAX_STEPS multiplications, arb's beyond, or the
+    certified float64 one."""
+    b, h, nq, _, d, dv = x.shape
+    if engine == "auto":
+        engine = "mp" if b * h * nq * d * dv <= MP_MAX_STEPS else "arb"
+    if engine == "certified":
+        return certified_delta(x, spec).values
+    return (mp_delta if engine == "mp" else arb_delta)(x, spec)[0]
+
+
+def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:
+    """certified_delta settles every row whose bound needs it: `settle` asks nothing more."""
+    return certified_delta(x, spec)
+
+
+def _state_bound(x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0):
+    """The bound on S_N, and none on a denominator sum z (the rule has none)."""
+    return delta_state_bound(x, spec, u, tiny), np.zeros(x.k.shape[:2] + x.k.shape[3:])
+
+
+DELTA = Family(
+    name="delta rule",
+    folder="delta",
+    source=DELTA_SOURCE,
+    claims=lambda spec: spec.delta_rule,
+    arguments=("beta", "g"),
+    pack=_pack,
+    forms=lambda spec: DELTA_FORMS,
+    attention=_attention,
+    attention_with_state=_attention_with_state,
+    attention_varlen=_attention_varlen,
+    exact=_exact,
+    certified=_certified,
+    exact_state=lambda x, spec: (exact_delta_state(x, spec)[1], None),
+    golden_forms=lambda spec: GOLDEN_DELTA_FORMS,
+    long_form=lambda spec: GOLDEN_DELTA_FORMS[-1],
+    golden=golden_delta,
+    sum_length=lambda nk, d, m: nk * (d + 5),  # Nk steps of d + 5 roundings (bound.py)
+    scale_and_bound=delta_scale_and_bound,
+    state_bound=_state_bound,
+)

@@ -1,0 +1,202 @@
+"""Every family's spec through one door: the exact reference, the built-in forms, the golden
+form and the exact state of any spec, each asked of the spec's family (registry.py). The
+public `reference` and `attention` take a spec's fields as keywords, as they always have."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..implementations.forms import DEFAULT_CHUNK
+from ..inputs import AttentionInputs, validate
+from ..reference import ENGINES
+from ..reference.certified import Certified
+from ..specs import Spec, SpecError
+from .protocol import Family
+from .registry import FAMILIES, family_of
+
+
+def exact(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.ndarray:
+    """Exact attention for validated inputs of any spec, by `engine` (reference.ENGINES)."""
+    if engine not in ENGINES:
+        raise SpecError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    return family_of(spec).exact(x, spec, engine)
+
+
+def certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:
+    """The certified engine of `spec`'s family, settling the rows `settle` marks where it
+    takes them (every row by default)."""
+    return family_of(spec).certified(x, spec, settle)
+
+
+def exact_state(x: AttentionInputs, spec: Spec) -> tuple[np.ndarray, np.ndarray | None]:
+    """The exact state after the last key of x, (S, z; None where the family has no z)."""
+    return family_of(spec).exact_state(x, spec)
+
+
+def forms_of(spec: Spec) -> tuple[str, ...]:
+    """The built-in forms that evaluate `spec`, the fast one last."""
+    return family_of(spec).forms(spec)
+
+
+def fast_form(spec: Spec) -> str:
+    """The form `attention` takes at large N (the last of forms_of)."""
+    return forms_of(spec)[-1]
+
+
+def golden_forms(spec: Spec) -> tuple[str, ...]:
+    """The golden forms whose larger error sets `spec`'s accuracy budgets."""
+    return family_of(spec).golden_forms(spec)
+
+
+def long_form(spec: Spec) -> str:
+    """The golden form of the long-context check, O(N) where the spec allows."""
+    return family_of(spec).long_form(spec)
+
+
+def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None) -> torch.Tensor:
+    """The golden form `form` (None: the first of golden_forms) of `spec`'s family; decay as
+    inputs.validate takes it (Family.pack)."""
+    return family_of(spec).golden(q, k, v, spec, projection, form or golden_forms(spec)[0], decay)
+
+
+def _arguments(family: Family, spec: Spec, **given: Any) -> dict[str, Any]:
+    """The arguments the family takes, SpecError for another one given (not None), naming
+    the families that take it."""
+    for name, value in given.items():
+        if value is not None and name not in family.arguments:
+            takes = " and ".join(family.arguments) or "no argument but q, k, v (and W)"
+            owners = ", ".join(f.name for f in FAMILIES if name in f.arguments)
+            raise SpecError(f"{spec} takes {takes}, not {name} (the {owners}'s)")
+    return {name: value for name, value in given.items() if name in family.arguments}
+
+
+def reference(
+    q: Any,
+    k: Any,
+    v: Any,
+    feature_map: str = "elu",
+    causal: bool = False,
+    projection: Any = None,
+    eps: float = 0.0,
+    engine: str = "auto",
+    *,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
+    gamma: Any = None,
+    g: Any = None,
+    delta_rule: bool = False,
+    qk_l2norm: bool = False,
+    beta: Any = None,
+) -> np.ndarray:
+    """Exact attention output (B, H, Nq, dv) as float64, within one ulp of the true value.
+
+    q, k: (B, H, N, d); v: (B, H, N, dv); torch tensors or numpy arrays of float16, bfloat16,
+    float32 or float64, taken exactly as they are. Rows whose denominator is exactly zero
+    (relu with eps = 0) are NaN: the definition is 0/0 there. normalize, scale and decay
+    are the spec's (specs.Spec); a decay's values are gamma (H,) for "constant" and the
+    log-gates g, (B, H, N) for "gates" and (B, H, N, d) for "channel-gates". delta_rule
+    and qk_l2norm are the spec's too (specs.DELTA_SOURCE: feature_map "identity", causal,
+    normalize=False), with beta (B, H, N).
+    """
+    spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
+    family = family_of(spec)
+    values = family.pack(spec, _arguments(family, spec, gamma=gamma, g=g, beta=beta))
+    return exact(validate(q, k, v, spec, projection, values), spec, engine)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    causal: bool = False,
+    form: str | None = None,
+    projection: torch.Tensor | None = None,
+    eps: float = 0.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    *,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
+    gamma: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    delta_rule: bool = False,
+    qk_l2norm: bool = False,
+    beta: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of any spec in a built-in `form` (None: the family's choice; forms_of).
+
+    q, k: (B, H, N, d), v: (B, H, N, dv); any floating dtype, any strides, CPU or CUDA;
+    projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype. The
+    spec's fields as reference's; a decay's gamma or g, the delta rule's beta and g.
+    """
+    spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
+    family = family_of(spec)
+    arguments = _arguments(family, spec, gamma=gamma, g=g, beta=beta)
+    return family.attention(q, k, v, spec, form, projection, chunk_size, arguments)
+
+
+def attention_with_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    projection: torch.Tensor | None = None,
+    eps: float = 0.0,
+    form: str = "chunked",
+    chunk_size: int = DEFAULT_CHUNK,
+    initial_state: Any = None,
+    *,
+    normalize: bool = True,
+    scale: float | str = 1.0,
+    decay: str | None = None,
+    gamma: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    delta_rule: bool = False,
+    qk_l2norm: bool = False,
+    beta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Any]:
+    """Causal attention of a sequence that continues the one whose state is initial_state
+    (None: nothing before), in `form`: (output, the state after the last token), the state's
+    layout the family's (implementations/forms.py's (S, z), S alone unnormalised; the delta
+    rule's S (B, H, d, dv))."""
+    spec = Spec(feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
+    family = family_of(spec)
+    arguments = _arguments(family, spec, gamma=gamma, g=g, beta=beta)
+    return family.attention_with_state(
+        q, k, v, spec, form, projection, chunk_size, initial_state, arguments
+    )
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor | None = None,
+    **options: Any,
+) -> torch.Tensor:
+    """attention(q, k, v, **options) of a packed batch: q, k, v (1, H, T, d) holding the
+    sequences of cu_seqlens one after another (inputs.check_cu_seqlens), each attending to
+    itself only (empty ones allowed); without cu_seqlens, attention() itself."""
+    if cu_seqlens is None:
+        return attention(q, k, v, **options)
+    fields = ("feature_map", "causal", "eps", "normalize", "scale", "decay", "delta_rule")
+    defaults = Spec("elu")
+    spec = Spec(
+        **{name: options.pop(name, getattr(defaults, name)) for name in fields},
+        qk_l2norm=options.pop("qk_l2norm", False),
+    )
+    family = family_of(spec)
+    given = {name: options.pop(name, None) for name in ("gamma", "g", "beta")}
+    arguments = _arguments(family, spec, **given)
+    form, projection = options.pop("form", None), options.pop("projection", None)
+    chunk_size = options.pop("chunk_size", DEFAULT_CHUNK)
+    if options:
+        raise SpecError(f"attention_varlen takes no {', '.join(options)}")
+    return family.attention_varlen(
+        q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments
+    )

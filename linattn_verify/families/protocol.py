@@ -1,0 +1,70 @@
+"""A spec family behind one protocol: what the layers shared by every family ask of it.
+
+A family is the set of specs that share one state update and one accuracy model (DESIGN.md,
+"Spec families"). The layers above (accuracy, checks, vet, report, the property suite, the
+CLI) ask `family_of(spec)` (registry.py) for a spec's references, forms, golden form and
+bound, and never test which family a spec is. A family with a folder of its own
+(`families/<name>/`) holds all of those there; the others still point into the horizontal
+packages (reference/, implementations/, accuracy/), each hook named in docs/architecture.md,
+until their folders land.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..inputs import AttentionInputs
+from ..reference.certified import Certified
+from ..specs import Spec
+
+
+@dataclass(frozen=True)
+class Family:
+    """One spec family's answers to the shared layers.
+
+    name: the family's name; folder: its folder under families/ (None: its modules still sit
+    in the horizontal packages); source: where its formulas come from.
+    claims(spec): whether `spec` is this family's (the registry asks the families in order).
+    arguments: the keywords its kernels take beyond q, k, v and W (gamma, g, beta).
+    pack(spec, arguments): those arguments as inputs.validate takes them (its `decay`).
+    forms(spec): the built-in forms that evaluate `spec`, the fast one last.
+    attention(q, k, v, spec, form, projection, chunk_size, arguments): a built-in form's
+    output; attention_with_state(..., initial_state, arguments): (output, final state);
+    attention_varlen(q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments):
+    a packed batch's output.
+    exact(x, spec, engine): the exact output, engine "auto", "mp", "arb" or "certified".
+    certified(x, spec, settle): the certified engine's output with its per-element bound
+    (settle: the rows arb settles, None for every row, where the engine takes it).
+    exact_state(x, spec): the exact state after the last key, (S, z or None).
+    golden_forms(spec): the golden forms whose errors set the budget; long_form(spec): the
+    long-context check's O(N) golden form; golden(q, k, v, spec, projection, form, decay).
+    sum_length(nk, d, m): the roundings of a correct evaluation's longest sum (the budget's
+    typical error, Higham & Mary 2019).
+    scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
+    model (None: accuracy/bound.py's, which the families without a folder share).
+    """
+
+    name: str
+    folder: str | None
+    source: str
+    claims: Callable[[Spec], bool]
+    arguments: tuple[str, ...]
+    pack: Callable[[Spec, dict[str, Any]], Any]
+    forms: Callable[[Spec], tuple[str, ...]]
+    attention: Callable[..., torch.Tensor]
+    attention_with_state: Callable[..., tuple[torch.Tensor, Any]]
+    attention_varlen: Callable[..., torch.Tensor]
+    exact: Callable[[AttentionInputs, Spec, str], np.ndarray]
+    certified: Callable[..., Certified]
+    exact_state: Callable[[AttentionInputs, Spec], tuple[np.ndarray, np.ndarray | None]]
+    golden_forms: Callable[[Spec], tuple[str, ...]]
+    long_form: Callable[[Spec], str]
+    golden: Callable[..., torch.Tensor]
+    sum_length: Callable[[int, int, int], int]
+    scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
+    state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None

@@ -1,0 +1,122 @@
+"""The families whose modules still sit in the horizontal packages, behind the same
+protocol: kernelised attention (scale, eps, normalisation), the scalar decays (a constant
+gamma per head, or log-gates per token), channel gates, and softmax. Their references are
+reference/'s engines, their forms implementations/forms.py's, their golden form
+implementations/golden.py's and their bound accuracy/bound.py's, each until its folder lands
+(docs/architecture.md, "Families")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..implementations import forms, golden
+from ..inputs import AttentionInputs, decay_values
+from ..reference import exact_attention
+from ..reference.certified import Certified, certified_attention
+from ..reference.state import exact_state
+from ..specs import DECAY_SOURCES, FEATURE_MAPS, Spec
+from .protocol import Family
+
+
+def _spec_options(spec: Spec) -> dict[str, Any]:
+    """The keywords of implementations/forms.py that say what `spec` is."""
+    fields = ("feature_map", "eps", "normalize", "scale", "decay")
+    return {name: getattr(spec, name) for name in fields}
+
+
+def _attention(q, k, v, spec: Spec, form, projection, chunk_size, arguments) -> torch.Tensor:
+    options = _spec_options(spec) | arguments
+    return forms.attention(
+        q,
+        k,
+        v,
+        causal=spec.causal,
+        form=form,
+        projection=projection,
+        chunk_size=chunk_size,
+        **options,
+    )
+
+
+def _attention_with_state(
+    q, k, v, spec: Spec, form, projection, chunk_size, initial_state, arguments
+):
+    options = _spec_options(spec) | arguments
+    return forms.attention_with_state(
+        q,
+        k,
+        v,
+        projection=projection,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        **options,
+    )
+
+
+def _attention_varlen(q, k, v, spec: Spec, cu_seqlens, form, projection, chunk_size, arguments):
+    options = _spec_options(spec) | arguments
+    return forms.attention_varlen(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        causal=spec.causal,
+        form=form,
+        projection=projection,
+        chunk_size=chunk_size,
+        **options,
+    )
+
+
+def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:
+    return certified_attention(x, spec, settle=settle)
+
+
+def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Family:
+    """A family of this module: the same horizontal modules, its own specs and arguments."""
+    return Family(
+        name=name,
+        folder=None,
+        source=source,
+        claims=claims,
+        arguments=arguments,
+        pack=lambda spec, arguments: decay_values(spec, arguments.get("gamma"), arguments.get("g")),
+        forms=forms.forms_of,
+        attention=_attention,
+        attention_with_state=_attention_with_state,
+        attention_varlen=_attention_varlen,
+        exact=exact_attention,
+        certified=_certified,
+        exact_state=exact_state,
+        golden_forms=golden.golden_forms,
+        long_form=golden.long_form,
+        golden=golden.golden_attention,
+        sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
+    )
+
+
+SOFTMAX = _family(
+    "softmax", FEATURE_MAPS["softmax"].source, lambda spec: not spec.info.kernelised, ()
+)
+CHANNEL_GATED = _family(
+    "channel gates",
+    DECAY_SOURCES["channel-gates"],
+    lambda spec: spec.decay == "channel-gates",
+    ("g",),
+)
+DECAYED = _family(
+    "scalar decay and gates",
+    f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
+    lambda spec: spec.decay in ("constant", "gates"),
+    ("gamma", "g"),
+)
+KERNELISED = _family(
+    "kernelised",
+    "Katharopoulos et al. 2020, eq. 2-6: sim(q, k) = phi(q) . phi(k)",
+    lambda spec: True,
+    (),
+)
