@@ -1,4 +1,4 @@
-"""The value of the delta rule's a-priori bound (accuracy/delta_bound.py) in float32 on
+"""The value of the delta rule's a-priori bound (families/delta/bound.py) in float32 on
 typical inputs at long N: the largest bound over the output, as a share of the output's
 scale (bound u), and the time it takes.
 

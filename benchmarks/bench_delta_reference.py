@@ -7,7 +7,7 @@ to 2^20, one thread).
 Inputs: q, k ~ N(0, 1) rounded to float32, normalised inside (qk_l2norm), v ~ N(0, 1),
 beta ~ U(0, 1), log-gates ~ -U(0, 0.1) (per token, or per key channel). Per case, each in a
 fresh process (its peak resident memory above what it held with the inputs made): the
-median time of `repeats` runs of reference.certified_delta (the float64 recurrence, its
+median time of `repeats` runs of families.certified (the float64 recurrence, its
 bounds and arb for rows it cannot certify; one run at 2^20) and of the plain recurrence (S <-
 D S; u = beta (v - S^T k); S <- S + k u^T; o = c S^T q, all in numpy float64), their ratio,
 the largest bound as a share of the scale, and the rows handed to arb. Prints Markdown.
@@ -73,7 +73,7 @@ def _one(engine: str, n: int, decay: str, repeats: int) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
-    from linattn_verify.reference import certified_delta
+    from linattn_verify.families.delta.reference import certified_delta
 
     x, spec = _inputs(n, decay)
     with open("/proc/self/statm") as f:  # resident pages now, not the peak of the set-up

@@ -7,6 +7,7 @@ prefix consistency). vet's check runs every dtype and d = 64 too."""
 import pytest
 
 from linattn_verify.checks.long_context import default_longest, long_context, not_applicable
+from linattn_verify.families import family_of
 from linattn_verify.pytest_plugin import run_values
 
 
@@ -14,7 +15,9 @@ from linattn_verify.pytest_plugin import run_values
 def test_long_context(impl, device, request):
     longest = run_values(request.config)["longest"]
     if longest is None:
-        longest = default_longest(impl.triton == "interpret", delta_rule=impl.spec.delta_rule)
+        longest = default_longest(
+            impl.triton == "interpret", stepwise=family_of(impl.spec).stepwise
+        )
     if longest == 0:
         pytest.skip("--long 0")
     result = long_context(impl, ("float32",), device, longest, dims=(16,))

@@ -1,5 +1,5 @@
-"""Certified delta-rule gradients (reference/certified_delta_grad.py) against the exact ones
-of reference/delta_grad.py (arb, correctly rounded): every element within its bound, for
+"""Certified delta-rule gradients (families/delta/certified_gradients.py) against the exact ones
+of families/delta/gradients.py (arb, correctly rounded): every element within its bound, for
 every decay (none, gates, channel gates), qk_l2norm or not, beta near 0 and near 2, keys of
 norm 3, nearly parallel keys, tiny (gradual underflow) and large magnitudes, scales, with
 and without S_0 and G_S, across checkpoint blocks (shrunk to 4 tokens); the bound far below

@@ -1,4 +1,4 @@
-"""The delta rule's a-priori bound (accuracy/delta_bound.py) against the exact references: the
+"""The delta rule's a-priori bound (families/delta/bound.py) against the exact references: the
 built-in forms and the golden recurrence, in float16 and float32, on typical and adversarial
 inputs (beta near 2, keys far from unit norm, nearly parallel keys: the UT transform's
 ill-conditioned case), never err by more than it allows, outputs and final states alike;

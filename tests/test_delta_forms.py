@@ -29,7 +29,7 @@ where the recurrence sums over one, and forms its decays from prefix sums of up 
 (each exponent off by at most (2C + 1) u |G|, |G| the largest sum of |g| over C tokens):
 we charge it m = kappa (m + C + (2C + 1) |G|), kappa the largest over every window of C
 tokens (chunks start anywhere once a sequence is split) - a model of the chunked
-evaluation (accuracy/delta_bound.py's), where the recurrence's is a theorem. The test's
+evaluation (families/delta/bound.py's), where the recurrence's is a theorem. The test's
 own float64 recurrence errs by the recurrent bound at u = 2^-53, added to the allowance.
 """
 

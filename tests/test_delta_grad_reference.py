@@ -1,4 +1,4 @@
-"""The delta rule's exact gradients (reference/delta_grad.py): mpmath and arb agree bit for
+"""The delta rule's exact gradients (families/delta/gradients.py): mpmath and arb agree bit for
 bit on every variant; central finite differences of a 400-bit forward written here (checked
 against mp_delta) and torch float64 autograd of a recurrence written here confirm the
 formulas; exact rational gradients computed here confirm the rounding, also where precision

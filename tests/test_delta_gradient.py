@@ -1,5 +1,5 @@
-"""The delta rule's gradient model (accuracy/delta_gradient.py) against the exact gradients
-(reference/delta_grad.py): the built-in forms' backward, on typical and adversarial inputs,
+"""The delta rule's gradient model (families/delta/gradient_bound.py) against the exact gradients
+(families/delta/gradients.py): the built-in forms' backward, on typical and adversarial inputs,
 stays within gamma_n M; M bounds each exact element itself; a backward bug leaves it."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The delta rule's references (reference/delta.py): mpmath and arb agree bit for bit on every
-variant; closed forms computed here; precision control notices growth and cancellation; the
-float64 engine's bound holds against arb (its values, an independent recurrence written here,
+"""The delta rule's references (families/delta/reference.py): mpmath and arb agree bit for
+bit on every variant; closed forms computed here; precision control notices growth and
+cancellation; the float64 engine's bound holds against arb (its values, an independent
+recurrence written here,
 its final state); it certifies typical long inputs without arb; the wiring (reference, exact,
 exact_state).
 

@@ -60,4 +60,4 @@ def test_every_decayed_spec_and_the_delta_rule_are_checked():
         assert not_applicable(resolve(form="chunked", spec=_spec(decay)), ("float32",)) is None
     delta = resolve(form="chunked", spec=_spec("gates", delta_rule=True))
     assert not_applicable(delta, ("float32",)) is None
-    assert default_longest(False, delta_rule=True) < default_longest(False)
+    assert default_longest(False, stepwise=True) < default_longest(False)

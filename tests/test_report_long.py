@@ -104,7 +104,7 @@ def test_the_delta_rule_stops_at_its_longest_n_and_is_judged_by_its_one_bound():
     rows = long.long_rows(spec, forms, NS[:2], long.LongSweep(("float32",), "cpu"),
                           lambda done: None)  # fmt: skip
     assert len(rows) == len(forms) * 2 and all(r["passed"] for r in rows)
-    # its normwise bound (accuracy/delta_bound.py) is its only one: both columns show it
+    # its normwise bound (families/delta/bound.py) is its only one: both columns show it
     assert all(r["bound_max"] == r["probabilistic_bound_max"] < float("inf") for r in rows)
 
 

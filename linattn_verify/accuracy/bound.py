@@ -648,7 +648,7 @@ def state_bound(
     gains u |S| (which also covers the float64 rounding of the exact state it is compared
     with); each of the N products may underflow by tiny / 2, and so may each feature (Higham
     2002, sec. 2.1). Evaluated in float64, inflated by SAFETY for its own rounding;
-    infinite where gamma is (n u >= 1). The delta rule's is its own (delta_bound.py), z
+    infinite where gamma is (n u >= 1). The delta rule's is its own (families/delta/bound.py), z
     none (zeros)."""
     b_, h_, nk, _, _, dv = x.shape
     if own := family_of(spec).state_bound:  # a family with a model of its own

@@ -31,13 +31,9 @@ import numpy as np
 import torch
 
 from ..accuracy.gradient import gradient_names, judge_gradients
-from ..families import long_form
-from ..families.delta.certified_gradients import certified_delta_gradients
-from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
-from ..inputs import AttentionInputs, unit_roundoff, validate
+from ..families import family_of, long_form
+from ..inputs import unit_roundoff, validate
 from ..reference.certified import CERTIFIED_SHARE
-from ..reference.certified_grad import certified_gradients
-from ..reference.grad import roundings
 from ..results import CheckResult
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
@@ -55,9 +51,9 @@ SHORTER_LONGEST = 1024
 
 
 def default_longest(interpreted: bool, spec: Spec) -> int:
-    """vet's longest N: SHORTER_LONGEST in Triton's interpreter, for the delta rule or
-    softmax, else LONGEST_DEFAULT."""
-    shorter = interpreted or spec.delta_rule or not spec.info.kernelised
+    """vet's longest N: SHORTER_LONGEST in Triton's interpreter, for a stepwise family (the
+    delta rule's) or softmax, else LONGEST_DEFAULT."""
+    shorter = interpreted or family_of(spec).stepwise or not spec.info.kernelised
     return SHORTER_LONGEST if shorter else LONGEST_DEFAULT
 
 
@@ -104,7 +100,9 @@ def gradient_length(
                 failures.append((n, dtype, "wrong", f"the implementation {err}"))
                 break
             x = validate(q, k, v, spec, w, decay)
-            exact, bounds, magnitude, rounds = _certified(x, spec, as_array(g))
+            exact, bounds, magnitude, rounds = family_of(spec).certified_gradients(
+                x, spec, as_array(g)
+            )
             for name in exact:  # an element not certified is not judged
                 loose = ~(bounds[name] <= CERTIFIED_SHARE * magnitude[name])
                 left_out += int(loose.sum())
@@ -120,15 +118,6 @@ def gradient_length(
                 failures.append((n, dtype, severity, verdict.message))
                 break
     return _result(spec, ns, judged, dtypes, failures, figures, (left_out, rounded_to_inf))
-
-
-def _certified(x: AttentionInputs, spec, g: np.ndarray):
-    """(gradients, bounds, magnitudes M, roundings n) of L = sum(out * g): the delta rule's
-    (certified_delta_grad, delta_gradient's M and n) or certified_grad's."""
-    if spec.delta_rule:
-        exact, bounds = certified_delta_gradients(x, spec, g)
-        return exact, bounds, delta_gradient_magnitudes(x, spec, g), delta_roundings(x, spec)
-    return (*certified_gradients(x, spec, g), roundings(x, spec))
 
 
 def _loss_weights(draw: Draw) -> torch.Tensor:

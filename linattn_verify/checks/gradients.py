@@ -5,7 +5,7 @@ decay (Case.decay) given to the kernel; a gates spec's log-gates are a leaf too.
 - gradient: dL/dq, dL/dk, dL/dv (and dL/dg of the log-gates) against the exact reference
   gradients (reference/grad.py), judged by accuracy/gradient.py: the a-priori bound, and
   the budget set by the golden forms' backward in the same dtype; the delta rule's, dL/dbeta
-  too, against reference/delta_grad.py with the magnitudes of accuracy/delta_gradient.py;
+  too, against families/delta/gradients.py with the magnitudes of families/delta/gradient_bound.py;
 - gradient-causality (causal specs): dL/dk_j and dL/dv_j (and the delta rule's dL/dbeta_j)
   do not depend on G_i for i < j, nor dL/dg_t (through rows i >= t alone); rows 0 .. t-1 of
   G are redrawn and rows t .. N-1 of dk, dv (dbeta, dg) must not move beyond a few
@@ -35,12 +35,8 @@ from ..accuracy.gradient import (
 )
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
-from ..families import golden_attention, golden_forms
-from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
-from ..families.delta.gradients import exact_delta_gradients
+from ..families import family_of, golden_attention, golden_forms
 from ..inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments
-from ..reference.arb import arb_denominator_signs
-from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, first_marked, inputs_of
@@ -191,13 +187,7 @@ def exact_judgement_inputs(
     """The exact gradients, their magnitudes M and the rounding count n for the loss
     sum(out * g) (x's decay included), or why the loss is undefined (an exact denominator
     of a normalised spec is 0)."""
-    if spec.delta_rule:  # unnormalised: always defined
-        exact = exact_delta_gradients(x, spec, g)
-        return exact, delta_gradient_magnitudes(x, spec, g), delta_roundings(x, spec)
-    if spec.normalize and (zero := arb_denominator_signs(x, spec) == 0).any():
-        at = tuple(int(t) for t in np.argwhere(zero)[0])
-        return f"the exact denominator of row (b, h, i) = {at} is 0"
-    return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
+    return family_of(spec).exact_gradients(x, spec, g)
 
 
 # exact gradients kept for the next gradient check of a case: a vet plan's corners and

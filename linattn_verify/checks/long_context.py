@@ -110,14 +110,14 @@ PANELS_KEPT = 6
 MEMORY_ARRAYS = 32  # (N, d) float64 arrays the check holds at its peak (memory_estimate; README)
 
 
-def default_longest(interpreted: bool, smallest: bool = False, delta_rule: bool = False) -> int:
+def default_longest(interpreted: bool, smallest: bool = False, stepwise: bool = False) -> int:
     """The longest N when none is given: SMALLEST_LONGEST for vet's smallest plan,
-    INTERPRETED_LONGEST in Triton's interpreter (seconds a call) or for the delta rule
-    (its a-priori bound and its golden are recurrences token by token: README), else
-    LONGEST."""
+    INTERPRETED_LONGEST in Triton's interpreter (seconds a call) or for a stepwise family
+    (Family.stepwise: the delta rule's a-priori bound and golden are recurrences token by
+    token: README), else LONGEST."""
     if smallest:
         return SMALLEST_LONGEST
-    return INTERPRETED_LONGEST if interpreted or delta_rule else LONGEST
+    return INTERPRETED_LONGEST if interpreted or stepwise else LONGEST
 
 
 def lengths(longest: int = LONGEST) -> tuple[int, ...]:
@@ -425,7 +425,7 @@ def _judged_rows(ref: Certified, resolvable, bound: np.ndarray, dtype: str) -> n
 
 @functools.lru_cache(maxsize=PANELS_KEPT)
 def _delta_bound(draw: Draw) -> tuple[np.ndarray, np.ndarray]:
-    """The delta rule's scale and bound (accuracy/delta_bound.py) at the draw's longest N,
+    """The delta rule's scale and bound (families/delta/bound.py) at the draw's longest N,
     whose first n rows bound every prefix of n tokens: both are recurrences from the first
     token, and the condition number's windows that reach past n tokens hold those cut at n
     (their condition is at least as large), so computed once (a loop over the tokens)."""

@@ -168,8 +168,8 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
 
 def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, cotangents):
     """The delta rule's: every gradient of L = sum(out * G) + sum(S_N * G_S) from S_0 ~
-    N(0, 1), dL/dS_0 included, against the exact ones (reference/delta_grad.py), within
-    the a-priori bound gamma_n M of accuracy/delta_gradient.py and the budget of the golden
+    N(0, 1), dL/dS_0 included, against the exact ones (families/delta/gradients.py), within
+    the a-priori bound gamma_n M of families/delta/gradient_bound.py and the budget of the golden
     recurrence's backward from the same S_0 (gradient.py: the budget judges where the loose
     bound cannot, in float16 and bfloat16 above all)."""
     spec = impl.spec
@@ -194,7 +194,7 @@ def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, co
 
 
 def _golden_delta_gradients(spec, tensors, g_out, g_state) -> dict[str, np.ndarray]:
-    """The golden recurrence's gradients (implementations/golden_delta.py, autograd) of
+    """The golden recurrence's gradients (families/delta/golden.py, autograd) of
     sum(out * g_out) + sum(S_N * g_state) for (q, k, v, packed beta and gates, S_0)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
     with torch.enable_grad():

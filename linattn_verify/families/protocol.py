@@ -45,6 +45,11 @@ class Family:
     long-context check's O(N) golden form; golden(q, k, v, spec, projection, form, decay).
     sum_length(nk, d, m): the roundings of a correct evaluation's longest sum (the budget's
     typical error, Higham & Mary 2019).
+    exact_gradients(x, spec, g): (the exact gradients of L = sum(out * g), their magnitudes
+    M, the rounding count n) of the gradient model, or why L is undefined (a str);
+    certified_gradients(x, spec, g): (gradients, their rigorous error bounds, M, n) at length.
+    stepwise: its reference, bound and golden form go token by token (recurrences), so its
+    long checks stop at their shorter default lengths.
     scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
     model (None: accuracy/bound.py's, which the families without a folder share).
     """
@@ -66,5 +71,8 @@ class Family:
     long_form: Callable[[Spec], str]
     golden: Callable[..., torch.Tensor]
     sum_length: Callable[[int, int, int], int]
+    exact_gradients: Callable[..., tuple[dict, dict, int] | str]
+    certified_gradients: Callable[..., tuple[dict, dict, dict, int]]
+    stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None

@@ -15,7 +15,10 @@ import torch
 from ..implementations import forms, golden
 from ..inputs import AttentionInputs, decay_values
 from ..reference import exact_attention
+from ..reference.arb import arb_denominator_signs
 from ..reference.certified import Certified, certified_attention
+from ..reference.certified_grad import certified_gradients
+from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
 from ..specs import DECAY_SOURCES, FEATURE_MAPS, Spec
 from .protocol import Family
@@ -76,6 +79,19 @@ def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None)
     return certified_attention(x, spec, settle=settle)
 
 
+def _exact_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
+    """The gradients and their magnitudes (reference/grad.py), or why L is undefined (an
+    exact denominator of a normalised spec is 0)."""
+    if spec.normalize and (zero := arb_denominator_signs(x, spec) == 0).any():
+        at = tuple(int(t) for t in np.argwhere(zero)[0])
+        return f"the exact denominator of row (b, h, i) = {at} is 0"
+    return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
+
+
+def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
+    return (*certified_gradients(x, spec, g), roundings(x, spec))
+
+
 def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Family:
     """A family of this module: the same horizontal modules, its own specs and arguments."""
     return Family(
@@ -96,6 +112,9 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         long_form=golden.long_form,
         golden=golden.golden_attention,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
+        exact_gradients=_exact_gradients,
+        certified_gradients=_certified_gradients,
+        stepwise=False,
     )
 
 

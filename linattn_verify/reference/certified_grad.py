@@ -45,7 +45,7 @@ def certified_gradients(
     if not covered(spec):
         raise SpecError(
             f"certified gradients cover every spec but the delta rule's "
-            f"(reference/certified_delta_grad.py): not {spec}"
+            f"(families/delta/certified_gradients.py): not {spec}"
         )
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")

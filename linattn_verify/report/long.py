@@ -30,7 +30,7 @@ Every spec vet takes: a scaled, unnormalised or decayed one and the delta rule, 
 check's inputs (its decay: long_decay's first head, an effective memory of 2^12 tokens,
 checks.long_context.MEMORIES[0]; the delta rule's unit keys, or raw ones where the kernel
 normalises them, and beta ~ U(0, 1)). The delta rule's bound is its normwise one
-(accuracy/delta_bound.py), the only one: bound_max and probabilistic_bound_max are both its
+(families/delta/bound.py), the only one: bound_max and probabilistic_bound_max are both its
 largest element. The delta rule stops at DELTA_LONGEST (DELTA_FULL_LONGEST with --full):
 its bound and its golden are recurrences token by token, some 15 s per dtype at 2^16
 (vet's long-context check runs it to 2^14 by default).

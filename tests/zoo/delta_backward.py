@@ -1,7 +1,7 @@
 """The delta rule's backward written by hand (torch.autograd.Function) under the zoo's correct
 recurrent forward (delta._recurrent): the bugs of a training kernel's backward, which only
 the gradient checks see. The reverse mode of S <- D_t S, u_t = v_t - S^T k_t,
-S <- S + beta_t k_t u_t^T, o_t = S^T q_t (reference/delta_grad.py derives it), in the
+S <- S + beta_t k_t u_t^T, o_t = S^T q_t (families/delta/gradients.py derives it), in the
 forward's compute dtype (float32 for float16, bfloat16 and float32; float64 for float64):
 with y_t = D_t S_(t-1) and Lam = dL/dS_t, from Lam = dL/dS_N (0 without a state),
 

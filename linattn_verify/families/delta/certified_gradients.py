@@ -1,7 +1,7 @@
 """Certified gradients of the delta rule at length: dL/dq, dL/dk, dL/dv, dL/dbeta (dL/dg of
 the log-gates, dL/dS_0) in float64, O(N), each element with a rigorous bound on its error.
 
-Definitions and the reverse-mode recurrence: reference/delta_grad.py's module docstring
+Definitions and the reverse-mode recurrence: families/delta/gradients.py's module docstring
 (Lam_t = dL/dS_t, Lam'_t = (I - beta_t k_t k_t^T) Lam_t, Lam_(t-1) = D_t Lam'_t + c q_(t-1)
 G_(t-1)^T; dq, dk, dv, dbeta, dg, dS_0, qk_l2norm's Jacobian). Covered: every delta-rule
 spec (decay None, "gates", "channel-gates"; qk_l2norm or not; any scale; any beta, the bound

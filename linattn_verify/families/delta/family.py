@@ -13,8 +13,11 @@ from ...reference.certified import Certified
 from ...specs import DELTA_SOURCE, Spec, SpecError
 from ..protocol import Family
 from .bound import delta_scale_and_bound, delta_state_bound
+from .certified_gradients import certified_delta_gradients
 from .forms import DELTA_FORMS, delta_attention, grouped
 from .golden import GOLDEN_DELTA_FORMS, golden_delta
+from .gradient_bound import delta_gradient_magnitudes, delta_roundings
+from .gradients import exact_delta_gradients
 from .reference import MP_MAX_STEPS, arb_delta, certified_delta, exact_delta_state, mp_delta
 
 
@@ -64,6 +67,17 @@ def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None)
     return certified_delta(x, spec)
 
 
+def _exact_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
+    """Always defined (unnormalised): the gradients, gradient_bound.py's M and n."""
+    exact = exact_delta_gradients(x, spec, g)
+    return exact, delta_gradient_magnitudes(x, spec, g), delta_roundings(x, spec)
+
+
+def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
+    exact, bounds = certified_delta_gradients(x, spec, g)
+    return exact, bounds, delta_gradient_magnitudes(x, spec, g), delta_roundings(x, spec)
+
+
 def _state_bound(x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0):
     """The bound on S_N, and none on a denominator sum z (the rule has none)."""
     return delta_state_bound(x, spec, u, tiny), np.zeros(x.k.shape[:2] + x.k.shape[3:])
@@ -87,6 +101,9 @@ DELTA = Family(
     long_form=lambda spec: GOLDEN_DELTA_FORMS[-1],
     golden=golden_delta,
     sum_length=lambda nk, d, m: nk * (d + 5),  # Nk steps of d + 5 roundings (bound.py)
+    exact_gradients=_exact_gradients,
+    certified_gradients=_certified_gradients,
+    stepwise=True,
     scale_and_bound=delta_scale_and_bound,
     state_bound=_state_bound,
 )

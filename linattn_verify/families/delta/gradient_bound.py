@@ -2,12 +2,12 @@
 judgement (gradient.py: errors in units of u M, the bound gamma_n M) takes for them.
 
 The loss L = sum(o G) + sum(S_N G_S) (G_S: a carried state's cotangent, else 0) from S_0
-(given, else 0). Reverse mode (reference/delta_grad.py derives it) runs the adjoint
+(given, else 0). Reverse mode (families/delta/gradients.py derives it) runs the adjoint
 Lam_t = dL/dS_t backwards, Lam_N = G_S + c q_N G_N^T, and per value column c
 
     Lam_(t-1) = A_t^T Lam_t + c q_(t-1) G_(t-1),   A_t^T = D_t (I - beta_t k_t k_t^T),
 
-the forward's transposed step: the same 2-norm bound rho_t (delta_bound.py), at most 1 for
+the forward's transposed step: the same 2-norm bound rho_t (families/delta/bound.py), at most 1 for
 unit keys and beta in [0, 2], so the adjoint's rounding errors do not grow either. With
 y_t = D_t S_(t-1), u_t = v_t - y_t^T k_t and Lam'_t = (I - beta_t k_t k_t^T) Lam_t:
 

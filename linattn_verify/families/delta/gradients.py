@@ -1,6 +1,6 @@
 """Exact reference gradients of the delta rule: mpmath (faithful) and arb (correctly rounded).
 
-Forward (reference/delta.py, specs.DELTA_SOURCE: DeltaNet, Yang et al. 2024, "Parallelizing
+Forward (families/delta/reference.py, specs.DELTA_SOURCE: DeltaNet, Yang et al. 2024, "Parallelizing
 Linear Transformers with the Delta Rule over Sequence Length", eq. 1-2; Gated DeltaNet,
 Yang, Kautz, Hatamizadeh, ICLR 2025; KDA, fla's `kda`), per batch b and head h, c the
 spec's scale (1/sqrt(d) exactly for RSQRT_D), S_0 the initial state (d, dv) or 0, and with
