@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from linattn_verify.vet.runner import VetReport
+from linattn_verify.vet import VetReport
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("doc_blocks", ROOT / "scripts" / "doc_blocks.py")

@@ -31,6 +31,7 @@ from typing import Any
 from ..accuracy.verdict import percent
 from ..regimes import REGIMES
 from ..results import SEVERITIES
+from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
 from ..specs import Spec
 from .causes import Cause, name_cause
 
@@ -285,8 +286,6 @@ def _rate_text(row: Row) -> str:
 
 def _cost_text(row: Row) -> str:
     """A cost finding in one line: the claim and the growth counted."""
-    from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
-
     figures, claim = row.get("figures") or {}, row.get("claim")
     if row["name"] != "scaling" or claim not in EXPECTED_SLOPE:
         return row["detail"]

@@ -1,23 +1,77 @@
-"""vet's report in words, on one screen: the verdict, the findings by rank (each in a few
-lines: what it is and where it starts, the checks it breaks, the command that reproduces
-it), then one line each for the checks that passed, do not apply, were skipped (and by
-which option) or not run, the operating envelope and the time per step. `verbose` adds
-every row's detail, the worst elements and every command; the JSON (VetReport.to_dict)
+"""What a vet run found: VetReport (its rows, the findings they make, the verdict, its JSON)
+and the report in words, on one screen (summary): the verdict, the findings by rank (each in
+a few lines: what it is and where it starts, the checks it breaks, the command that
+reproduces it), then one line each for the checks that passed, do not apply, were skipped
+(and by which option) or not run, the operating envelope and the time per step. `verbose`
+adds every row's detail, the worst elements and every command; the JSON (VetReport.to_dict)
 keeps every figure."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..cases import Case
+from ..checks import GRAD_CHECKS
+from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..results import SEVERITIES
-from .findings import Effect, Finding
+from ..specs import Spec
+from .findings import Effect, Finding, Row, findings
 
-if TYPE_CHECKING:
-    from .runner import VetReport
+# a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
+# "skipped": an option left it out, the row's detail names it)
+STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "skipped", "envelope")
 
-Row = dict[str, Any]
+
+@dataclass
+class VetReport:
+    target: str
+    implementation: str
+    spec: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failing_regimes: tuple[str, ...] = ("typical",)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per plan step
+    max_rss: dict[str, int] = field(default_factory=dict)  # peak resident bytes per process
+    claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
+    runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
+
+    @property
+    def findings(self) -> list[Finding]:
+        return findings(self.rows, self.claimed)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        """The rows that fail the verdict: those of the findings in failing_regimes (a row of
+        a cause that spans regimes where its own regime is one), and what was not run."""
+        blocking = {c for f in self.findings for c in f.failing(self.failing_regimes)}
+        return [r for r in self.rows if r["name"] in blocking or r["status"] == "not run"]
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.failed else "pass"
+
+    def summary(self, verbose: bool = False) -> str:
+        """The report in words, on one screen (module docstring); verbose: every row and
+        detail."""
+        return summary(self, verbose)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "target": self.target,
+            "implementation": self.implementation,
+            "spec": self.spec,
+            "runs_in": self.runs_in or None,
+            "failing_regimes": list(self.failing_regimes),
+            "findings": [f.to_dict() for f in self.findings],
+            "counts": {s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
+            "checks": self.rows,
+            "seconds": self.seconds,
+            "max_rss": self.max_rss,
+        }
+
+
 INDENT = "     "
 SHOWN_STEPS = 5  # the slowest steps named on the time line (verbose: all)
 
@@ -121,9 +175,6 @@ def _by_detail(rows: list[Row]) -> dict[str, list[str]]:
 
 def _skipped(rows: list[Row]) -> str:
     """The skipped checks, grouped by the option that skipped them."""
-    from ..checks import GRAD_CHECKS
-    from ..checks.gradient_length import NAME as GRADIENT_LENGTH
-
     parts = []
     for why, names in _by_detail(rows).items():
         label = (

@@ -9,26 +9,44 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..cases import Case
+from ..checks import CHECKS, GRAD_CHECKS
 from ..checks.gradient_length import LONGEST_DEFAULT as LONG_GRAD_DEFAULT
 from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..checks.gradient_length import default_longest as long_grad_default
 from ..checks.long_context import LONGEST, default_longest
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
+from ..families import family_of
+from ..kat import not_applicable as kat_not_applicable
 from ..regimes import REGIMES
 from ..specs import Spec, SpecError
+from ..stats import rate_not_applicable
 from ..strategies import DTYPES
 from ..under_test import Implementation
-from .findings import Finding, Row, findings
-from .tasks import AUTOTUNE_CONFIGS, DEPENDS, INT32_OFFSETS, planned_cases
+from .findings import Row
+from .outcome import VetReport
+from .tasks import (
+    DEPENDS,
+    SCALING_MAX_N,
+    SMALLEST_SCALING_MAX_N,
+    Accuracy,
+    AutotuneConfigs,
+    Envelope,
+    GradientLength,
+    Int32Offsets,
+    KnownAnswers,
+    LongContext,
+    PropertyCheck,
+    Rate,
+    SamplerStatistics,
+    Scaling,
+    Task,
+)
 from .worker import Running, Worker, WorkerDied, WorkerHung, describe, max_rss, run_task
 
-# a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
-# "skipped": an option left it out, the row's detail names it)
-STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "skipped", "envelope")
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
 
 
@@ -56,12 +74,12 @@ class VetOptions:
     # call takes seconds (Triton's interpreter)
     smallest: bool = False
 
-    def long_n(self, interpreted: bool, delta_rule: bool = False) -> int:
+    def long_n(self, interpreted: bool, stepwise: bool = False) -> int:
         """The long-context check's longest N: the one given, else the plan's
         (long_context.default_longest)."""
         if self.longest is not None:
             return self.longest
-        return default_longest(interpreted, self.smallest, delta_rule)
+        return default_longest(interpreted, self.smallest, stepwise)
 
     def long_grad_n(self, interpreted: bool, spec: Spec) -> int:
         """The gradient check at length's longest N: 0 without --grad, the one given, 0 in
@@ -85,112 +103,54 @@ class VetOptions:
         return REGIMES[:last]
 
 
-@dataclass
-class VetReport:
-    target: str
-    implementation: str
-    spec: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    failing_regimes: tuple[str, ...] = ("typical",)
-    seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per plan step
-    max_rss: dict[str, int] = field(default_factory=dict)  # peak resident bytes per process
-    claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
-    runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
-
-    @property
-    def findings(self) -> list[Finding]:
-        return findings(self.rows, self.claimed)
-
-    @property
-    def failed(self) -> list[dict[str, Any]]:
-        """The rows that fail the verdict: those of the findings in failing_regimes (a row of
-        a cause that spans regimes where its own regime is one), and what was not run."""
-        blocking = {c for f in self.findings for c in f.failing(self.failing_regimes)}
-        return [r for r in self.rows if r["name"] in blocking or r["status"] == "not run"]
-
-    @property
-    def verdict(self) -> str:
-        return "fail" if self.failed else "pass"
-
-    def summary(self, verbose: bool = False) -> str:
-        """The report in words, on one screen (summary.py); verbose: every row and detail."""
-        from .summary import summary
-
-        return summary(self, verbose)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "target": self.target,
-            "implementation": self.implementation,
-            "spec": self.spec,
-            "runs_in": self.runs_in or None,
-            "failing_regimes": list(self.failing_regimes),
-            "findings": [f.to_dict() for f in self.findings],
-            "counts": {s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
-            "checks": self.rows,
-            "seconds": self.seconds,
-            "max_rss": self.max_rss,
-        }
-
-
-def plan(description: dict[str, Any], options: VetOptions) -> list[tuple[str, str, dict]]:
-    """(row name, task, options) in order: contract first, so a broken contract shows first."""
-    from ..checks import CHECKS, GRAD_CHECKS
-    from ..kat import not_applicable as kat_not_applicable
-    from ..stats import rate_not_applicable
-
+def plan(description: dict[str, Any], options: VetOptions) -> list[Task]:
+    """The tasks in order: contract first, so a broken contract shows first."""
     spec = description["spec"]
     forward = THOROUGH_EXAMPLES if options.thorough else VET_EXAMPLES
     backward = THOROUGH_EXAMPLES if options.thorough else VET_GRADIENT_EXAMPLES
-    where = {"device": options.device, "dtypes": options.dtypes}
-    cases = {**where, "smallest": True} if options.smallest else where
-
-    def search(name: str) -> dict[str, Any]:
-        return {"name": name, "examples": backward if name in GRAD_CHECKS else forward, **cases}
-
-    steps = [
-        (name, "check", search(name))
+    device, dtypes, smallest = options.device, options.dtypes, options.smallest
+    steps: list[Task] = [
+        PropertyCheck(
+            name=name,
+            examples=backward if name in GRAD_CHECKS else forward,
+            device=device,
+            dtypes=dtypes,
+            smallest=smallest,
+        )
         for name in [*CHECKS, *(GRAD_CHECKS if options.grad else ())]
         if name not in description["not_applicable"]
     ]
-    steps.append(("accuracy", "accuracy", cases))
+    steps.append(Accuracy(device=device, dtypes=dtypes, smallest=smallest))
     if description.get("triton") == "interpret":
-        steps.append((AUTOTUNE_CONFIGS, AUTOTUNE_CONFIGS, cases))
-        steps.append((INT32_OFFSETS, INT32_OFFSETS, {"device": options.device}))
-    expected = description["cost"]
-    scaling = {"device": options.device, "expected": expected}
-    steps.append(("scaling", "scaling", scaling | ({"max_n": 1024} if options.smallest else {})))
-    if longest := options.long_n(description.get("triton") == "interpret", spec.delta_rule):
-        long = {"longest": longest, "seed": options.seed}
-        steps.append(("long-context", "long-context", {**long, **where}))
+        steps.append(AutotuneConfigs(device=device, dtypes=dtypes, smallest=smallest))
+        steps.append(Int32Offsets(device=device))
+    max_n = SMALLEST_SCALING_MAX_N if smallest else SCALING_MAX_N
+    steps.append(Scaling(device=device, expected=description["cost"], max_n=max_n))
+    if longest := options.long_n(
+        description.get("triton") == "interpret", family_of(spec).stepwise
+    ):
+        steps.append(LongContext(device=device, dtypes=dtypes, longest=longest, seed=options.seed))
     if long_grad := options.long_grad_n(description.get("triton") == "interpret", spec):
-        grad = {"longest": long_grad, "seed": options.seed}
-        steps.append((GRADIENT_LENGTH, GRADIENT_LENGTH, {**grad, **where}))
+        steps.append(
+            GradientLength(device=device, dtypes=dtypes, longest=long_grad, seed=options.seed)
+        )
     if options.kat and not kat_not_applicable(spec):
-        kat = {"device": options.device, "dtypes": options.dtypes}
-        steps.append(("known-answers", "known-answers", kat))
-    if options.sampler:
-        sampler = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
-        steps.append(("sampler", "sampler", sampler))
+        steps.append(KnownAnswers(device=device, dtypes=dtypes))
+    sampler, claim, seed = options.sampler, options.claim, options.seed
+    if sampler:
+        steps.append(SamplerStatistics(sampler_target=sampler, claim=claim, seed=seed))
     if spec.info.needs_projection and not rate_not_applicable(spec):
-        rate = {"sampler_target": options.sampler, "claim": options.claim, "seed": options.seed}
-        steps.append(("rate", "rate", {**rate, "device": options.device, "dtypes": options.dtypes}))
+        rate = Rate(sampler_target=sampler, claim=claim, seed=seed, device=device, dtypes=dtypes)
+        steps.append(rate)
     if options.envelope:
-        steps.append(("envelope", "envelope", where))
-    features = "relative" if options.strict else "standard"
-    return [
-        (name, task, {**task_options, "features": features}) for name, task, task_options in steps
-    ]
+        steps.append(Envelope(device=device, dtypes=dtypes))
+    features = "relative" if options.strict else "standard"  # the bounds' (accuracy/bound.py)
+    return [replace(task, features=features) for task in steps]
 
 
 def _report(target: str, description: dict[str, Any], options: VetOptions) -> VetReport:
     """The report before the plan runs: a row for each check that does not apply (and why)
     and for each that an option leaves out (status "skipped", the option in its detail)."""
-    from ..checks import GRAD_CHECKS
-    from ..kat import not_applicable as kat_not_applicable
-    from ..stats import rate_not_applicable
-
     spec = description["spec"]
     report = VetReport(
         target, description["name"], str(spec), [], options.failing_regimes, claimed=spec
@@ -214,7 +174,7 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
         for name in GRAD_CHECKS:
             if name not in description["not_applicable"]:
                 skipped(name, "without --grad")
-    if not options.long_n(description.get("triton") == "interpret", spec.delta_rule):
+    if not options.long_n(description.get("triton") == "interpret", family_of(spec).stepwise):
         skipped("long-context", "--long 0")
     if not options.long_grad_n(description.get("triton") == "interpret", spec):
         without = "--smallest" if options.long_grad is None else "--long-grad 0"
@@ -228,17 +188,16 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     return report
 
 
-PAST_CONTRACT_TASKS = ("check", "accuracy")  # the tasks that pass over what it covers
+PAST_CONTRACT_TASKS = (PropertyCheck, Accuracy)  # the tasks that pass over what it covers
 
 
-def _options_after(rows: list[Row], task: str, task_options: dict[str, Any]) -> dict[str, Any]:
-    """The task's options; once the contract check has failed, the searches pass over the
-    failures it covers (tasks.ContractCovered), so that each later check reports a failure
-    of its own."""
+def _past_contract(rows: list[Row], task: Task) -> Task:
+    """The task; once the contract check has failed, the searches pass over the failures it
+    covers (tasks.ContractCovered), so that each later check reports a failure of its own."""
     contract = next((r for r in rows if r["name"] == "contract" and r["status"] == "fail"), None)
-    if contract is not None and task in PAST_CONTRACT_TASKS:
-        return {**task_options, "past_contract": contract.get("regime") or "typical"}
-    return task_options
+    if contract is not None and isinstance(task, PAST_CONTRACT_TASKS):
+        return replace(task, past_contract=contract.get("regime") or "typical")
+    return task
 
 
 def _without_case_after_contract(rows: list[Row]) -> list[Row]:
@@ -257,12 +216,12 @@ def _without_case_after_contract(rows: list[Row]) -> list[Row]:
     ]
 
 
-def _timeout(task: str, task_options: dict[str, Any], options: VetOptions) -> float:
+def _timeout(task: Task, options: VetOptions) -> float:
     """Seconds the task may take: the long-context check's grows with its longest N."""
-    if task == "long-context":
-        return options.timeout * max(1.0, task_options["longest"] / LONGEST)
-    if task == GRADIENT_LENGTH:
-        return options.timeout * max(1.0, task_options["longest"] / LONG_GRAD_DEFAULT)
+    if isinstance(task, LongContext):
+        return options.timeout * max(1.0, task.longest / LONGEST)
+    if isinstance(task, GradientLength):
+        return options.timeout * max(1.0, task.longest / LONG_GRAD_DEFAULT)
     return options.timeout
 
 
@@ -310,15 +269,15 @@ def vet(
     crashes = 0
     try:
         steps = plan(worker.description, options)
-        for i, (name, task, task_options) in enumerate(steps):
+        for i, task in enumerate(steps):
+            name = task.name
             step = f"[{i + 1}/{len(steps)}] {name}"
             say(f"{step} ...")
-            on_case = _Progress(say, step, planned_cases(task, spec, task_options))
-            task_options = _options_after(report.rows, task, task_options)
+            on_case = _Progress(say, step, task.planned_cases(spec))
+            task = _past_contract(report.rows, task)
             start = time.monotonic()
             try:
-                limit = _timeout(task, task_options, options)
-                rows = worker.run(task, task_options, limit, on_case)
+                rows = worker.run(task, _timeout(task, options), on_case)
                 report.seconds[name] = time.monotonic() - start
                 say(f"{step} done in {report.seconds[name]:.1f} s")
                 report.max_rss["worker"] = max(report.max_rss.get("worker", 0), worker.max_rss)
@@ -338,7 +297,7 @@ def vet(
                     except SpecError as restart:
                         stop = f"not run: the worker did not restart ({restart})"
             rest = steps[i + 1 :]
-            report.rows += [{"name": n, "status": "not run", "detail": stop} for n, _, _ in rest]
+            report.rows += [{"name": t.name, "status": "not run", "detail": stop} for t in rest]
             break
     finally:
         worker.close()
@@ -356,11 +315,11 @@ def vet_in_process(
     description = describe(impl)
     report = _report(impl.source.name, description, options)
     steps = plan(description, options)
-    for i, (name, task, task_options) in enumerate(steps):
-        say(f"[{i + 1}/{len(steps)}] {name} ...")
+    for i, task in enumerate(steps):
+        say(f"[{i + 1}/{len(steps)}] {task.name} ...")
         start = time.monotonic()
-        report.rows += run_task(impl, task, _options_after(report.rows, task, task_options))
-        report.seconds[name] = time.monotonic() - start
+        report.rows += run_task(impl, _past_contract(report.rows, task))
+        report.seconds[task.name] = time.monotonic() - start
     report.max_rss["process"] = max_rss()
     report.rows = _without_case_after_contract(report.rows)
     return report

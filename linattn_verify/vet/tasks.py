@@ -1,21 +1,39 @@
-"""The units of work of a vet run, each (implementation, options) -> rows, run inside the
-worker process (worker.py) or in-process (testing.py). A row is CheckResult.to_dict()'s
-dict: name, status, detail, figures, and the case and reproduce command of a failure."""
+"""The units of work of a vet run, each a function (implementation, parameters) -> rows, and
+the request that asks for it (a Task: one frozen dataclass per kind of work, picklable, its
+fields the function's parameters), run inside the worker process (worker.py) or in-process
+(testing.py). A row is CheckResult.to_dict()'s dict: name, status, detail, figures, and the
+case and reproduce command of a failure."""
 
 from __future__ import annotations
 
+import abc
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
+from .. import triton_interpret
 from ..cases import Case, default_decay
-from ..checks import CHECKS
+from ..checks import ALL_CHECKS, CHECKS
+from ..checks import gradient_length as gradient_length_check
+from ..checks import long_context as long_context_check
 from ..checks.search import search_regimes
+from ..implementations.projection import sample_projection_torch
+from ..kat import run_vectors
 from ..regimes import REGIMES
 from ..results import CheckResult
+from ..scaling import scaling_result
 from ..specs import Spec
-from ..under_test import Implementation
+from ..stats import builtin_sampler, check_sampler, rate_check, regime_inputs
+from ..stats.attention import RATE_MS, RATE_REPLICATES
+from ..stats.panel import DEFAULT_D, DEFAULT_M, DEFAULT_REPLICATES
+from ..strategies import corner_cases
+from ..target import load_target
+from ..under_test import Implementation, ImplementationFailure
+from .commands import references_command, scaling_command, vet_command
+from .envelope import envelope
 
 Row = dict[str, Any]
 
@@ -57,22 +75,6 @@ def smallest_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Cas
     b, h, n, d, dv = SMALLEST_SHAPE
     m = d if spec.info.needs_projection else None
     return [Case(b, h, n, d, dv, t, "normal", 1.0, 7, m, device) for t in dtypes]
-
-
-def planned_cases(task: str, spec: Spec, options: dict[str, Any]) -> int | None:
-    """About how many cases `task` runs a check on (a search's shrinking adds a few), for
-    progress; None for the tasks that run none through a check."""
-    from ..strategies import corner_cases
-
-    if task not in ("check", "accuracy"):
-        return None
-    device, dtypes = options["device"], options["dtypes"]
-    if options.get("smallest"):
-        return len(dtypes)
-    if task == "accuracy":  # its panel per dtype
-        return sum(len(accuracy_panel(spec, dtype, device)) for dtype in dtypes)
-    fixed = len(corner_cases(spec, dtypes, device)) + len(vet_cases(spec, dtypes, device))
-    return fixed + sum(options["examples"].values())
 
 
 class ContractCovered:
@@ -129,8 +131,6 @@ def property_check(
 
 def _on_smallest_cases(impl, name: str, device: str, dtypes, covered) -> list[Row]:
     """property_check's row on smallest_cases: the first failure of the check's own."""
-    from ..checks import ALL_CHECKS
-
     for case in smallest_cases(impl.spec, dtypes, device):
         result = ALL_CHECKS[name](impl, case)
         if not result.passed and not result.by_nature and not (covered and covered(result)):
@@ -154,8 +154,6 @@ def depending(name: str, covered: int) -> Row:
 def accuracy_panel(spec: Spec, dtype: str, device: str, smallest: bool = False) -> list[Case]:
     """The cases of the accuracy task in one dtype: vet_cases and the corner cases (the
     smallest plan: smallest_cases)."""
-    from ..strategies import corner_cases
-
     if smallest:
         return smallest_cases(spec, (dtype,), device)
     return [*vet_cases(spec, (dtype,), device), *corner_cases(spec, (dtype,), device)]
@@ -172,7 +170,6 @@ def accuracy(
     first failure in the mildest regime that has one, else the largest error on typical
     inputs (units of u s, with the bound and budget at the worst element). past_contract:
     the cases that break the contract are left out (property_check)."""
-
     rows = []
     for dtype in dtypes:
         panel = accuracy_panel(impl.spec, dtype, device, smallest)
@@ -212,8 +209,6 @@ def autotune_configs(
     MAX_VARIANTS of them: the reference check on vet_cases (the smallest plan:
     smallest_cases), a failure counted where variant
     0 passes the same case (its own failures are the other checks')."""
-    from .. import triton_interpret
-
     cases = (smallest_cases if smallest else vet_cases)(impl.spec, dtypes, device)
     triton_interpret.forget_configs()  # the calls below find this kernel's configs afresh
     first = [CHECKS["reference"](impl, case).passed for case in cases]
@@ -260,9 +255,6 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     Offsets within a slice (token indices, block offsets), per-token pointer steps of H dv
     and indices into per-head parameters (gamma (H,)) are not flagged; an offset widened to
     int64 after an int32 product has wrapped is not seen (the product is not watched)."""
-    from .. import triton_interpret
-    from ..under_test import ImplementationFailure
-
     largest = []
     m = OFFSETS_D if impl.spec.info.needs_projection else None
     for b, h in OFFSET_PROBES:
@@ -300,14 +292,15 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     return [{k: v for k, v in row.to_dict().items() if k != "reproduce"}]
 
 
-def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048) -> list[Row]:
+SCALING_MAX_N = 2048  # the scaling task's largest N
+SMALLEST_SCALING_MAX_N = 1024  # in the smallest plan (VetOptions.smallest)
+
+
+def scaling(
+    impl: Implementation, device: str, expected: str, max_n: int = SCALING_MAX_N
+) -> list[Row]:
     """Counted FLOPs and peak bytes over N = 256 ... max_n (float32, d = dv = 32) grow as
     `expected` ("linear" or "quadratic")."""
-    import torch
-
-    from ..implementations.projection import sample_projection_torch
-    from ..scaling import scaling_result
-
     spec = impl.spec
     d = 32
     w = None
@@ -337,8 +330,6 @@ def scaling(impl: Implementation, device: str, expected: str, max_n: int = 2048)
 
 def _cost_fields(impl: Implementation, passed: bool, expected: str, max_n: int, d: int) -> Row:
     """The scaling row's claim, and when it fails its cause ("cost") and reproduce command."""
-    from .commands import scaling_command
-
     if passed:
         return {"claim": expected}
     return {"claim": expected, "cause": "cost", "reproduce": scaling_command(impl, max_n, d)}
@@ -349,9 +340,9 @@ def long_context(
 ) -> list[Row]:
     """checks/long_context.py's check: accuracy, finiteness, growth and prefix consistency
     at N = 2^10 ... longest + 1; not applicable to a kernel of declared quadratic cost."""
-    from ..checks import long_context as long
-
-    return _at_length(long, impl, device, dtypes, longest, seed, ("--long", str(longest)))
+    return _at_length(
+        long_context_check, impl, device, dtypes, longest, seed, ("--long", str(longest))
+    )
 
 
 def gradient_length(
@@ -359,10 +350,8 @@ def gradient_length(
 ) -> list[Row]:
     """checks/gradient_length.py's check: the backward at N = 256 ... longest against
     certified exact gradients."""
-    from ..checks import gradient_length as length
-
     rerun = ("--grad", "--long-grad", str(longest), "--long", "0", "--no-envelope")
-    return _at_length(length, impl, device, dtypes, longest, seed, rerun)
+    return _at_length(gradient_length_check, impl, device, dtypes, longest, seed, rerun)
 
 
 def _at_length(check, impl, device: str, dtypes, longest: int, seed: int, rerun) -> list[Row]:
@@ -374,8 +363,6 @@ def _at_length(check, impl, device: str, dtypes, longest: int, seed: int, rerun)
     run = getattr(check, check.NAME.replace("-", "_"))
     row = run(impl, dtypes, device, longest, seed).to_dict()
     if row["status"] == "fail":
-        from .commands import vet_command
-
         seeded = ("--seed", str(seed)) if seed else ()
         row["reproduce"] = vet_command(impl, "--dtypes", *dtypes, *rerun, *seeded)
     return [row]
@@ -393,10 +380,6 @@ def _one_row(name: str, results: list[CheckResult]) -> Row:
 
 def sampler_statistics(sampler_target: str, claim: str, seed: int) -> list[Row]:
     """The random-feature panel (stats/panel.py) on the sampler, one row per check."""
-    from ..stats import check_sampler
-    from ..stats.panel import DEFAULT_D, DEFAULT_M, DEFAULT_REPLICATES
-    from ..target import load_target
-
     results = check_sampler(load_target(sampler_target), claim, seed=seed, target=sampler_target)
     names = dict.fromkeys(r.check for r in results)
     # the sampler and the W it drew, for its finding (vet/findings.py)
@@ -419,13 +402,6 @@ def rate(
     """The attention error against softmax falls as m^(-1/2) (stats/attention.py), on small
     inputs in the regime where that holds, in the most precise of `dtypes`; with the given
     sampler (claiming `claim` rows), else the project's iid."""
-    import torch
-
-    from ..stats import builtin_sampler, rate_check, regime_inputs
-    from ..stats.attention import RATE_MS, RATE_REPLICATES
-    from ..target import load_target
-    from .commands import vet_command
-
     sampler = load_target(sampler_target) if sampler_target else builtin_sampler("iid")
     dtype = next(t for t in ("float64", "float32", "bfloat16", "float16") if t in dtypes)
     inputs = regime_inputs(seed)
@@ -445,8 +421,6 @@ def rate(
 def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
     """The known-answer vectors of the spec (the package's known_answers/) in `dtypes`: the
     error per vector in units of u s of its dtype, within the a-priori bound."""
-    from ..kat import run_vectors
-
     rows = run_vectors(impl, device=device)
     rows = [r for r in rows if r["dtype"] in dtypes]
     bad = [r for r in rows if r.get("problem") or r["outside_bound"]]
@@ -465,6 +439,185 @@ def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) ->
                          regime=shown["regime"] if bad else None)  # fmt: skip
     if not bad:
         return [result.to_dict()]
-    from .commands import references_command
-
     return [{**result.to_dict(), "reproduce": references_command(impl)}]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task(abc.ABC):
+    """A unit of work as vet's plan asks for it (runner.plan): its parameters, frozen and
+    picklable (it crosses to the worker process), and run(impl), the rows it gives. Each
+    kind has a `name`, the plan's step and the row it gives (a check's name for
+    PropertyCheck, else the kind's). features: the bounds' feature model while it runs
+    (accuracy/bound.py: "relative" for vet --strict)."""
+
+    features: str = "standard"
+
+    @abc.abstractmethod
+    def run(self, impl: Implementation) -> list[Row]:
+        """The rows of this work on `impl`."""
+
+    def planned_cases(self, spec: Spec) -> int | None:
+        """About how many cases it runs a check on (a search's shrinking adds a few), for
+        progress; None for the tasks that run none through a check."""
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PropertyCheck(Task):
+    """property_check: check `name` searched per regime (smallest: smallest_cases alone)."""
+
+    name: str
+    examples: dict[str, int]
+    device: str
+    dtypes: tuple[str, ...]
+    smallest: bool = False
+    past_contract: str | None = None
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return property_check(
+            impl, self.name, self.device, self.examples, self.dtypes, self.past_contract,
+            self.smallest,
+        )  # fmt: skip
+
+    def planned_cases(self, spec: Spec) -> int | None:
+        if self.smallest:
+            return len(self.dtypes)
+        fixed = len(corner_cases(spec, self.dtypes, self.device))
+        fixed += len(vet_cases(spec, self.dtypes, self.device))
+        return fixed + sum(self.examples.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accuracy(Task):
+    """accuracy: the reference check on each dtype's panel."""
+
+    name: ClassVar[str] = "accuracy"
+    device: str
+    dtypes: tuple[str, ...]
+    smallest: bool = False
+    past_contract: str | None = None
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return accuracy(impl, self.device, self.dtypes, self.past_contract, self.smallest)
+
+    def planned_cases(self, spec: Spec) -> int | None:
+        if self.smallest:
+            return len(self.dtypes)
+        return sum(len(accuracy_panel(spec, dtype, self.device)) for dtype in self.dtypes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutotuneConfigs(Task):
+    """autotune_configs: a Triton kernel in the interpreter, in its other autotune configs."""
+
+    name: ClassVar[str] = AUTOTUNE_CONFIGS
+    device: str
+    dtypes: tuple[str, ...]
+    smallest: bool = False
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return autotune_configs(impl, self.device, self.dtypes, self.smallest)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int32Offsets(Task):
+    """int32_offsets: a Triton kernel's pointer offsets that wrap at 2^31."""
+
+    name: ClassVar[str] = INT32_OFFSETS
+    device: str
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return int32_offsets(impl, self.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scaling(Task):
+    """scaling: the counted growth against the `expected` one, up to max_n."""
+
+    name: ClassVar[str] = "scaling"
+    device: str
+    expected: str
+    max_n: int = SCALING_MAX_N
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return scaling(impl, self.device, self.expected, self.max_n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongContext(Task):
+    """long_context: the long-context check up to N = longest."""
+
+    name: ClassVar[str] = long_context_check.NAME
+    device: str
+    dtypes: tuple[str, ...]
+    longest: int
+    seed: int
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return long_context(impl, self.device, self.dtypes, self.longest, self.seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradientLength(Task):
+    """gradient_length: the backward at length up to N = longest."""
+
+    name: ClassVar[str] = gradient_length_check.NAME
+    device: str
+    dtypes: tuple[str, ...]
+    longest: int
+    seed: int
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return gradient_length(impl, self.device, self.dtypes, self.longest, self.seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KnownAnswers(Task):
+    """known_answers: the known-answer vectors of the spec in `dtypes`."""
+
+    name: ClassVar[str] = "known-answers"
+    device: str
+    dtypes: tuple[str, ...]
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return known_answers(impl, self.device, self.dtypes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerStatistics(Task):
+    """sampler_statistics: the random-feature panel on a sampler (not on the implementation)."""
+
+    name: ClassVar[str] = "sampler"
+    sampler_target: str
+    claim: str
+    seed: int
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return sampler_statistics(self.sampler_target, self.claim, self.seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rate(Task):
+    """rate: the attention error's rate in m, W from the sampler (None: the project's iid)."""
+
+    name: ClassVar[str] = "rate"
+    sampler_target: str | None
+    claim: str | None
+    seed: int
+    device: str
+    dtypes: tuple[str, ...]
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return rate(impl, self.sampler_target, self.seed, self.device, self.dtypes, self.claim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Envelope(Task):
+    """envelope.envelope: the operating envelope per dtype."""
+
+    name: ClassVar[str] = "envelope"
+    device: str
+    dtypes: tuple[str, ...]
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return envelope(impl, self.device, self.dtypes)

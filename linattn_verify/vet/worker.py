@@ -1,6 +1,6 @@
 """The implementation under test runs in a worker process: an exception, a crash (segfault,
 abort) or a hang of the implementation becomes a failed check, and vet lives on to print its
-verdict. The worker loads the implementation once, then runs tasks (tasks.py) sent over a
+verdict. The worker loads the implementation once, then runs tasks (tasks.Task) sent over a
 pipe."""
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from ..accuracy.bound import feature_model
+from ..checks import ALL_CHECKS, not_applicable
 from ..checks.core import watching
 from ..regimes import regime_of
 from ..specs import SpecError
 from ..under_test import Implementation, ImplementationFailure
-from . import tasks
-from .envelope import envelope
+from .tasks import Row, Task
 
 CONTEXT = multiprocessing.get_context("spawn")  # no state inherited from the parent
 # Starting the worker imports torch and the target: seconds, a minute on a busy machine; a
@@ -40,8 +43,6 @@ Running = dict[str, Any]  # what the worker last said it runs: check, case, repr
 def describe(impl: Implementation) -> dict[str, Any]:
     """The implementation's name, spec, claimed cost, and the checks that do not apply (with
     why)."""
-    from ..checks import ALL_CHECKS, not_applicable
-
     return {
         "name": impl.name,
         "spec": impl.spec,
@@ -52,40 +53,19 @@ def describe(impl: Implementation) -> dict[str, Any]:
     }
 
 
-TASKS = {
-    "check": tasks.property_check,
-    "accuracy": tasks.accuracy,
-    "scaling": tasks.scaling,
-    "rate": tasks.rate,
-    "known-answers": tasks.known_answers,
-    "long-context": tasks.long_context,
-    "gradient-length": tasks.gradient_length,
-    "sampler": lambda impl, **options: tasks.sampler_statistics(**options),
-    "envelope": envelope,
-    tasks.AUTOTUNE_CONFIGS: tasks.autotune_configs,
-    tasks.INT32_OFFSETS: tasks.int32_offsets,
-}
-
-
-def run_task(impl, task: str, options: dict[str, Any]) -> list[tasks.Row]:
-    """One task, its bounds under options' feature model ("features", accuracy/bound.py);
-    an exception that escapes it (the implementation raising outside a check, a sampler
-    that cannot be loaded) is a failed row naming it."""
-    from ..accuracy.bound import feature_model
-
-    options = dict(options)
+def run_task(impl: Implementation, task: Task) -> list[Row]:
+    """One task, its bounds under its feature model (task.features, accuracy/bound.py); an
+    exception that escapes it (the implementation raising outside a check, a sampler that
+    cannot be loaded) is a failed row naming it."""
     try:
-        with feature_model(options.pop("features", "standard")):
-            return TASKS[task](impl, **options)
+        with feature_model(task.features):
+            return task.run(impl)
     except Exception as err:  # the target's failure is a finding, not a crash of vet
-        name = options.get("name", task)
-        row = {"name": name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}
+        row = {"name": task.name, "status": "fail", "detail": f"{type(err).__name__}: {err}"}
         return [{**row, "cause": "contract"} if isinstance(err, ImplementationFailure) else row]
 
 
 def _serve(conn, declared: Implementation) -> None:
-    import torch
-
     torch.set_num_threads(1)  # thousands of small calls; see stats/estimators.one_thread
     try:
         impl = declared.load()
@@ -95,8 +75,7 @@ def _serve(conn, declared: Implementation) -> None:
         )
         return
     conn.send(("ready", describe(impl)))
-    while (request := conn.recv()) is not None:
-        task, options = request
+    while (task := conn.recv()) is not None:
         done = 0
 
         def running(check: str, case) -> None:
@@ -111,7 +90,7 @@ def _serve(conn, declared: Implementation) -> None:
             conn.send(("running", {**said, "reproduce": reproduce}))
 
         with watching(running):
-            rows = run_task(impl, task, options)
+            rows = run_task(impl, task)
         conn.send(("rows", (rows, max_rss())))
 
 
@@ -173,17 +152,16 @@ class Worker:
 
     def run(
         self,
-        task: str,
-        options: dict[str, Any],
+        task: Task,
         timeout: float | None = None,
         on_case: Callable[[Running], None] | None = None,
-    ) -> list[tasks.Row]:
+    ) -> list[Row]:
         """The rows of `task`; WorkerHung past `timeout` (default: the worker's), WorkerDied
         when it crashes (self.running: the case it was running, if any)."""
-        what = options.get("name", task)
+        what = task.name
         self.running = None
         try:
-            self._conn.send((task, options))
+            self._conn.send(task)
         except OSError:  # the worker died between tasks
             how = self._exit()
             self.close()
