@@ -14,7 +14,8 @@ from collections.abc import Collection
 import numpy as np
 from hypothesis import strategies as st
 
-from .cases import DELTA_KINDS, KINDS, Case, Pair
+from .cases import KINDS, Case, Pair
+from .families import family_of
 from .inputs import UNIT_ROUNDOFF
 from .regimes import REGIMES, TYPICAL_KINDS, TYPICAL_MAGNITUDES, magnitude_range, regime_of
 from .specs import Spec
@@ -59,7 +60,7 @@ def corner_cases(
     rule's too), and the ends of the range (random signs at the smallest and largest
     magnitude, each one-signed kind at its largest); those of `regimes`."""
     out = []
-    corners = CORNERS + tuple((kind, 0.0) for kind in DELTA_KINDS) * spec.delta_rule
+    corners = CORNERS + tuple((kind, 0.0) for kind in family_of(spec).kinds)
     for dtype in dtypes_allowed:
         for kind, at in corners:
             low, top = magnitude_range(spec, kind, dtype)
@@ -99,8 +100,8 @@ def cases(
     regimes: Collection[str] = REGIMES,
 ) -> st.SearchStrategy[Case]:
     """Random cases and, about as often, a corner case, of `regimes` (all by default);
-    kinds: those drawn (default KINDS, and DELTA_KINDS for the delta rule)."""
-    kinds = kinds or KINDS + DELTA_KINDS * spec.delta_rule
+    kinds: those drawn (default KINDS, and the spec's family's own: Family.kinds)."""
+    kinds = kinds or KINDS + family_of(spec).kinds
     corners = corner_cases(spec, dtypes_allowed, device, regimes)
     corners = [c for c in corners if c.kind in kinds]
     randoms = _random_cases(spec, dtypes_allowed, kinds, max_n, device, regimes)

@@ -48,6 +48,7 @@ class Family:
     exact_gradients(x, spec, g): (the exact gradients of L = sum(out * g), their magnitudes
     M, the rounding count n) of the gradient model, or why L is undefined (a str);
     certified_gradients(x, spec, g): (gradients, their rigorous error bounds, M, n) at length.
+    kinds: the input kinds of its own (cases.Case.kind) the strategies draw beside KINDS.
     stepwise: its reference, bound and golden form go token by token (recurrences), so its
     long checks stop at their shorter default lengths.
     scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
@@ -73,6 +74,7 @@ class Family:
     sum_length: Callable[[int, int, int], int]
     exact_gradients: Callable[..., tuple[dict, dict, int] | str]
     certified_gradients: Callable[..., tuple[dict, dict, dict, int]]
+    kinds: tuple[str, ...]
     stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None

@@ -114,6 +114,7 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
         exact_gradients=_exact_gradients,
         certified_gradients=_certified_gradients,
+        kinds=(),
         stepwise=False,
     )
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...cases import DELTA_KINDS
 from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs, decay_values, pack_delta
 from ...reference.certified import Certified
@@ -103,6 +104,7 @@ DELTA = Family(
     sum_length=lambda nk, d, m: nk * (d + 5),  # Nk steps of d + 5 roundings (bound.py)
     exact_gradients=_exact_gradients,
     certified_gradients=_certified_gradients,
+    kinds=DELTA_KINDS,
     stepwise=True,
     scale_and_bound=delta_scale_and_bound,
     state_bound=_state_bound,
