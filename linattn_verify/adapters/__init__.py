@@ -12,7 +12,8 @@ judge the rest; expected.txt holds what vet finds (expected.py reads it).
 
 Libraries are imported by `load()`, never at import time. Install them with
 `pip install --no-deps ...` (Adapter.install) so that pip never replaces the installed
-torch build. One module a library.
+torch build. One module a library, but fla: fla.py gathers fla_kernelised.py and
+fla_delta.py, which load fla through fla_loading.py.
 """
 
 from __future__ import annotations
