@@ -2,17 +2,17 @@
 one side's rows x (queries or keys) the features phi(x) with their error bounds psi
 (certified.float_features), magnitudes phiM >= grad.py's M(phi) (Kernel._feature_mags) up
 to the last bits, and the step through J_phi^T: dL/dx_i = J_phi(x_i)^T y_i for y_i =
-dL/dphi(x_i) within E_i, with a rigorous bound, and the magnitude M' through |J^T| (grad.py's
-Kernel.jt evaluated on magnitudes). Formulas and sources of the maps: specs.FEATURE_MAPS;
-their derivatives: grad.py's module docstring. Bounds: Higham 2002, eq. 3.2's (1 + delta)
-products, eq. 3.5 for dots in any order; gradual underflow (a result below 2^-1022 errs by
-half a SUBNORMAL at most); every bound times SAFETY for its own roundings.
+dL/dphi(x_i) within E_i, with a rigorous bound, and the magnitude M' through |J^T|
+(grad_maps.py's Kernel.jt evaluated on magnitudes). Formulas and sources of the maps:
+specs.FEATURE_MAPS; their derivatives: grad.py's module docstring. Bounds: Higham 2002, eq.
+3.2's (1 + delta) products, eq. 3.5 for dots in any order; gradual underflow (a result below
+2^-1022 errs by half a SUBNORMAL at most); every bound times SAFETY for its own roundings.
 
 Elementwise maps (elu + 1, relu, identity: phi_m depends on x_m alone, J diagonal):
 dx = phi'(x) y, phi' exact (1 or 0) but elu's exp(x) = phi^(x) within psi: error (phi'^ +
 psi) E + psi |y^| and the product's rounding; M' = phi' M'(dphi). An elu row whose every
-entry is <= 0 adds the row's M' to its largest entry's (grad.py's Kernel.jt: the row taken
-as exp(x - top) exp(top) for range, top's gradient landing there).
+entry is <= 0 adds the row's M' to its largest entry's (grad_maps.py's Kernel.jt: the row
+taken as exp(x - top) exp(top) for range, top's gradient landing there).
 
 cosFormer (Qin et al. 2022, eq. 9-11), phi(x_i) = relu(x_i) [cos t_i, sin t_i], t_i = pi i /
 2M: dx_i = relu'(x_i) (cos t_i y^c_i + sin t_i y^s_i), two products and a sum (gamma_2 of

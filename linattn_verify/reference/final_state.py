@@ -10,7 +10,7 @@ when normalised), by the reverse-mode chain rule (Baydin et al. 2018, sec. 3.1):
 
     r_jm = G_S[m] . v_j + G_z[m]                 (the cotangent key j's feature m meets)
     u_jm = w_(N-1, j, m) r_jm = dL_S/dphi(k_j)_m
-    dL_S/dk_j = J_phi(k_j)^T u_j                  (grad.Kernel's Jacobians of the maps)
+    dL_S/dk_j = J_phi(k_j)^T u_j                  (grad_maps.Kernel's Jacobians of the maps)
     dL_S/dg_t = sum_m [W_(N-1, m) c_m + sum_(j<t) phi(k_j)_m u_jm],   c_m = S_0[m] . G_S[m]
                 + z_0m G_z[m]
 
@@ -21,15 +21,15 @@ share of dk and dg (fla #1140: the final state's cotangent must reach every inpu
 
 Magnitudes M, for the judgement (accuracy/gradient.py), by grad.py's first-order rules:
 M(r_jm) = |G_S[m]| . |v_j| + |G_z[m]|, M(u_jm) = w (1 + M(ln w)) M(r_jm) (M(ln w) <= 2
-sum_t |g_t| of the largest channel, the prefix sums'), J^T's magnitudes from grad.Kernel,
-M(dL_S/dg_t) that of the evaluation through the prefix sums' reverse cumulative sum
-(_gate_gradients).
+sum_t |g_t| of the largest channel, the prefix sums'), J^T's magnitudes from
+grad_maps.Kernel, M(dL_S/dg_t) that of the evaluation through the prefix sums' reverse
+cumulative sum (_gate_gradients).
 
 Precision control: every element at p and 2p bits (p = 113 first), accepted where the two
 roundings agree within one ulp (grad.agree), recomputed at 4p, ... until MAX_PREC
 (ReferenceAccuracyError). Taylor's features (Arora et al. 2024: [1, x', vec(x' x'^T) /
-sqrt(2)], x' = x d^(-1/4)) and their Jacobian are written here: grad.Kernel differentiates
-taylor through q.k, not its features.
+sqrt(2)], x' = x d^(-1/4)) and their Jacobian are written here: grad_maps.Kernel
+differentiates taylor through q.k, not its features.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import numpy as np
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError
-from .grad import Kernel, agree
+from .grad import agree
+from .grad_maps import Kernel
 from .mp import DEFAULT_PREC, channel_prefix, decay_weights, nearest
 
 
@@ -196,7 +197,7 @@ def _floats(rows: list) -> np.ndarray:
 
 
 class _Side:
-    """The keys' features phi(k_j), their magnitudes, and J_phi(k_j)^T u: grad.Kernel's
+    """The keys' features phi(k_j), their magnitudes, and J_phi(k_j)^T u: grad_maps.Kernel's
     for every map but taylor, whose features and Jacobian are written here."""
 
     def __init__(self, spec: Spec, ks: list, projection) -> None:

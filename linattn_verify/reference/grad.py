@@ -1,5 +1,9 @@
 """Exact reference gradients of attention, faithfully rounded to float64 (mpmath).
 
+This module evaluates one head, controls the precision and holds the public functions; the
+per-map part (Kernel: a_ij, J_phi^T) is grad_maps.py's, the per-row terms (the decay
+weights, b_ij, e_ij, p_ij, dL/dg) grad_terms.py's.
+
 For the loss L = sum_{i,c} out_ic g_out_ic (the cotangent g_out taken exactly, the shape of
 out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates or
 channel-gates spec, from the definition, with the projection W of the Performer maps and a
@@ -139,19 +143,20 @@ import numpy as np
 from ..inputs import AttentionInputs, as_float64, validate
 from ..specs import RSQRT_D, Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
-from .mp import (
-    DEFAULT_PREC,
-    channel_factors,
-    channel_prefix,
-    decay_weights,
-    features,
-    nearest,
-    similarities,
+from .grad_maps import Kernel, _abs, _transpose
+from .grad_terms import (
+    _b_row,
+    _channel,
+    _channel_gates,
+    _channel_row,
+    _factors,
+    _gate_gradients,
+    _gate_magnitudes,
+    _row_terms,
 )
+from .mp import DEFAULT_PREC, nearest
 
 NAMES = ("q", "k", "v")
-NON_NEGATIVE = ("elu", "relu", "cosformer")  # maps whose features are >= 0
-PERFORMER_SIGN = {"performer-positive": -1, "performer-hyperbolic": -1, "performer-trig": 1}
 
 
 def gradient_names(spec: Spec) -> tuple[str, ...]:
@@ -183,299 +188,9 @@ def roundings(x: AttentionInputs, spec: Spec) -> int:
     return n + (nq + nk) * spec.gated
 
 
-def _abs(rows: list) -> list:
-    return [[abs(t) for t in row] for row in rows]
-
-
-def _transpose(rows: list) -> list:
-    return [list(col) for col in zip(*rows)]
-
-
 def _nearest(rows: list) -> np.ndarray:
     """Rows of mpf as a float64 array (each rounded to nearest)."""
     return np.array([[nearest(t) for t in row] for row in rows])
-
-
-class Kernel:
-    """The per-map part at the working precision: a_ij and its magnitude, the weight that
-    turns b_ij into the coefficient e_ij of the q/k derivative, and the sums over keys
-    (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T."""
-
-    def __init__(self, spec: Spec, qs: list, ks: list, w: list | None) -> None:
-        mp = mpmath.mp
-        self.name = spec.feature_map
-        self.d = len(qs[0])
-        nq, nk = len(qs), len(ks)
-        big_m = max(nq, nk)
-        self.dot = self.name in ("softmax", "taylor")
-        # channel gates: the coefficients e_ij are lists over the features, e_ijm
-        self.channel = spec.decay == "channel-gates"
-        self.w = w
-        self.x = {"q": qs, "k": ks}
-        # the Performer maps' x' = x d^(-1/4) as `features` computes it, per row; c, and
-        # the columns of W and |W|
-        self.scaled = {"q": None, "k": None}
-        if w is not None:
-            root = mp.root(self.d, 4)
-            self.c = 1 / root
-            self.scaled = {
-                side: [[t / root for t in x] for x in rows] for side, rows in self.x.items()
-            }
-            self.aw = _abs(w)
-            self.w_cols = _transpose(w)
-            self.aw_cols = _transpose(self.aw)
-        self.f = self.fm = {"q": None, "k": None}
-        if not self.dot:
-            self.f = {
-                side: [features(x, w, self._phi_kind()) for x in rows]
-                for side, rows in self.x.items()
-            }
-            self.fm = {
-                side: [self._feature_mags(side, n, f) for n, f in enumerate(self.f[side])]
-                for side in self.x
-            }
-        # what dL/dq_i (dL/dk_j) sums e_ij (e_ij over i) against: the other side's rows
-        # (dot maps) or features, transposed, and their magnitudes
-        other = {"q": "k", "k": "q"}
-        if self.dot:
-            self.cols = {side: _transpose(self.x[other[side]]) for side in self.x}
-            self.mcols = {side: _transpose(_abs(self.x[other[side]])) for side in self.x}
-        else:
-            self.cols = {side: _transpose(self.f[other[side]]) for side in self.x}
-            self.mcols = {side: _transpose(self.fm[other[side]]) for side in self.x}
-        fq, fk = self.f["q"], self.f["k"]
-        # a_ij (all keys; masking is done by the caller), its magnitude, the weight and its
-        # magnitude: e_ij = b_ij * weight_ij.
-        self.a, self.am, self.wt, self.wtm = [], [], [], []
-        sqrt_d = mp.sqrt(self.d)
-        aks = _abs(ks)
-        for i, qi in enumerate(qs):
-            sims = similarities(qi, None if fq is None else fq[i], i, ks, fk, spec, big_m)
-            self.a.append(sims)
-            if self.dot:
-                aq = [abs(t) for t in qi]
-                sm = [mp.fdot(aq, kj) / sqrt_d for kj in aks]  # |q|.|k| / sqrt(d) >= |s|
-                if self.name == "softmax":
-                    mags = [a * (1 + t) for a, t in zip(sims, sm)]
-                    self.wt.append([a / sqrt_d for a in sims])
-                    self.wtm.append([m / sqrt_d for m in mags])
-                else:
-                    mags = [1 + t + t * t / 2 for t in sm]
-                    s = [mp.fdot(qi, kj) / sqrt_d for kj in ks]
-                    self.wt.append([(1 + t) / sqrt_d for t in s])
-                    self.wtm.append([(1 + t) / sqrt_d for t in sm])
-            else:
-                if self.name in NON_NEGATIVE:
-                    # |phi| = phi: |phi(q_i)|.|phi(k_j)| (times cosFormer's cosine, > 0 for
-                    # |i - j| < M) is computed as a_ij is, to the bit
-                    mags = list(sims)
-                else:
-                    fqm = self.fm["q"][i]
-                    mags = [mp.fdot(fqm, fkm) for fkm in self.fm["k"]]
-                if self.name == "cosformer":
-                    cosines = [mp.cospi(mp.mpf(i - j) / (2 * big_m)) for j in range(nk)]
-                    self.wt.append(cosines)
-                    self.wtm.append(cosines)
-                else:
-                    self.wt.append(None)
-                    self.wtm.append(None)
-            self.am.append(mags)
-
-    def _phi_kind(self) -> str:
-        return "relu" if self.name == "cosformer" else self.name
-
-    def _feature_mags(self, side: str, n: int, f: list) -> list:
-        """M(phi_f) of row n of side "q" or "k": |phi_f| plus what rounding inside its
-        argument can change."""
-        mp = mpmath.mp
-        if self.name in ("elu", "relu", "identity", "cosformer"):
-            return [abs(t) for t in f]  # exact input, one rounding (or none)
-        xs = self.scaled[side][n]
-        axs = [abs(t) for t in xs]
-        half_sq = mp.fdot(xs, xs) / 2  # |x'|^2 / 2, and |W| |x'| per row
-        absproj = [mp.fdot(row, axs) for row in self.aw]
-        if self.name == "performer-positive":
-            return [t * (1 + p + half_sq) for t, p in zip(f, absproj)]
-        if self.name == "performer-hyperbolic":
-            return [t * (1 + p + half_sq) for t, p in zip(f, absproj + absproj)]
-        # trig: exp(h)/sqrt(m) has magnitude scale (1 + h); sin p: |sin p| + |W||x'|
-        scale = mp.exp(half_sq) / mp.sqrt(len(self.w))
-        return [(1 + half_sq) * (abs(t) + scale * p) for t, p in zip(f, absproj + absproj)]
-
-    def gradient(self, side: str, n: int, coef: list, coef_m: list) -> tuple[list, list]:
-        """dL/dq_n (side "q", coef the row e_n.) or dL/dk_n (side "k", coef the column
-        e_.n) and its magnitude (coef_m those of the coefficients). Channel gates: each
-        coefficient is a list over the features, u_m = sum_j e_njm phi(k_j)_m (and so for
-        dL/dk_n over the queries)."""
-        mp = mpmath.mp
-        cols, mcols = self.cols[side], self.mcols[side]
-        if self.dot:
-            return [mp.fdot(coef, col) for col in cols], [mp.fdot(coef_m, col) for col in mcols]
-        if self.channel:
-            u = [mp.fdot([e[m] for e in coef], col) for m, col in enumerate(cols)]
-            um = [mp.fdot([e[m] for e in coef_m], col) for m, col in enumerate(mcols)]
-        else:
-            u = [mp.fdot(coef, col) for col in cols]
-            um = [mp.fdot(coef_m, col) for col in mcols]
-        return self.jt(side, n, u, um)
-
-    def jt(self, side: str, n: int, u: list, um: list) -> tuple[list, list]:
-        """J_phi(x)^T u and its magnitude for row n of side "q" or "k", for u (and
-        magnitudes um) over the features. An elu row whose every entry is <= 0 may be taken
-        as exp(x - top) exp(top), top = max_m x_m (golden_features.py, for range): top's
-        gradient, exactly 0, is computed as the rounding of sum_m phi_m u_m and lands on
-        entry top, so that entry's magnitude adds the row's."""
-        mp = mpmath.mp
-        x, f, fm = self.x[side][n], self.f[side][n], self.fm[side][n]
-        if self.name == "elu":
-            deriv = [mp.one if t > 0 else ft for t, ft in zip(x, f)]  # exp(x) = phi(x)
-            mags = [a * b for a, b in zip(um, deriv)]
-            if all(t <= 0 for t in x):  # the row's scale's gradient (jt's docstring)
-                top = max(range(len(x)), key=lambda m: x[m])
-                mags[top] += mp.fsum(mags)
-            return [a * b for a, b in zip(u, deriv)], mags
-        if self.name == "identity":
-            return list(u), list(um)
-        if self.name in ("relu", "cosformer"):
-            zero = mp.zero
-            return [a if t > 0 else zero for a, t in zip(u, x)], [
-                a if t > 0 else zero for a, t in zip(um, x)
-            ]
-        xs = self.scaled[side][n]
-        m = len(self.w)
-        if self.name == "performer-positive":
-            z = [a * b for a, b in zip(u, f)]
-            zm = [a * b for a, b in zip(um, fm)]
-        elif self.name == "performer-hyperbolic":
-            z = [u[r] * f[r] - u[m + r] * f[m + r] for r in range(m)]
-            zm = [um[r] * fm[r] + um[m + r] * fm[m + r] for r in range(m)]
-        else:  # trig: features [sin..., cos...]
-            z = [u[r] * f[m + r] - u[m + r] * f[r] for r in range(m)]
-            zm = [um[r] * fm[m + r] + um[m + r] * fm[r] for r in range(m)]
-        y, ym = mp.fdot(u, f), mp.fdot(um, fm)
-        sigma, c = PERFORMER_SIGN[self.name], self.c
-        out = [c * (mp.fdot(z, col) + sigma * xc * y) for col, xc in zip(self.w_cols, xs)]
-        mags = [c * (mp.fdot(zm, col) + abs(xc) * ym) for col, xc in zip(self.aw_cols, xs)]
-        return out, mags
-
-
-def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int):
-    """(c w_ij, c M(w_ij)) for the n_keys keys j of row i at the working precision: the
-    scale times the decay (mp.decay_weights; 1 without one)."""
-    mp = mpmath.mp
-    c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
-    if spec.decay is None:
-        return [c] * n_keys, [c] * n_keys
-    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
-    weights, spreads = decay_weights(decay, i, spec.decay)  # spread: 1 + M(ln w_ij)
-    return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
-
-
-def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
-    """((exp(G_t), exp(-G_t)), t = 0 .. N-1: mp.channel_factors of the prefix sums of head
-    (b, h)'s channel gates, and per row i the spread 2 max_m sum_{t <= i} |g_tm| + 1, a
-    bound on 1 + M(ln W_ijm) for its keys j <= i: channel_prefix's spread over the rows
-    that row i reaches, as decay_weights' for scalar gates) at the working precision."""
-    mp = mpmath.mp
-    gates = x.decay[b, h].tolist()
-    prefix, _ = channel_prefix(gates)
-    spreads, running = [], [mp.zero] * len(gates[0])
-    for row in gates:
-        running = [a + abs(mp.mpf(t)) for a, t in zip(running, row, strict=True)]
-        spreads.append(2 * max(running) + 1)
-    return channel_factors(prefix), spreads
-
-
-def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
-    """Row i of a channel-gated spec over its keys js: A_ij = c sum_m phi(q_i)_m phi(k_j)_m
-    W_ijm (W_ijm = exp(G_im - G_jm), formed as mp._channel_gated forms it) and M(A_ij); the
-    weights c W_ijm (lists over m) that turn b_ij into e_ijm and their magnitudes c W_ijm
-    (1 + M(ln W)); and the terms A_ijm = c phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over
-    m), b_ij times which are dL/dG's p_ijm, with their magnitudes."""
-    mp = mpmath.mp
-    (ups, downs), spreads = gated
-    spread = spreads[i]
-    fq, fqm = kern.f["q"][i], kern.fm["q"][i]
-    a, am, wt, wtm, terms, terms_m = ([] for _ in range(6))
-    for j in js:
-        fk, fkm = kern.f["k"][j], kern.fm["k"][j]
-        weights = [a * z for a, z in zip(ups[i], downs[j], strict=True)]
-        wq = [f * t for f, t in zip(fq, weights)]
-        wqm = [f * t for f, t in zip(fqm, weights)]
-        a.append(mp.fdot(wq, fk) * c)
-        am.append(mp.fdot(wqm, fkm) * c * spread)
-        cw = [c * t for t in weights]
-        wt.append(cw)
-        wtm.append([t * spread for t in cw])
-        terms.append([c * s * t for s, t in zip(wq, fk)])
-        terms_m.append([c * spread * s * t for s, t in zip(wqm, fkm)])
-    return a, am, wt, wtm, terms, terms_m
-
-
-def _b_row(t: list, tm: list, den, den_m, tbar, tbar_m, single: int | None) -> tuple[list, list]:
-    """b_ij = (t_ij - tbar_i) / D_i and its magnitude over a normalised row's keys (0 at
-    the index `single`)."""
-    zero = mpmath.mp.zero
-    aden = abs(den)
-    bs, bms = [], []
-    for n, (tn, tmn) in enumerate(zip(t, tm)):
-        if n == single:
-            bs.append(zero)
-            bms.append(zero)
-        else:
-            bij = (tn - tbar) / den
-            bs.append(bij)
-            bms.append((tmn + tbar_m + abs(bij) * den_m) / aden)
-    return bs, bms
-
-
-def _times(s, t):
-    """s t for a scalar t, [s t_m] for a list t (channel gates' per-feature terms)."""
-    return [s * u for u in t] if isinstance(t, list) else s * t
-
-
-def _row_terms(nk: int, js: list, coefs: tuple, wt: list, wtm: list, a: list, am: list, blank):
-    """Row i of e, em, p, pm (over all nk keys, `blank` where not used) from coefs = (b_ij,
-    M(b_ij)) over its keys js: e_ij = b_ij wt_ij, p_ij = b_ij A_ij (wt: c w_ij weight_ij).
-    Channel gates: wt_ij and A_ij are lists over the features m (c W_ijm and A_ijm), and so
-    are e_ij and p_ij; blank is then a list of zeros."""
-    bs, bms = coefs
-    e, em, p, pm = ([blank] * nk for _ in range(4))
-    for n, j in enumerate(js):
-        e[j], em[j] = _times(bs[n], wt[n]), _times(bms[n], wtm[n])
-        p[j], pm[j] = _times(bs[n], a[n]), _times(bms[n], am[n])
-    return e, em, p, pm
-
-
-def _channel(rows: list, m: int) -> list:
-    """Feature m of rows of per-feature lists (channel gates' p_ijm as p_ij)."""
-    return [[t[m] for t in row] for row in rows]
-
-
-def _gate_gradients(p: list, pm: list) -> tuple[list, list]:
-    """dL/dg_t = sum_{i >= t} R_i(t), R_i(t) = sum_{j < t} p_ij (p_ij = b_ij A_ij), in
-    O(N^2), and the magnitude of this sum (one channel m of channel gates: p_ijm)."""
-    zero = mpmath.mp.zero
-    n = len(p)
-    dg, direct = [zero] * n, [zero] * n
-    for i in range(n):
-        row = row_m = zero
-        for t in range(1, i + 1):
-            row, row_m = row + p[i][t - 1], row_m + pm[i][t - 1]
-            dg[t], direct[t] = dg[t] + row, direct[t] + row_m
-    return dg, direct
-
-
-def _gate_magnitudes(pm: list) -> list:
-    """The magnitude of dL/dg_t through the prefix sums' backward (the general
-    evaluation's), sum_{s >= t} (sum_j |p_sj| + sum_i |p_is|) in magnitudes pm (per
-    channel for channel gates)."""
-    mp = mpmath.mp
-    through, after = [mp.zero] * len(pm), mp.zero
-    for s in reversed(range(len(pm))):
-        after += mp.fsum(pm[s]) + mp.fsum(r[s] for r in pm)
-        through[s] = after
-    return through
 
 
 def _rounded(rows: list, mag_rows: list, rounding) -> list[np.ndarray]:
