@@ -1,5 +1,5 @@
 """pytest plugin (entry point pytest11): the options that name an implementation under test
-and what it claims, vet's (linattn_verify.options), for this project's property suite and
+and what it claims, vet's (linattn_verify.run_options), for this project's property suite and
 for anyone's tests.
 
     pytest --impl mykernels.py:attn --feature-map elu --causal [--eps E] [--layout bnhd]
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from .options import OPTIONS, RUN
 from .regimes import REGIMES
+from .run_options import OPTIONS, RUN
 from .specs import SpecError
 from .under_test import Implementation, from_options
 from .under_test.claim import SOURCE, checked
@@ -83,7 +83,7 @@ def implementation_under_test(config: pytest.Config) -> Implementation | None:
 
 
 def run_values(config: pytest.Config) -> dict[str, Any]:
-    """The values of vet's run options (options.RUN: grad, longest), parsed; longest None
+    """The values of vet's run options (run_options.RUN: grad, longest), parsed; longest None
     when --long is not given (checks.long_context.default_longest gives the plan's)."""
     return config.stash[_VALUES]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from .options import OPTIONS, RUN
+from .run_options import OPTIONS, RUN
 from .strategies import DTYPES
 from .under_test import resolve
 from .under_test.claim import CLAIM, checked
@@ -63,7 +63,8 @@ def assert_linear_attention(
     run = checked(RUN, given)
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,
                          smallest=smallest, fail_on=fail_on, strict=strict, envelope=False,
-                         **run)  # fmt: skip
+                         grad=run["grad"], longest=run["longest"],
+                         long_grad=run["long_grad"])  # fmt: skip
     report = vet_in_process(impl, options)
     if report.failed:
         raise AssertionError(report.summary())
@@ -78,5 +79,5 @@ _OPTION_LINES = (
     for o in OPTIONS
 )  # fmt: skip
 assert_linear_attention.__doc__ += (
-    "\n\n    The options vet takes too (linattn_verify.options):\n\n" + "\n".join(_OPTION_LINES)
+    "\n\n    The options vet takes too (linattn_verify.run_options):\n\n" + "\n".join(_OPTION_LINES)
 )

@@ -1,4 +1,4 @@
-"""One definition of the options that name a spec or a contract (linattn_verify.options):
+"""One definition of the options that name a spec or a contract (linattn_verify.run_options):
 vet's arguments, the pytest plugin's options, assert_linear_attention's keywords and the
 reproduce commands all take every one, with its default, and nothing else of the kind;
 a bad value is one SpecError naming the option at every entry point."""
@@ -14,7 +14,7 @@ import pytest
 
 from linattn_verify import pytest_plugin
 from linattn_verify.cli import build_parser, main
-from linattn_verify.options import OPTIONS, RUN
+from linattn_verify.run_options import OPTIONS, RUN
 from linattn_verify.specs import SpecError
 from linattn_verify.testing import assert_linear_attention
 from linattn_verify.under_test import from_options, resolve

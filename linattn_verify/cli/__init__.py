@@ -1,5 +1,6 @@
-"""Command line: `python -m linattn_verify COMMAND`, one module a command; each command has
---help with examples. What they share is options.py."""
+"""Command line: `python -m linattn_verify COMMAND`, one module a command (`reference`:
+exact.py, `references`: known_answers.py); each command has --help with examples. What they
+share is options.py; the adapters' list, adapter_list.py."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import accuracy, adapters, check, random_features, reference, references, report, scaling
+from . import accuracy, adapters, check, exact, known_answers, random_features, report, scaling
 from . import vet as vet_command
-from .options import ERRORS, Parser
+from .options import ERRORS, PROG, Parser
 
 COMMANDS = (
     report,
     vet_command,
     check,
     accuracy,
-    reference,
-    references,
+    exact,
+    known_answers,
     scaling,
     random_features,
     adapters,
@@ -26,7 +27,7 @@ COMMANDS = (
 
 def build_parser() -> Parser:
     parser = Parser(
-        prog="python -m linattn_verify",
+        prog=PROG,
         description="Numerical verification of linear attention against exact references.",
         epilog="Examples:\n"
         "  python -m linattn_verify report\n"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..accuracy import Judgement
+from ..families import golden_forms
+from ..report.accuracy import Sweep, sweep_inputs
 from ..specs import FEATURE_MAPS, Spec
 from . import options
 
@@ -39,10 +42,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..accuracy import Judgement
-    from ..implementations import golden_forms
-    from ..report.accuracy import Sweep, sweep_inputs
-
     b, h, n, d, dv = args.shape
     rows, start = [], time.perf_counter()
     specs = args.specs or list(FEATURE_MAPS)

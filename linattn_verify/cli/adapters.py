@@ -4,11 +4,18 @@ here, and the table of their expected verdicts (docs/adapters.md)."""
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 from pathlib import Path
 
-from . import options
+import torch
+
+from ..adapters import ADAPTERS, AdapterUnavailable
+from ..adapters.expected import EXPECTED_FILE, Expected, keys, load_expected, verdict_table
+from ..adapters.expected import record as render
+from ..vet import VetReport
+from ..vet.verdicts import judged, measured_verdict
+from . import options, vet
+from .adapter_list import list_adapters
 
 BEGIN, END = "<!-- adapter verdicts: begin -->", "<!-- adapter verdicts: end -->"
 
@@ -49,31 +56,6 @@ def add(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def status(library: str, triton: bool) -> str:
-    """'installed 1.1.4', 'not installed', or for Triton code how it runs here: 'installed
-    0.6.0, Triton's interpreter (no CUDA)'."""
-    import torch
-
-    try:
-        version = importlib.metadata.version(library)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-    if triton and not torch.cuda.is_available():
-        return f"installed {version}, Triton's interpreter (no CUDA)"
-    return f"installed {version}"
-
-
-def list_adapters() -> int:
-    from ..adapters import ADAPTERS
-
-    for adapter in ADAPTERS.values():
-        print(
-            f"{adapter.name:60} claims {adapter.spec} ({adapter.layout}); "
-            f"{status(adapter.library, adapter.triton)}"
-        )
-    return 0
-
-
 def record(names: list[str]) -> int:
     """Vet the named verdicts (an adapter's NAME: its default plan and its variants; "NAME
     OPTIONS": that variant alone; none named: every one) of the adapters that load here,
@@ -81,12 +63,6 @@ def record(names: list[str]) -> int:
     is written, reasons kept. One torch thread, as the test suite runs (conftest.py): a
     matmul's rounding depends on how many threads split it, and a figure at the edge of a
     budget must come out the same in both."""
-    import torch
-
-    from ..adapters import ADAPTERS, AdapterUnavailable
-    from ..adapters.expected import EXPECTED_FILE, keys, load_expected
-    from ..adapters.expected import record as render
-
     torch.set_num_threads(1)
     every = keys(ADAPTERS)
     if unknown := sorted(set(names) - set(every)):
@@ -111,31 +87,23 @@ def record(names: list[str]) -> int:
     return 0
 
 
-def verdict_of(key: str):
+def verdict_of(key: str) -> tuple[Expected, VetReport]:
     """expected.txt's facts for `key` (an adapter's name, or "NAME OPTIONS") and the report
     they come from: the default plan as vet.verdicts.measured_verdict runs it, a variant as
     `vet NAME OPTIONS --kat --no-envelope` does, with --long 0 unless it gives --long, a
     Triton kernel's with --triton interpret (recorded in the interpreter, CUDA or not)."""
-    from ..adapters import ADAPTERS
-    from ..vet.verdicts import judged, measured_verdict
-    from . import build_parser
-    from .vet import planned
-
     name, _, variant = key.partition(" ")
     if not variant:
         return measured_verdict(name)
     options = variant.split()
     interpreted = ["--triton", "interpret"] if ADAPTERS[name].triton else []
     short = [] if "--long" in options else ["--long", "0"]
-    argv = ["vet", name, *options, *interpreted, "--kat", "--no-envelope", *short]
-    impl, vet_options = planned(build_parser().parse_args(argv), load=True)
+    argv = [name, *options, *interpreted, "--kat", "--no-envelope", *short]
+    impl, vet_options = vet.planned(vet.parse(argv), load=True)
     return judged(impl, vet_options)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..adapters import ADAPTERS
-    from ..adapters.expected import load_expected, verdict_table
-
     if not (args.table or args.readme or args.record is not None):
         return list_adapters()
     if args.record is not None:

@@ -6,13 +6,15 @@ import argparse
 from pathlib import Path
 
 from ..accuracy.bound import feature_model
+from ..cases import Case
+from ..checks import ALL_CHECKS, CHECKS, GRAD_CHECKS, not_applicable
+from ..checks.saved import save_case
+from ..checks.search import CHECK_EXAMPLES, search_regimes
+from ..vet import VetOptions
 from . import options
 
 
 def add(sub) -> None:
-    from ..checks import CHECKS, GRAD_CHECKS
-    from ..checks.search import CHECK_EXAMPLES
-
     parser = options.command_parser(
         sub,
         "check",
@@ -62,12 +64,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cases import Case
-    from ..checks import ALL_CHECKS, CHECKS, not_applicable
-    from ..checks.saved import save_case
-    from ..checks.search import CHECK_EXAMPLES, search_regimes
-    from ..vet import VetOptions
-
     impl = options.implementation(args)
     case = Case.from_json(args.case) if args.case else None
     device = case.device if case is not None else args.device

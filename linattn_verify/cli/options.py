@@ -10,9 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..jsonable import dumps
-from ..specs import FEATURE_MAPS, SpecError
+import torch
 
+from ..adapters import ADAPTERS
+from ..jsonable import dumps
+from ..regimes import REGIMES
+from ..specs import FEATURE_MAPS, SpecError
+from ..under_test import Implementation, from_options
+from ..under_test.claim import CLAIM, SOURCE, Option
+
+PROG = "python -m linattn_verify"
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 TARGET_HELP = (
     "module:function, path/file.py:function, or an adapter of a third-party library "
@@ -54,8 +61,6 @@ def command_parser(sub: Any, name: str, summary: str, description: str, examples
 def add_implementation(parser: argparse.ArgumentParser, positional: bool) -> None:
     """TARGET (a positional argument, or --impl), the options that choose a built-in form
     instead and those of what it claims (under_test.claim)."""
-    from ..under_test.claim import CLAIM, SOURCE
-
     if positional:
         parser.add_argument("target", nargs="?", metavar="TARGET", help=TARGET_HELP)
     else:
@@ -63,16 +68,14 @@ def add_implementation(parser: argparse.ArgumentParser, positional: bool) -> Non
     add(parser.add_argument_group("the implementation and what it claims"), (*SOURCE, *CLAIM))
 
 
-def add(group: Any, options: Sequence[Any]) -> None:
+def add(group: Any, options: Sequence[Option]) -> None:
     """The arguments of these under_test.claim.Option records."""
     for option in options:
         group.add_argument(option.flag, **option.arguments())
 
 
-def implementation(args: argparse.Namespace, load: bool = True):
+def implementation(args: argparse.Namespace, load: bool = True) -> Implementation:
     """The Implementation the arguments name (under_test.from_options)."""
-    from ..under_test import from_options
-
     return from_options(args.target, vars(args), load)
 
 
@@ -86,8 +89,6 @@ POLICY = (
 
 def add_policy(parser: argparse.ArgumentParser) -> None:
     """--fail-on REGIME and --strict: which findings fail the verdict."""
-    from ..regimes import REGIMES
-
     parser.add_argument(
         "--fail-on",
         choices=REGIMES,
@@ -148,17 +149,13 @@ def check_writable(path: Path, option: str = "--json") -> None:
 
 def cuda_check(device: str | None) -> None:
     """UsageError when `device` is CUDA and torch sees none."""
-    import torch
-
     if device and device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"device {device!r} asked for, but torch sees no CUDA device")
 
 
-def triton_check(impl: Any, device: str) -> None:
+def triton_check(impl: Implementation, device: str) -> None:
     """UsageError when Triton code is asked to run where it cannot: natively on CPU tensors
     (a Triton adapter on a machine with CUDA, --device cpu), or in the interpreter on CUDA."""
-    from ..adapters import ADAPTERS
-
     kind, name = impl.source.kind, impl.source.name
     if impl.triton == "interpret" and device != "cpu":
         raise UsageError(

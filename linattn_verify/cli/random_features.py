@@ -6,6 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..stats import CLAIMS, builtin_sampler, check_sampler
+from ..stats.plot import plot_attention_error_vs_m, plot_mse_vs_m
+from ..target import load_target
 from . import options
 
 
@@ -38,9 +41,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..stats import CLAIMS, builtin_sampler, check_sampler
-    from ..target import load_target
-
     if args.sampler:
         if args.claim is None:
             raise options.UsageError("--sampler needs --claim iid or --claim orthogonal")
@@ -77,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
             {"sampler": name, "claim": claim, "checks": [r.to_dict() for r in results]}
         )
     if args.plots:
-        from ..stats.plot import plot_attention_error_vs_m, plot_mse_vs_m
-
         out = Path(args.plots)
         options.progress(args.quiet, f"plots under {out} ...")
         payload["plots"] = {

@@ -10,7 +10,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm import tqdm
+
+from ..cases import default_decay
+from ..implementations import sample_projection_torch
+from ..jsonable import dumps
+from ..report import (
+    SCHEMA,
+    ReportOptions,
+    compare,
+    counts,
+    make_plan,
+    publish,
+    render,
+    run_report,
+    staging,
+    units,
+    write_json_atomically,
+)
+from ..scaling import attention_inputs
 from ..specs import FEATURE_MAPS
+from ..under_test import Implementation, ImplementationFailure
 from ..under_test.claim import CLAIM
 from . import options
 
@@ -56,12 +77,8 @@ def add(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def _options(args: argparse.Namespace) -> Any:
+def _options(args: argparse.Namespace) -> ReportOptions:
     """ReportOptions from the arguments; UsageError for a bad combination."""
-    import torch
-
-    from ..report import ReportOptions
-
     impl = None
     if args.target is not None or args.form is not None:
         impl = options.implementation(args)
@@ -96,8 +113,6 @@ def _options(args: argparse.Namespace) -> Any:
 
 def _old_report(path: str) -> dict[str, Any]:
     """An earlier report.json for --compare, or a UsageError that says what is wrong."""
-    from ..report import SCHEMA
-
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -107,17 +122,10 @@ def _old_report(path: str) -> dict[str, Any]:
     return document
 
 
-def _probe(impl, device: str) -> str | None:
+def _probe(impl: Implementation, device: str) -> str | None:
     """One small float32 call (N = 16, d = dv = 16; a decay and beta as the scaling runs
     give them, cases.default_decay) before the run: why the implementation fails at all,
     or None."""
-    import torch
-
-    from ..cases import default_decay
-    from ..implementations import sample_projection_torch
-    from ..scaling import attention_inputs
-    from ..under_test import ImplementationFailure
-
     w = None
     if impl.spec.info.needs_projection:
         w = sample_projection_torch(16, 16, "orthogonal", torch.Generator().manual_seed(0))
@@ -152,21 +160,6 @@ class _Lines:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from ..jsonable import dumps
-    from ..report import (
-        compare,
-        counts,
-        make_plan,
-        publish,
-        render,
-        run_report,
-        staging,
-        units,
-        write_json_atomically,
-    )
-
     report_options = _options(args)
     old = _old_report(args.compare) if args.compare else None
     if args.json:

@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
+from ..cases import default_decay
+from ..implementations import sample_projection_torch
+from ..scaling import attention_inputs, plot_scaling, scaling_result
+from ..under_test import ImplementationFailure
 from . import options
 
 
@@ -35,13 +41,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..cases import default_decay
-    from ..implementations import sample_projection_torch
-    from ..scaling import attention_inputs, plot_scaling, scaling_result
-    from ..under_test import ImplementationFailure
-
     impl = options.implementation(args)
     top = args.max_n.bit_length() - 1
     if top < 10:

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Sequence
 
+from ..checks.long_context import SMALLEST_LONGEST
+from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
+from ..environment import environment
+from ..run_options import RUN
+from ..target import load_target
+from ..under_test import Implementation
+from ..under_test.claim import checked, words
+from ..vet import VetOptions, vet
+from ..vet.runner import DEFAULT_TIMEOUT
 from . import options
+from .adapter_list import list_adapters
 
 
 def add(sub) -> None:
-    from ..checks.long_context import SMALLEST_LONGEST
-    from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
-    from ..options import RUN
-    from ..vet.runner import DEFAULT_TIMEOUT
-
     parser = options.command_parser(
         sub,
         "vet",
@@ -87,14 +93,16 @@ def add(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def planned(args: argparse.Namespace, load: bool = False):
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """vet's arguments as `python -m linattn_verify vet ARGV` parses them."""
+    parser = options.Parser(prog=options.PROG)
+    add(parser.add_subparsers(parser_class=options.Parser))
+    return parser.parse_args(["vet", *argv])
+
+
+def planned(args: argparse.Namespace, load: bool = False) -> tuple[Implementation, VetOptions]:
     """The implementation vet's arguments name and the VetOptions they give (UsageError for
     arguments that do not fit); `load`: the implementation loaded here, for vet_in_process."""
-    from ..options import RUN
-    from ..target import load_target
-    from ..under_test.claim import checked
-    from ..vet import VetOptions
-
     if args.target is None and args.form is None:
         raise options.UsageError(
             "vet needs TARGET (module:function, path.py:function or an adapter)"
@@ -134,12 +142,6 @@ def planned(args: argparse.Namespace, load: bool = False):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..environment import environment
-    from ..options import RUN
-    from ..under_test.claim import checked, words
-    from ..vet import vet
-    from .adapters import list_adapters
-
     if args.list:
         return list_adapters()
     declared, vet_options = planned(args)

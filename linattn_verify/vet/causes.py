@@ -53,8 +53,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..accuracy.judgement import Judgement
 from ..accuracy.verdict import K_BUDGET, percent
 from ..cases import Case
+from ..checks.decay import judged_case
+from ..families import golden_attention, golden_forms
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, round_to_tf32
 from ..regimes import ELU_ROW_FLOOR
 from ..specs import Spec
@@ -383,10 +386,6 @@ def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause 
     error within a factor EXPLAINS of the golden forms' on q, k, v rounded to TF32 (what
     tensor cores multiply; inputs.round_to_tf32), itself over the budget; decay_check: the
     case at the decay rate the decay check judged it at."""
-    from ..accuracy.judgement import Judgement
-    from ..checks.decay import judged_case
-    from ..implementations.golden import golden_attention, golden_forms
-
     case = dataclasses.replace(Case.from_json(case_json), device="cpu")
     if decay_check:
         case = judged_case(case)[1]

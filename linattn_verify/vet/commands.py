@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+
+from ..under_test import Implementation
 
 
-def target_words(impl: Any) -> list[str]:
+def target_words(impl: Implementation) -> list[str]:
     """The options that name `impl` (its `command`), its --impl TARGET as the positional
     TARGET that `vet` and `scaling` take."""
     words = shlex.split(impl.command)
@@ -17,18 +18,18 @@ def target_words(impl: Any) -> list[str]:
     return words
 
 
-def scaling_command(impl: Any, max_n: int, d: int) -> str:
+def scaling_command(impl: Implementation, max_n: int, d: int) -> str:
     """The `scaling` command counting what vet's scaling task counts (N = 256 ... max_n,
     d = dv, W orthogonal from seed 0)."""
     words = [*target_words(impl), "--max-n", str(max_n), "--d", str(d)]
     return "python -m linattn_verify scaling " + shlex.join(words)
 
 
-def vet_command(impl: Any, *options: str) -> str:
+def vet_command(impl: Implementation, *options: str) -> str:
     """A `vet` command on `impl` with `options`."""
     return "python -m linattn_verify vet " + shlex.join([*target_words(impl), *options])
 
 
-def references_command(impl: Any) -> str:
+def references_command(impl: Implementation) -> str:
     """The `references run` command on `impl`: its error on every known-answer vector."""
     return "python -m linattn_verify references run " + shlex.join(target_words(impl))

@@ -9,7 +9,8 @@ from ..adapters import ADAPTERS
 from ..adapters.expected import Expected
 from ..under_test import Implementation, resolve
 from .envelope import envelope
-from .runner import VetOptions, VetReport, vet_in_process
+from .outcome import VetReport
+from .runner import VetOptions, vet_in_process
 
 ENVELOPE_DTYPE = "float32"
 

@@ -1,7 +1,8 @@
-"""The options every entry point takes that name a spec or a contract, one definition:
-what an implementation claims (under_test.claim.CLAIM) and what vet runs on it (RUN: its
-backward, the long-context check's N). `vet`'s arguments, the pytest plugin's options,
-assert_linear_attention's keywords and vet's reproduce line all come from OPTIONS."""
+"""What vet runs on an implementation (RUN: its backward, the long-context check's N), and
+every option an entry point takes that names a spec or a contract, one definition (OPTIONS:
+what an implementation claims, under_test.claim.CLAIM, and RUN). `vet`'s arguments, the
+pytest plugin's options, assert_linear_attention's keywords and vet's reproduce line all
+come from OPTIONS."""
 
 from __future__ import annotations
 

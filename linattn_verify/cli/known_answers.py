@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from .. import kat
 from . import options
 
 
@@ -38,8 +39,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import kat
-
     directory = Path(args.dir) if args.dir else kat.DEFAULT_DIR
     say = None if args.quiet else (lambda text: options.progress(False, text))
     if args.action == "build":

@@ -7,6 +7,9 @@ import time
 
 import numpy as np
 
+from ..families import exact
+from ..inputs import validate
+from ..report.accuracy import Sweep, sweep_inputs
 from ..specs import FEATURE_MAPS, Spec
 from . import options
 
@@ -52,10 +55,6 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inputs import validate
-    from ..reference import exact
-    from ..report.accuracy import Sweep, sweep_inputs
-
     spec = Spec(args.feature_map, causal=args.causal, eps=args.eps)
     if args.input:
         try:
