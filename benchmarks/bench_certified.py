@@ -46,7 +46,7 @@ OTHER = (
 def _inputs(n: int, name: str, causal: bool):
     import numpy as np
 
-    from linattn_verify.inputs import validate
+    from linattn_verify.families import validate
     from linattn_verify.sampling import sample_projection
     from linattn_verify.specs import Spec
 

@@ -16,6 +16,8 @@ import argparse
 import os
 import time
 
+from linattn_verify.families import case_arguments
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -25,7 +27,7 @@ def main() -> None:
 
     from linattn_verify.accuracy.bound import scale_and_bound
     from linattn_verify.cases import Case
-    from linattn_verify.inputs import validate
+    from linattn_verify.families import validate
     from linattn_verify.specs import DELTA_DECAYS, RSQRT_D, Spec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,7 +40,7 @@ def main() -> None:
     for decay in DELTA_DECAYS:
         spec = Spec("identity", True, normalize=False, scale=RSQRT_D, decay=decay, delta_rule=True)
         for n in args.ns:
-            q, k, v, _, packed = Case(1, 1, n, args.d, args.d, "float32").arguments(spec)
+            q, k, v, _, packed = case_arguments(Case(1, 1, n, args.d, args.d, "float32"), spec)
             x = validate(q, k, v, spec, None, packed)
             start = time.perf_counter()
             _, bound = scale_and_bound(x, spec, None, u)

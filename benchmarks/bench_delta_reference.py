@@ -33,7 +33,8 @@ def _inputs(n: int, decay: str):
     import numpy as np
     import torch
 
-    from linattn_verify.inputs import pack_delta, validate
+    from linattn_verify.families import validate
+    from linattn_verify.families.delta.inputs import pack_delta
     from linattn_verify.specs import RSQRT_D, Spec
 
     kind = None if decay == "none" else decay

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from linattn_verify.checks.gradient_length import default_longest, gradient_length
-from linattn_verify.inputs import validate
+from linattn_verify.families import validate
 from linattn_verify.reference.certified_grad import certified_gradients
 from linattn_verify.specs import Spec
 from linattn_verify.under_test import resolve

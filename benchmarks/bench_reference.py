@@ -15,7 +15,7 @@ import json
 import numpy as np
 from timing import median_seconds
 
-from linattn_verify.inputs import validate
+from linattn_verify.families import validate
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 from linattn_verify.specs import Spec

@@ -17,10 +17,10 @@ Kinds (the draws of the property suite; regimes.py says which regime each case i
   large features: a normaliser kept in float16 overflows);
 - large-norm: q, k ~ N(0, 1) and about a third of their rows scaled to norm magnitude
   (Performer exponents |x'|^2 / 2 far outside exp's range).
-The delta rule's inputs (Case.arguments) have unit-norm keys, as its layers hand them to the
-kernel (for a kernel that normalises them itself, Spec.qk_l2norm, the normal kind's keys are
-drawn raw), beta ~ U(0, 1), and its own kinds (DELTA_KINDS, drawn as normal otherwise); the
-magnitude scales q alone (the keys are normalised, v is N(0, 1) as for every kind):
+The delta rule's inputs (families/delta/inputs.py) have unit-norm keys, as its layers hand
+them to the kernel (for a kernel that normalises them itself, Spec.qk_l2norm, the normal
+kind's keys are drawn raw), beta ~ U(0, 1), and its own kinds (DELTA_KINDS, drawn as normal
+otherwise); the magnitude scales q alone (the keys are normalised, v is N(0, 1) as for every kind):
 - beta-near-two: beta in (2 - 2^-4, 2): I - beta k k^T nearly a reflection;
 - long-keys: every key of norm exp(U(-1, 1)) (0.37 to 2.7): I - beta k k^T expands by up to
   |1 - beta |k|^2| (the kernel is still given them as they are);
@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .inputs import UNIT_ROUNDOFF, pack_delta
-from .specs import Spec, SpecError
+from .inputs import UNIT_ROUNDOFF
+from .specs import SpecError
 
 KINDS = (
     "normal",
@@ -128,39 +128,16 @@ class Case:
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(q, k, v, W) in the case's dtype and device; W is None unless m is set."""
-        return self._rounded(*self._float64_tensors())
+        return self.rounded(*self.float64_tensors())
 
-    def arguments(self, spec: Spec) -> tuple[torch.Tensor | None, ...]:
-        """(q, k, v, W, decay) of `spec` on this case: the tensors, and the decay (Case.decay);
-        for the delta rule, keys as the module docstring says and the decay argument beta
-        with its gates (inputs.pack_delta)."""
-        if not spec.delta_rule:
-            return (*self.tensors(), self.decay(spec.decay))
-        q, k, v, w = self._float64_tensors()
-        gen = torch.Generator().manual_seed(self.seed * 7919 + 2)
-        if self.kind == "parallel-keys":  # at any magnitude: from the unit first key
-            first = k[..., :1, :] / k[..., :1, :].norm(dim=-1, keepdim=True).clamp(min=1e-300)
-            k = first + 1e-3 * torch.randn(k.shape, generator=gen, **_F64)
-        if not spec.qk_l2norm or self.kind != "normal":
-            norms = torch.ones(k.shape[:-1], **_F64)
-            if self.kind == "long-keys":
-                norms = torch.exp(2 * torch.rand(k.shape[:-1], generator=gen, **_F64) - 1)
-            k = k * (norms / k.norm(dim=-1).clamp(min=1e-300))[..., None]
-        beta = torch.rand(k.shape[:-1], generator=gen, **_F64)
-        if self.kind == "beta-near-two":
-            beta = 2 - beta / 16
-        q, k, v, w = self._rounded(q, k, v, w)
-        (beta,) = self._rounded(beta)
-        return q, k, v, w, pack_delta(beta, self.decay(spec.decay))
-
-    def _float64_tensors(self) -> tuple[torch.Tensor | None, ...]:
+    def float64_tensors(self) -> tuple[torch.Tensor | None, ...]:
         """(q, k, v, W) as drawn, in float64 before rounding."""
         gen = torch.Generator().manual_seed(self.seed)
         q, k, v = _draw(self, gen)
         w = None if self.m is None else torch.randn(self.m, self.d, generator=gen, **_F64)
         return q, k, v, w
 
-    def _rounded(self, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    def rounded(self, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """float64 tensors clipped to the case's dtype's range, rounded to it, on its device."""
         dtype = getattr(torch, self.dtype)
         top = torch.finfo(dtype).max
@@ -202,20 +179,11 @@ def log_gates(rates: torch.Tensor, shape: tuple[int, ...], seed: int) -> torch.T
     return rate * torch.log(uniform)
 
 
-def default_decay(spec: Spec, q: torch.Tensor) -> torch.Tensor | None:
-    """The decay argument of `spec` for inputs q (B, H, N, d) that come from no case (the
-    scaling runs), constant over tokens, in q's dtype and device: the cases' default
-    decay (Case.decay at DECAY_RATE), gamma = exp(-DECAY_RATE) per head or gates of
-    -DECAY_RATE; for the delta rule with beta = 1 / d (beta |k|^2 about 1 for N(0, 1)
-    keys: I - beta k k^T stays near a projection) packed with them."""
-    if spec.delta_rule:
-        beta = torch.full(q.shape[:3], 1 / q.shape[-1], dtype=q.dtype, device=q.device)
-        return pack_delta(beta, _constant_decay(spec.decay, q))
-    return _constant_decay(spec.decay, q)
-
-
-def _constant_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
-    """default_decay's values of a decay `kind` (None: no decay)."""
+def constant_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
+    """The decay of a decay `kind` (None: no decay) for inputs q (B, H, N, d) that come from
+    no case (the scaling runs), constant over tokens, in q's dtype and device: the cases'
+    default decay (Case.decay at DECAY_RATE), gamma = exp(-DECAY_RATE) per head or gates of
+    -DECAY_RATE."""
     if kind is None:
         return None
     shape = {"constant": q.shape[1:2], "gates": q.shape[:3], "channel-gates": q.shape}[kind]

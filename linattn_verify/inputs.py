@@ -155,41 +155,7 @@ def validate(
     va, _ = as_float64(v, "v")
     proj = None if projection is None else as_float64(projection, "projection")[0]
     check_shapes(qa.shape, ka.shape, va.shape, spec, None if proj is None else proj.shape)
-    if not spec.delta_rule:
-        return AttentionInputs(qa, ka, va, proj, qdtype, check_decay(decay, spec, qa.shape))
-    if decay is None:
-        raise SpecError(f"{spec} needs beta (B, H, N)")
-    width = 1 + {None: 0, "gates": 1, "channel-gates": qa.shape[3]}[spec.decay]
-    if getattr(decay, "ndim", None) != 4 or decay.shape[-1] != width:
-        got = tuple(getattr(decay, "shape", ()))
-        raise SpecError(f"{spec} takes beta and its gates packed (B, H, N, {width}), got {got}")
-    given = delta_arguments(spec, decay)
-    beta, _ = as_float64(given["beta"], "beta")
-    if beta.shape != qa.shape[:3]:
-        raise SpecError(f"beta must have shape {qa.shape[:3]}, got {beta.shape}")
-    gates = check_decay(given.get("g"), spec, qa.shape)
-    return AttentionInputs(qa, ka, va, proj, qdtype, gates, beta)
-
-
-def pack_delta(beta: Any, g: Any = None) -> Any:
-    """The delta rule's per-token inputs as the one decay argument the checks carry:
-    beta (B, H, N) and the log-gates g, none, (B, H, N) or (B, H, N, d), stacked along a
-    last axis (B, H, N, 1 + F) (torch tensors), so that slicing tokens slices both."""
-    import torch
-
-    parts = [beta[..., None]] + ([] if g is None else [g if g.dim() == 4 else g[..., None]])
-    return torch.cat(parts, -1)
-
-
-def delta_arguments(spec: Spec, packed: Any) -> dict[str, Any]:
-    """The keywords beta= and (with a decay) g= of a delta-rule spec from pack_delta's
-    packed tensor or array, in its layout ((B, H, N, 1 + F) or (B, N, H, 1 + F))."""
-    if getattr(packed, "ndim", None) != 4:
-        raise SpecError(f"{spec} takes beta (and g) packed (B, H, N, 1 + F): inputs.pack_delta")
-    if spec.decay is None:
-        return {"beta": packed[..., 0]}
-    g = packed[..., 1] if spec.decay == "gates" else packed[..., 1:]
-    return {"beta": packed[..., 0], "g": g}
+    return AttentionInputs(qa, ka, va, proj, qdtype, check_decay(decay, spec, qa.shape))
 
 
 def decay_values(spec: Spec, gamma: Any, g: Any) -> Any:

@@ -35,8 +35,10 @@ import torch
 
 from .accuracy.bound import scale_and_bound
 from .cases import DELTA_KINDS, Case
+from .families import case_arguments, validate
+from .families.delta.inputs import delta_arguments, pack_delta
 from .families.delta.reference import arb_delta_decimal
-from .inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments, pack_delta, validate
+from .inputs import UNIT_ROUNDOFF, AttentionInputs
 from .reference.arb import arb_decimal
 from .regimes import magnitude_range, regime_of
 from .specs import (
@@ -292,7 +294,7 @@ def vector_inputs(spec: Spec, case: Case) -> tuple[tuple[torch.Tensor | None, ..
     """(q, k, v, projection, decay) as Case.arguments draws them, and a vector's stored
     inputs: q, k, v, the projection, and the decay's gamma or g, or the delta rule's beta
     (and g) apart, as the kernels take them."""
-    q, k, v, w, decay = tensors = case.arguments(spec)
+    q, k, v, w, decay = tensors = case_arguments(case, spec)
     inputs = {"q": _encode(q), "k": _encode(k), "v": _encode(v), "projection": _encode(w)}
     if spec.delta_rule:
         inputs |= {key: _encode(t) for key, t in delta_arguments(spec, decay).items()}

@@ -18,9 +18,9 @@ from linattn_verify.accuracy import (
     judge,
     scale_and_bound,
 )
-from linattn_verify.families import exact
+from linattn_verify.families import case_arguments, exact, validate
 from linattn_verify.implementations import golden_attention
-from linattn_verify.inputs import UNIT_ROUNDOFF, validate
+from linattn_verify.inputs import UNIT_ROUNDOFF
 
 ALL = list(lv.FEATURE_MAPS)
 
@@ -118,7 +118,7 @@ def test_where_the_denominator_cancels_the_budget_grows_with_its_error():
 
     spec = lv.Spec("identity", causal=True, decay="gates")
     case = Case(2, 3, 65, 5, 4, "float32", "normal", 1.0, 7)
-    q, k, v, w, decay = case.arguments(spec)
+    q, k, v, w, decay = case_arguments(case, spec)
     x = validate(q, k, v, spec, w, decay)
     ref = exact(x, spec)
     golden = golden_attention(q, k, v, spec, w, "quadratic", decay)

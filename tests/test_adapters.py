@@ -13,7 +13,9 @@ import torch
 
 from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable
 from linattn_verify.cases import Case
-from linattn_verify.inputs import UNIT_ROUNDOFF, pack_delta
+from linattn_verify.families import case_arguments
+from linattn_verify.families.delta.inputs import pack_delta
+from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.specs import QK_L2NORM_EPS
 from linattn_verify.under_test import ImplementationFailure, resolve
 
@@ -123,7 +125,7 @@ def test_adapter_shape_and_dtype(name: str, dtype: torch.dtype) -> None:
     raises ImplementationFailure on a wrong shape."""
     impl = implementation(ADAPTERS[name])
     q, k, v, w = inputs(ADAPTERS[name], dtype)
-    out = impl(q, k, v, w, Case(B, H, N, D, DV, str(dtype)[6:]).arguments(impl.spec)[-1])
+    out = impl(q, k, v, w, case_arguments(Case(B, H, N, D, DV, str(dtype)[6:]), impl.spec)[-1])
     assert tuple(out.shape) == (B, H, N, DV)
     assert out.dtype == dtype
     assert out.device == q.device

@@ -14,7 +14,8 @@ from flint import arb
 
 from linattn_verify.accuracy import bound
 from linattn_verify.accuracy.bound import denominator_condition, scale_and_bound
-from linattn_verify.inputs import UNIT_ROUNDOFF, validate
+from linattn_verify.families import validate
+from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.reference import certified
 from linattn_verify.reference import certified_decay as decayed
 from linattn_verify.reference.balls import working_precision

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from linattn_verify.families import exact
-from linattn_verify.inputs import validate
+from linattn_verify.families import exact, validate
 from linattn_verify.reference import CERTIFIED_SHARE, certified_attention
 from linattn_verify.reference import certified as engine
 from linattn_verify.reference import certified_decay as decayed

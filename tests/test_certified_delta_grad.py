@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.families import validate
 from linattn_verify.families.delta import certified_gradients as cdg
 from linattn_verify.families.delta.certified_gradients import certified_delta_gradients
 from linattn_verify.families.delta.gradient_bound import delta_gradient_magnitudes
 from linattn_verify.families.delta.gradients import exact_delta_gradients
-from linattn_verify.inputs import pack_delta, validate
+from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
 from tests.test_delta_grad_reference import _spec, typical_draws
 

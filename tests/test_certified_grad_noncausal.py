@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.inputs import validate
+from linattn_verify.families import validate
 from linattn_verify.reference.certified_grad import certified_gradients
 from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import RSQRT_D, Spec

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.inputs import validate
+from linattn_verify.families import validate
 from linattn_verify.reference import certified_grad_softmax
 from linattn_verify.reference.certified import CERTIFIED_SHARE
 from linattn_verify.reference.certified_grad import certified_gradients

@@ -17,9 +17,15 @@ from linattn_verify.accuracy.bound import scale_and_bound, state_bound, state_gr
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS
-from linattn_verify.families import attention, attention_varlen, exact_state, golden_attention
+from linattn_verify.families import (
+    attention,
+    attention_varlen,
+    exact_state,
+    golden_attention,
+    validate,
+)
 from linattn_verify.implementations.decayed import decayed_attention
-from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, validate
+from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 from linattn_verify.reference.state import exact_state_gradients

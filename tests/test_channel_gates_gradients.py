@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from linattn_verify.cases import Case
-from linattn_verify.inputs import validate
+from linattn_verify.families import validate
 from linattn_verify.reference.grad import (
     exact_gradients,
     exact_gradients_and_magnitudes,

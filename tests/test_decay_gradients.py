@@ -14,8 +14,7 @@ from linattn_verify.accuracy.gradient import judge_gradients
 from linattn_verify.accuracy.verdict import K_BUDGET
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS, not_applicable
-from linattn_verify.families import golden_attention
-from linattn_verify.inputs import validate
+from linattn_verify.families import golden_attention, validate
 from linattn_verify.reference.grad import (
     gradient_magnitudes,
     gradient_names,

@@ -17,8 +17,7 @@ import torch
 
 import linattn_verify as lv
 from linattn_verify.accuracy.bound import scale_and_bound
-from linattn_verify.families import attention, attention_with_state, exact_state
-from linattn_verify.inputs import validate
+from linattn_verify.families import attention, attention_with_state, exact_state, validate
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 DECAYED_MAPS = [

@@ -13,9 +13,10 @@ import torch
 from linattn_verify.accuracy.bound import scale_and_bound, state_bound
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import DELTA_KINDS, Case
-from linattn_verify.families import exact, exact_state, golden_attention
+from linattn_verify.families import case_arguments, exact, exact_state, golden_attention, validate
 from linattn_verify.families.delta.forms import delta_attention
-from linattn_verify.inputs import UNIT_ROUNDOFF, delta_arguments, validate
+from linattn_verify.families.delta.inputs import delta_arguments
+from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.specs import DELTA_DECAYS, RSQRT_D, Spec
 
 KINDS = ("normal", *DELTA_KINDS)
@@ -32,7 +33,7 @@ def _spec(decay: str | None) -> Spec:
 def _judged(case: Case, spec: Spec) -> None:
     """Every built-in evaluation of `case` (the golden recurrence, the recurrent and chunked
     forms, chunks of 16 and 64) within the bound."""
-    q, k, v, _, packed = case.arguments(spec)
+    q, k, v, _, packed = case_arguments(case, spec)
     x = validate(q, k, v, spec, None, packed)
     ref = exact(x, spec)
     u = UNIT_ROUNDOFF[case.dtype]
@@ -71,7 +72,7 @@ def test_an_underflowing_gate_leaves_the_bound_finite():
     """A log-gate of -800 (exp(g) is 0 in float64) erases the state: the tokens after it are
     judged as a fresh start, not left unbounded."""
     spec = _spec("gates")
-    q, k, v, _, packed = Case(1, 1, 12, 4, 3, "float32", seed=6).arguments(spec)
+    q, k, v, _, packed = case_arguments(Case(1, 1, 12, 4, 3, "float32", seed=6), spec)
     packed[:, :, 3, 1] = -800.0
     x = validate(q, k, v, spec, None, packed)
     assert np.all(np.isfinite(scale_and_bound(x, spec, None, 2.0**-24)[1]))
@@ -81,7 +82,7 @@ def test_an_underflowing_gate_leaves_the_bound_finite():
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_final_state_is_within_the_state_bound(decay, kind):
     spec = _spec(decay)
-    q, k, v, _, packed = Case(1, 2, 70, 4, 3, "float32", kind, seed=5).arguments(spec)
+    q, k, v, _, packed = case_arguments(Case(1, 2, 70, 4, 3, "float32", kind, seed=5), spec)
     x = validate(q, k, v, spec, None, packed)
     want = exact_state(x, spec)[0]
     allowed = state_bound(x, spec, UNIT_ROUNDOFF["float32"])[0]
@@ -95,7 +96,7 @@ def test_the_bound_is_not_vacuous_on_typical_inputs(decay):
     """Below the output's scale (bound u < 1): the bound says something about float32
     outputs, where a componentwise one (|A_t| up to 1 + beta a step) would allow 10^30."""
     spec = _spec(decay)
-    q, k, v, _, packed = Case(1, 1, 256, 16, 4, "float32", seed=1).arguments(spec)
+    q, k, v, _, packed = case_arguments(Case(1, 1, 256, 16, 4, "float32", seed=1), spec)
     _, bound = scale_and_bound(validate(q, k, v, spec, None, packed), spec, None, 2.0**-24)
     assert np.max(bound) * 2.0**-24 < 1
 
@@ -104,7 +105,7 @@ def test_a_wrong_output_exceeds_the_bound():
     """beta applied to v_t alone (u_t = beta v_t - S^T k_t), the zoo's first delta-rule bug,
     is far outside the bound in float32."""
     spec = _spec(None)
-    q, k, v, _, packed = Case(1, 2, 40, 4, 3, "float32", seed=2).arguments(spec)
+    q, k, v, _, packed = case_arguments(Case(1, 2, 40, 4, 3, "float32", seed=2), spec)
     x = validate(q, k, v, spec, None, packed)
     ref, beta = exact(x, spec), delta_arguments(spec, packed)["beta"].double()
     s = torch.zeros(1, 2, 4, 3, dtype=torch.float64)

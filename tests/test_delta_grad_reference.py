@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.families import validate
 from linattn_verify.families.delta.gradients import (
     arb_delta_gradients,
     exact_delta_gradients,
     mp_delta_gradients,
 )
+from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.families.delta.reference import mp_delta
-from linattn_verify.inputs import pack_delta, validate
 from linattn_verify.reference.common import ReferenceAccuracyError
 from linattn_verify.reference.grad import gradient_names
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError

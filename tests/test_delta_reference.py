@@ -19,8 +19,9 @@ import pytest
 import torch
 from flint import arb, arb_mat
 
-from linattn_verify.families import exact, exact_state, reference
+from linattn_verify.families import exact, exact_state, reference, validate
 from linattn_verify.families.delta import reference as engine
+from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.families.delta.reference import (
     arb_delta,
     certified_delta,
@@ -29,7 +30,6 @@ from linattn_verify.families.delta.reference import (
     float64_delta,
     mp_delta,
 )
-from linattn_verify.inputs import pack_delta, validate
 from linattn_verify.reference import ReferenceAccuracyError
 from linattn_verify.reference.balls import balls, working_precision
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError

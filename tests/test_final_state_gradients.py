@@ -10,8 +10,8 @@ import torch
 
 from linattn_verify.accuracy.gradient import allowance
 from linattn_verify.cases import Case
+from linattn_verify.families import validate
 from linattn_verify.implementations.decayed import decayed_attention
-from linattn_verify.inputs import validate
 from linattn_verify.reference.final_state import final_state_gradients
 from linattn_verify.reference.grad import roundings
 from linattn_verify.specs import Spec

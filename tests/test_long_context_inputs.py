@@ -17,7 +17,7 @@ from linattn_verify.checks.long_context import (
     long_decay,
     not_applicable,
 )
-from linattn_verify.inputs import delta_arguments
+from linattn_verify.families.delta.inputs import delta_arguments
 from linattn_verify.specs import Spec
 from linattn_verify.under_test import resolve
 

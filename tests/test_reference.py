@@ -13,8 +13,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 import linattn_verify as lv
-from linattn_verify.families import exact
-from linattn_verify.inputs import validate
+from linattn_verify.families import exact, validate
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import linattn_verify as lv
-from linattn_verify.inputs import validate
+from linattn_verify.families import validate
 from linattn_verify.reference.common import ReferenceAccuracyError
 from linattn_verify.reference.grad import (
     _refined_gradients,

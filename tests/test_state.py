@@ -15,8 +15,8 @@ import torch
 from linattn_verify.accuracy.bound import state_bound
 from linattn_verify.cases import Case
 from linattn_verify.cli import main
-from linattn_verify.families import attention_with_state, exact_state
-from linattn_verify.inputs import UNIT_ROUNDOFF, validate
+from linattn_verify.families import attention_with_state, exact_state, validate
+from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.reference.mp import features as mp_features
 from linattn_verify.reference.mp import nearest
 from linattn_verify.specs import Spec, SpecError

@@ -11,8 +11,7 @@ import torch
 from linattn_verify.accuracy.bound import state_gradient_bound
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS, not_applicable
-from linattn_verify.families import attention_with_state, exact_state
-from linattn_verify.inputs import validate
+from linattn_verify.families import attention_with_state, exact_state, validate
 from linattn_verify.reference.state import exact_state_gradients
 from linattn_verify.specs import Spec, SpecError
 from linattn_verify.under_test import DECLARED, resolve

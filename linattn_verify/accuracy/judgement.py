@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..families import exact, golden_attention, golden_forms
-from ..inputs import AttentionInputs, round_to_tf32, validate
+from ..families import case_arguments, exact, golden_attention, golden_forms, validate
+from ..inputs import AttentionInputs, round_to_tf32
 from ..specs import Spec
 from .bound import FEATURE_MODEL
 from .verdict import AccuracyVerdict, judge
@@ -55,5 +55,5 @@ class Judgement:
 @functools.lru_cache(maxsize=256)
 def _of_case(case: Case, spec: Spec, feature_model: str) -> Judgement:
     """Judgement.of_case; feature_model is part of the key (the bound depends on it)."""
-    q, k, v, w, decay = case.arguments(spec)
+    q, k, v, w, decay = case_arguments(case, spec)
     return Judgement.of(q, k, v, w, spec, decay)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ..accuracy.judgement import Judgement
 from ..cases import Case
-from ..families import golden_attention, golden_forms
+from ..families import case_arguments, golden_attention, golden_forms
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, check, inputs_of
@@ -25,7 +25,7 @@ from .worst import worst_element
 def reference_agreement(impl: Implementation, case: Case) -> Outcome:
     """Judge the output against the exact reference: within the a-priori bound, and within
     K_BUDGET times the error of the golden forms in the same dtype."""
-    q, k, v, w, decay = case.arguments(impl.spec)
+    q, k, v, w, decay = case_arguments(case, impl.spec)
     out = impl(q, k, v, w, decay)
     if tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return Outcome(False, f"output shape {tuple(out.shape)} is not (B, H, N, dv)")

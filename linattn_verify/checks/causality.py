@@ -14,7 +14,7 @@ import itertools
 import torch
 
 from ..cases import Case
-from ..inputs import validate
+from ..families import case_arguments, validate
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, case_generator, check, inputs_of
@@ -32,7 +32,7 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     t = int(torch.randint(case.n - 1, (1,), generator=case_generator(case, 2)))
     top = torch.finfo(q.dtype).max
     other = dataclasses.replace(case, seed=case.seed + 1, magnitude=min(4 * case.magnitude, top))
-    q2, k2, v2, _, decay2 = other.arguments(spec)  # later gates (and beta) changed too
+    q2, k2, v2, _, decay2 = case_arguments(other, spec)  # later gates (and beta) changed too
     later = slice(t + 1, None)
     q2, k2 = (
         torch.cat([q[..., : t + 1, :], q2[..., later, :]], -2),

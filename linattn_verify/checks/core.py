@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..inputs import AttentionInputs, validate
+from ..families import case_arguments, validate
+from ..inputs import AttentionInputs
 from ..regimes import regime_of
 from ..results import CheckResult
 from ..specs import Spec
@@ -39,7 +40,7 @@ def first_marked(bad: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
 
 def inputs_of(case: Case, spec: Spec) -> tuple[tuple, AttentionInputs]:
     """((q, k, v, W, decay) tensors of Case.arguments, their exact float64 copies)."""
-    q, k, v, w, decay = case.arguments(spec)
+    q, k, v, w, decay = case_arguments(case, spec)
     return (q, k, v, w, decay), validate(q, k, v, spec, w, decay)
 
 

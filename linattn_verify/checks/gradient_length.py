@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from ..accuracy.gradient import gradient_names, judge_gradients
-from ..families import family_of, long_form
-from ..inputs import unit_roundoff, validate
+from ..families import family_of, long_form, validate
+from ..inputs import unit_roundoff
 from ..reference.certified import CERTIFIED_SHARE
 from ..results import CheckResult
 from ..specs import Spec

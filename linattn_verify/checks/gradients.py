@@ -36,7 +36,7 @@ from ..accuracy.gradient import (
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
 from ..families import family_of, golden_attention, golden_forms
-from ..inputs import UNIT_ROUNDOFF, AttentionInputs, delta_arguments
+from ..inputs import UNIT_ROUNDOFF, AttentionInputs
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, first_marked, inputs_of
@@ -80,15 +80,17 @@ def autograd_gradients(
                 f"backward raised {type(err).__name__}: {err}"
             ) from None  # fmt: skip
     grads = [torch.zeros_like(leaf) if d is None else d for leaf, d in zip(leaves, grads)]
-    packed = spec is not None and spec.delta_rule
-    for name, leaf, grad in zip((*NAMES, "(beta, g)" if packed else "g"), leaves, grads):
+    packed = len(names) > len(NAMES)  # the decay's leaf: a family's packed argument
+    arguments = ", ".join(family_of(spec).argument_names(spec)) if packed else ""
+    leaf_names = (*NAMES, f"({arguments})" if "," in arguments else arguments)
+    for name, leaf, grad in zip(leaf_names, leaves, grads):
         if grad.shape != leaf.shape or grad.dtype != leaf.dtype:
             raise ImplementationFailure(
                 f"d{name} has shape {tuple(grad.shape)} and dtype {grad.dtype}, expected "
                 f"{tuple(leaf.shape)} and {leaf.dtype}"
             )
-    if packed:
-        grads = grads[:3] + list(delta_arguments(spec, grads[3]).values())
+    if packed:  # the packed argument's gradient as its keywords'
+        grads = grads[:3] + list(family_of(spec).keywords(spec, grads[3], "bhnd").values())
     return {name: as_array(grad) for name, grad in zip(names, grads, strict=True)}
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..inputs import validate
+from ..families import validate
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, case_generator, check, decay_part, inputs_of

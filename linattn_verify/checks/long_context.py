@@ -63,9 +63,10 @@ from ..accuracy.verdict import (
     rounded_to_inf,
 )
 from ..cases import log_gates
-from ..families import golden_attention, long_form
+from ..families import golden_attention, long_form, validate
+from ..families.delta.inputs import pack_delta
 from ..implementations.projection import sample_projection_torch
-from ..inputs import SMALLEST_SUBNORMAL, pack_delta, unit_roundoff, validate
+from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
 from ..reference.certified import Certified, settle_rows
 from ..results import CheckResult
 from ..scaling.cost import Cost, counted

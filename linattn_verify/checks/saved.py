@@ -11,8 +11,7 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..families import exact
-from ..inputs import validate
+from ..families import case_arguments, exact, validate
 from ..specs import DECAY_ARGUMENTS
 from ..under_test import Implementation, ImplementationFailure
 
@@ -29,7 +28,7 @@ def save_case(impl: Implementation, case: Case, path: Path) -> str:
     float64, NaN where it is 0/0), and the case, spec, dtype and implementation as strings;
     return a line saying what was written. An output the implementation does not give (an
     exception) is left out and named in `problem`."""
-    q, k, v, w, decay = case.arguments(impl.spec)
+    q, k, v, w, decay = case_arguments(case, impl.spec)
     arrays = {"q": _array(q), "k": _array(k), "v": _array(v)}
     if w is not None:
         arrays["projection"] = _array(w)

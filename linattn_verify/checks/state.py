@@ -27,8 +27,8 @@ import torch
 
 from ..accuracy.bound import state_bound
 from ..cases import Case
-from ..families import exact_state
-from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff, validate
+from ..families import exact_state, validate
+from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
 from ..reference.certified import float_features
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch

@@ -29,7 +29,8 @@ from ..families import exact_state
 from ..families.delta.golden import golden_delta_with_state
 from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
 from ..families.delta.gradients import exact_delta_gradients
-from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, delta_arguments
+from ..families.delta.inputs import delta_arguments
+from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ..reference.common import ReferenceAccuracyError
 from ..reference.final_state import final_state_gradients
 from ..reference.grad import roundings

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ..accuracy.judgement import Judgement
 from ..cases import Case
+from ..families import case_arguments
 from ..under_test import Implementation
 from .core import Outcome, check
 
@@ -20,7 +21,7 @@ def value_heads(impl: Implementation, case: Case) -> Outcome:
     """The output for G H value heads within the bound and the budget of the exact one,
     head hv from q and k of head hv // G."""
     groups = impl.spec.value_heads
-    q, k, v, w, decay = replace(case, h=case.h * groups).arguments(impl.spec)
+    q, k, v, w, decay = case_arguments(replace(case, h=case.h * groups), impl.spec)
     q, k = q[:, ::groups].contiguous(), k[:, ::groups].contiguous()  # H heads
     out = impl(q, k, v, w, decay)
     wide = (t.repeat_interleave(groups, dim=1) for t in (q, k))

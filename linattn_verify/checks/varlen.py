@@ -15,7 +15,7 @@ import itertools
 import torch
 
 from ..cases import Case
-from ..inputs import validate
+from ..families import case_arguments, validate
 from ..specs import Spec
 from ..under_test import Implementation
 from .compare import Tolerance, mismatch
@@ -32,7 +32,7 @@ def _sequence(case: Case, s: int, n: int, spec: Spec) -> list[torch.Tensor | Non
     """q, k, v (1, H, n, d) of packed sequence s and its decay (Case.arguments): drawn
     afresh, of the case's kind and magnitude, so that no two sequences share a token."""
     drawn = dataclasses.replace(case, b=1, n=n, seed=case.seed + 7919 * (s + 1))
-    q, k, v, _, decay = drawn.arguments(spec)
+    q, k, v, _, decay = case_arguments(drawn, spec)
     return [q, k, v, decay]
 
 

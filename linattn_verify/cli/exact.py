@@ -7,8 +7,7 @@ import time
 
 import numpy as np
 
-from ..families import exact
-from ..inputs import validate
+from ..families import exact, validate
 from ..report.accuracy import Sweep, sweep_inputs
 from ..specs import FEATURE_MAPS, Spec
 from . import options

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..cases import default_decay
+from ..families import default_arguments
 from ..implementations import sample_projection_torch
 from ..jsonable import dumps
 from ..report import (
@@ -132,7 +132,7 @@ def _probe(impl: Implementation, device: str) -> str | None:
         w = w.to(device)
     q, k, v = attention_inputs(16, d=16, dv=16, device=device)
     try:
-        impl(q, k, v, w, default_decay(impl.spec, q))
+        impl(q, k, v, w, default_arguments(impl.spec, q))
     except ImplementationFailure as err:
         return f"{impl.name} {err}"
     return None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..cases import default_decay
+from ..families import default_arguments
 from ..implementations import sample_projection_torch
 from ..scaling import attention_inputs, plot_scaling, scaling_result
 from ..under_test import ImplementationFailure
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         w = sample_projection_torch(args.d, args.d, "orthogonal", generator)
 
     def fn(q, k, v):
-        return impl(q, k, v, w, default_decay(impl.spec, q))
+        return impl(q, k, v, w, default_arguments(impl.spec, q))
 
     try:  # one small call first: an implementation that fails at all fails here, by name
         fn(*attention_inputs(256, d=args.d, dv=args.d))

@@ -6,7 +6,9 @@ from .dispatch import (
     attention,
     attention_varlen,
     attention_with_state,
+    case_arguments,
     certified,
+    default_arguments,
     exact,
     exact_state,
     fast_form,
@@ -15,6 +17,7 @@ from .dispatch import (
     golden_forms,
     long_form,
     reference,
+    validate,
 )
 from .protocol import Family
 from .registry import FAMILIES, family_of
@@ -25,7 +28,9 @@ __all__ = [
     "attention",
     "attention_varlen",
     "attention_with_state",
+    "case_arguments",
     "certified",
+    "default_arguments",
     "exact",
     "exact_state",
     "family_of",
@@ -35,4 +40,5 @@ __all__ = [
     "golden_forms",
     "long_form",
     "reference",
+    "validate",
 ]

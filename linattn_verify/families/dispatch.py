@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cases import Case
 from ..implementations.forms import DEFAULT_CHUNK
-from ..inputs import AttentionInputs, validate
+from ..inputs import AttentionInputs
 from ..reference import ENGINES
 from ..reference.certified import Certified
 from ..specs import Spec, SpecError
@@ -23,6 +24,26 @@ def exact(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.ndarray:
     if engine not in ENGINES:
         raise SpecError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     return family_of(spec).exact(x, spec, engine)
+
+
+def validate(
+    q: Any, k: Any, v: Any, spec: Spec, projection: Any = None, decay: Any = None
+) -> AttentionInputs:
+    """Exact float64 copies of inputs checked against any spec (inputs.validate's; decay
+    the family's packed argument: Family.pack)."""
+    return family_of(spec).validate(q, k, v, spec, projection, decay)
+
+
+def case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
+    """(q, k, v, W, decay) of `spec` on a case: the tensors and the family's packed argument
+    (a decay's gamma or log-gates, the delta rule's beta and gates)."""
+    return family_of(spec).case_arguments(case, spec)
+
+
+def default_arguments(spec: Spec, q: torch.Tensor) -> torch.Tensor | None:
+    """The packed argument for inputs q (B, H, N, d) that come from no case (the scaling
+    runs), constant over tokens, in q's dtype and device."""
+    return family_of(spec).default_arguments(spec, q)
 
 
 def certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:

@@ -31,7 +31,12 @@ class Family:
     in the horizontal packages); source: where its formulas come from.
     claims(spec): whether `spec` is this family's (the registry asks the families in order).
     arguments: the keywords its kernels take beyond q, k, v and W (gamma, g, beta).
-    pack(spec, arguments): those arguments as inputs.validate takes them (its `decay`).
+    pack(spec, arguments): those arguments as one per-call tensor (the checks' `decay`);
+    argument_names(spec): the keywords a kernel of `spec` takes it by; keywords(spec,
+    packed, layout): those keywords' tensors from the packed one, in the kernel's layout.
+    validate(q, k, v, spec, projection, packed): exact float64 inputs (inputs.validate's).
+    case_arguments(case, spec): (q, k, v, W, packed) of a case (cases.Case);
+    default_arguments(spec, q): the packed argument of inputs from no case (scaling runs).
     forms(spec): the built-in forms that evaluate `spec`, the fast one last.
     attention(q, k, v, spec, form, projection, chunk_size, arguments): a built-in form's
     output; attention_with_state(..., initial_state, arguments): (output, final state);
@@ -61,6 +66,11 @@ class Family:
     claims: Callable[[Spec], bool]
     arguments: tuple[str, ...]
     pack: Callable[[Spec, dict[str, Any]], Any]
+    argument_names: Callable[[Spec], tuple[str, ...]]
+    keywords: Callable[[Spec, Any, str], dict[str, Any]]
+    validate: Callable[..., AttentionInputs]
+    case_arguments: Callable[..., tuple[torch.Tensor | None, ...]]
+    default_arguments: Callable[[Spec, torch.Tensor], torch.Tensor | None]
     forms: Callable[[Spec], tuple[str, ...]]
     attention: Callable[..., torch.Tensor]
     attention_with_state: Callable[..., tuple[torch.Tensor, Any]]

@@ -12,15 +12,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cases import Case, constant_decay
 from ..implementations import forms, golden
-from ..inputs import AttentionInputs, decay_values
+from ..inputs import AttentionInputs, decay_values, validate
 from ..reference import exact_attention
 from ..reference.arb import arb_denominator_signs
 from ..reference.certified import Certified, certified_attention
 from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
-from ..specs import DECAY_SOURCES, FEATURE_MAPS, Spec
+from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
 from .protocol import Family
 
 
@@ -79,6 +80,21 @@ def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None)
     return certified_attention(x, spec, settle=settle)
 
 
+def _argument_names(spec: Spec) -> tuple[str, ...]:
+    return () if spec.decay is None else (DECAY_ARGUMENTS[spec.decay],)
+
+
+def _keywords(spec: Spec, packed: Any, layout: str) -> dict[str, Any]:
+    """gamma= or g= (specs.DECAY_ARGUMENTS); log-gates in the kernel's layout."""
+    if spec.gated and layout == "bnhd":
+        packed = packed.transpose(1, 2).contiguous()
+    return {name: packed for name in _argument_names(spec)}
+
+
+def _case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
+    return (*case.tensors(), case.decay(spec.decay))
+
+
 def _exact_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
     """The gradients and their magnitudes (reference/grad.py), or why L is undefined (an
     exact denominator of a normalised spec is 0)."""
@@ -101,6 +117,11 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         claims=claims,
         arguments=arguments,
         pack=lambda spec, arguments: decay_values(spec, arguments.get("gamma"), arguments.get("g")),
+        argument_names=_argument_names,
+        keywords=_keywords,
+        validate=validate,
+        case_arguments=_case_arguments,
+        default_arguments=lambda spec, q: constant_decay(spec.decay, q),
         forms=forms.forms_of,
         attention=_attention,
         attention_with_state=_attention_with_state,

@@ -17,6 +17,7 @@ import torch
 from ..accuracy.bound import gamma
 from ..accuracy.judgement import Judgement
 from ..cases import Case
+from ..families import case_arguments
 from ..implementations.golden import decay_matrix, quadratic_weights
 from ..inputs import UNIT_ROUNDOFF
 from ..sampling import sample_projection
@@ -55,7 +56,7 @@ def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
         w = w.to(t).to(sweep.device)
     case = Case(sweep.b, sweep.h, n, sweep.d, sweep.dv, dtype, seed=sweep.seed, device=sweep.device)
     if spec.delta_rule:
-        q, k, v, _, decay = case.arguments(spec)
+        q, k, v, _, decay = case_arguments(case, spec)
         return q, k, v, w, decay
     rng = np.random.default_rng([sweep.seed, n])
     shapes = [(sweep.b, sweep.h, n, sweep.d)] * 2 + [(sweep.b, sweep.h, n, sweep.dv)]

@@ -14,7 +14,8 @@ import torch
 from ..accuracy.gradient import judge_gradients
 from ..checks.core import as_array
 from ..checks.gradients import autograd_gradients, exact_judgement_inputs, golden_samples
-from ..inputs import UNIT_ROUNDOFF, validate
+from ..families import validate
+from ..inputs import UNIT_ROUNDOFF
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
 from .accuracy import Sweep, sweep_inputs

@@ -50,7 +50,8 @@ import numpy as np
 from ..accuracy.bound import scale_and_bound
 from ..accuracy.verdict import judge
 from ..checks.long_context import LONGEST, SMALLEST_LONGEST, Draw, standard
-from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff, validate
+from ..families import validate
+from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
 from ..specs import Spec
 from ..stats.estimators import one_thread
 from ..under_test import Implementation, ImplementationFailure

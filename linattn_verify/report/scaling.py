@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..cases import default_decay
+from ..families import default_arguments
 from ..implementations.projection import sample_projection_torch
 from ..scaling import ScalingResult, scaling_result
 from ..scaling.result import SDPA_MAX_N
@@ -46,7 +46,7 @@ def measure(
     try:
         result = scaling_result(
             impl.name,
-            lambda q, k, v: impl(q, k, v, w, default_decay(impl.spec, q)),
+            lambda q, k, v: impl(q, k, v, w, default_arguments(impl.spec, q)),
             expected,
             plan.cost_ns,
             time_ns if timed else None,

@@ -19,9 +19,9 @@ import torch
 from .. import triton_interpret
 from ..adapters import ADAPTERS
 from ..cases import Case
+from ..families import family_of
 from ..implementations.forms import DEFAULT_CHUNK
-from ..inputs import delta_arguments
-from ..specs import DECAY_ARGUMENTS, RSQRT_D, Spec, SpecError
+from ..specs import RSQRT_D, Spec, SpecError
 from ..target import load_target
 from . import builtin
 from .claim import CLAIM, DECLARED, SOURCE, SPEC_FIELDS, default_cost, words
@@ -163,27 +163,20 @@ class Implementation:
         return t.transpose(1, 2) if self.layout == "bnhd" else t
 
     def _keywords(self, projection, decay) -> dict[str, Any]:
-        """fn's keyword arguments besides q, k, v: the projection of a Performer map, the
-        decay of a decayed spec by its keyword (specs.DECAY_ARGUMENTS), log-gates (B, H, N)
-        or (B, H, N, d) in fn's layout ((B, N, H) or (B, N, H, d) for bnhd); for the delta
-        rule, beta and its gates (inputs.pack_delta) as beta= and g=."""
+        """fn's keyword arguments besides q, k, v: the projection of a Performer map, and the
+        spec's packed per-call argument `decay` (Family.pack: a decay's gamma or log-gates,
+        the delta rule's beta and gates) by the keywords its family names, in fn's layout
+        (Family.keywords)."""
         kwargs = {"projection": projection} if self.spec.info.needs_projection else {}
-        if self.spec.delta_rule:
-            if decay is None:
-                raise SpecError(f"{self.name} needs beta (the delta rule's)")
-            if self.layout == "bnhd":
-                decay = decay.transpose(1, 2)
-            given = delta_arguments(self.spec, decay)
-            return kwargs | {name: t.contiguous() for name, t in given.items()}
-        if self.spec.decay is None:
+        family = family_of(self.spec)
+        names = " and ".join(family.argument_names(self.spec))
+        if not names:
             if decay is not None:
                 raise SpecError(f"{self.name} takes no decay: its spec has none")
             return kwargs
         if decay is None:
-            raise SpecError(f"{self.name} needs its decay ({self.spec.decay})")
-        if self.spec.gated and self.layout == "bnhd":
-            decay = decay.transpose(1, 2).contiguous()
-        return kwargs | {DECAY_ARGUMENTS[self.spec.decay]: decay}
+            raise SpecError(f"{self.name} needs {names} ({family.name})")
+        return kwargs | family.keywords(self.spec, decay, self.layout)
 
     def running(self) -> contextlib.AbstractContextManager:
         """Where fn's kernels run, its backward included: Triton's interpreter with this

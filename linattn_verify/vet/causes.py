@@ -57,7 +57,7 @@ from ..accuracy.judgement import Judgement
 from ..accuracy.verdict import K_BUDGET, percent
 from ..cases import Case
 from ..checks.decay import judged_case
-from ..families import golden_attention, golden_forms
+from ..families import case_arguments, golden_attention, golden_forms
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, round_to_tf32
 from ..regimes import ELU_ROW_FLOOR
 from ..specs import Spec
@@ -392,7 +392,7 @@ def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause 
     if case.dtype != "float32" or spec.dot_precision is not None or not math.isfinite(error):
         return None
     judgement = Judgement.of_case(case, spec)
-    q, k, v, w, decay = case.arguments(spec)
+    q, k, v, w, decay = case_arguments(case, spec)
     rounded = [round_to_tf32(t) for t in (q, k, v)]
     verdicts = [
         judgement(golden_attention(*rounded, spec, w, form, decay)) for form in golden_forms(spec)

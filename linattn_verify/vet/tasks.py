@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from .. import triton_interpret
-from ..cases import Case, default_decay
+from ..cases import Case
 from ..checks import ALL_CHECKS, CHECKS
 from ..checks import gradient_length as gradient_length_check
 from ..checks import long_context as long_context_check
 from ..checks.search import search_regimes
+from ..families import case_arguments, default_arguments
 from ..implementations.projection import sample_projection_torch
 from ..kat import run_vectors
 from ..regimes import REGIMES
@@ -259,7 +260,7 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     m = OFFSETS_D if impl.spec.info.needs_projection else None
     for b, h in OFFSET_PROBES:
         case = Case(b, h, OFFSETS_N, OFFSETS_D, 3, "float32", "normal", 1.0, 7, m, device)
-        q, k, v, w, decay = case.arguments(impl.spec)
+        q, k, v, w, decay = case_arguments(case, impl.spec)
         with triton_interpret.watching_offsets() as seen:
             try:
                 impl(q, k, v, w, decay)
@@ -311,7 +312,7 @@ def scaling(
 
     result = scaling_result(
         impl.name,
-        lambda q, k, v: impl(q, k, v, w, default_decay(spec, q)),
+        lambda q, k, v: impl(q, k, v, w, default_arguments(spec, q)),
         expected,
         ns,
         causal=spec.causal,

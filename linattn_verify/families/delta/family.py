@@ -9,7 +9,7 @@ import torch
 
 from ...cases import DELTA_KINDS
 from ...implementations.forms import check_finite, check_tensors
-from ...inputs import AttentionInputs, decay_values, pack_delta
+from ...inputs import AttentionInputs, decay_values
 from ...reference.certified import Certified
 from ...specs import DELTA_SOURCE, Spec, SpecError
 from ..protocol import Family
@@ -19,6 +19,7 @@ from .forms import DELTA_FORMS, delta_attention, grouped
 from .golden import GOLDEN_DELTA_FORMS, golden_delta
 from .gradient_bound import delta_gradient_magnitudes, delta_roundings
 from .gradients import exact_delta_gradients
+from .inputs import case_arguments, default_arguments, delta_arguments, pack_delta, validate_delta
 from .reference import MP_MAX_STEPS, arb_delta, certified_delta, exact_delta_state, mp_delta
 
 
@@ -29,6 +30,13 @@ def _pack(spec: Spec, arguments: dict[str, Any]) -> torch.Tensor:
     gates = decay_values(spec, None, arguments.get("g"))
     beta = torch.as_tensor(arguments["beta"])
     return pack_delta(beta, None if gates is None else torch.as_tensor(gates))
+
+
+def _keywords(spec: Spec, packed: Any, layout: str) -> dict[str, Any]:
+    """beta= and g= from the packed argument, in the kernel's layout, contiguous."""
+    if layout == "bnhd":
+        packed = packed.transpose(1, 2)
+    return {name: t.contiguous() for name, t in delta_arguments(spec, packed).items()}
 
 
 def _attention_with_state(q, k, v, spec, form, projection, chunk_size, initial_state, arguments):
@@ -91,6 +99,11 @@ DELTA = Family(
     claims=lambda spec: spec.delta_rule,
     arguments=("beta", "g"),
     pack=_pack,
+    argument_names=lambda spec: ("beta",) + ("g",) * (spec.decay is not None),
+    keywords=_keywords,
+    validate=validate_delta,
+    case_arguments=case_arguments,
+    default_arguments=default_arguments,
     forms=lambda spec: DELTA_FORMS,
     attention=_attention,
     attention_with_state=_attention_with_state,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ...inputs import delta_arguments, validate
 from ...specs import QK_L2NORM_EPS, Spec, SpecError
+from .inputs import delta_arguments, validate_delta
 
 GOLDEN_DELTA_FORMS: tuple[str, ...] = ("recurrent",)
 
@@ -51,7 +51,7 @@ def golden_delta_with_state(
     dtype (float32 for float16, bfloat16 and float32 inputs: as a kernel carries it)."""
     if form not in GOLDEN_DELTA_FORMS:
         raise SpecError(f"the delta rule's golden form is 'recurrent', not {form!r}")
-    validate(q, k, v, spec, projection, decay)  # shapes, dtypes, finite values, beta, g
+    validate_delta(q, k, v, spec, projection, decay)  # shapes, dtypes, finite values, beta, g
     for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay)):
         if not isinstance(t, torch.Tensor):
             raise SpecError(f"{name} must be a torch tensor, got {type(t).__name__}")
