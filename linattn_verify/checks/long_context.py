@@ -63,8 +63,7 @@ from ..accuracy.verdict import (
     rounded_to_inf,
 )
 from ..cases import log_gates
-from ..families import golden_attention, long_form, validate
-from ..families.delta.inputs import pack_delta
+from ..families import family_of, golden_attention, long_form, validate
 from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
 from ..reference.certified import Certified, settle_rows
@@ -90,7 +89,7 @@ FALSE_FAILURE = 1e-8  # per case, for the probabilistic bound (docs/accuracy.md;
 GROWTH_EXCESS = 0.3
 GROWTH_MARGIN = 2.0
 SHARED_DIRECTION = 0.6  # keys: 0.6 r + 0.8 z_j, one direction r shared by every key
-# The values of an unnormalised spec (not the delta rule's) times this: its output sums the
+# The values of an unnormalised spec (Family.sums_memory) times this: its output sums the
 # whole memory, some 0.6 N |q.r| at the longest, past float16's 65504 at 2^16 unscaled
 UNNORMALISED_VALUES = 2.0**-5
 # A decayed spec's effective memories 1 / rate (long_decay), one per head, which is why its
@@ -187,11 +186,10 @@ def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, de
     z = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
     k = SHARED_DIRECTION * r + math.sqrt(1 - SHARED_DIRECTION**2) * z
     v = 1.0 + torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
-    if not spec.normalize and not spec.delta_rule:  # exact in any dtype
+    family = family_of(spec)
+    if not spec.normalize and family.sums_memory:  # exact in any dtype
         v = v * UNNORMALISED_VALUES
-    decay = long_decay(spec, b, h, n, d, seed)
-    if spec.delta_rule:
-        k, decay = _delta_arguments(spec, k, decay, seed)
+    k, decay = family.long_arguments(spec, k, long_decay(spec, b, h, n, d, seed), seed)
     w = None
     if spec.info.needs_projection:
         w = sample_projection_torch(d, d, "orthogonal", gen, dtype=torch.float64)
@@ -202,17 +200,6 @@ def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, de
     return tuple(
         None if t is None else t.to(device=device, dtype=as_dtype) for t in (q, k, v, w, decay)
     )
-
-
-def _delta_arguments(spec: Spec, k: torch.Tensor, gates, seed: int):
-    """The delta rule's keys, unit-norm as its layers hand them over (raw where the kernel
-    normalises them itself, qk_l2norm), and its decay argument: beta ~ U(0, 1) packed with
-    the gates (inputs.pack_delta), as cases.Case.arguments draws them."""
-    if not spec.qk_l2norm:
-        k = k / k.norm(dim=-1, keepdim=True)
-    gen = torch.Generator().manual_seed(seed * 7919 + 2)
-    beta = torch.rand(k.shape[:-1], generator=gen, dtype=torch.float64)
-    return k, pack_delta(beta, gates)
 
 
 def long_decay(spec: Spec, b: int, h: int, n: int, d: int, seed: int) -> torch.Tensor | None:
@@ -258,7 +245,7 @@ def long_context(
         if runs[-1] > LONGEST + 1:
             _drawn.cache_clear()
             _reference_and_golden.cache_clear()
-            _delta_bound.cache_clear()
+            _prefix_bound.cache_clear()
         if runs != upto and panel.stop is None:
             panel.stop = costly
         if costly is None and panel.stop and panel.stop.superlinear:
@@ -402,8 +389,8 @@ def _standard(draw: Draw, n: int, model: str):
     lam = probabilistic_lambda(probabilistic_terms(x, spec), FALSE_FAILURE, u)
     resolvable = resolvable_rows(x, spec, lam)
     tiny = SMALLEST_SUBNORMAL[draw.dtype]
-    if spec.delta_rule:
-        bounds = {draw.dtype: tuple(t[:, :, :n] for t in _delta_bound(draw))}
+    if family_of(spec).stepwise:  # its bound's first n rows are n tokens' (Family.stepwise)
+        bounds = {draw.dtype: tuple(t[:, :, :n] for t in _prefix_bound(draw))}
         return ref.values, golden, bounds, resolvable
     with feature_model(model):
         bounds = {draw.dtype: scale_and_bound(x, spec, ref.values, u, tiny, lam=lam)}
@@ -425,11 +412,12 @@ def _judged_rows(ref: Certified, resolvable, bound: np.ndarray, dtype: str) -> n
 
 
 @functools.lru_cache(maxsize=PANELS_KEPT)
-def _delta_bound(draw: Draw) -> tuple[np.ndarray, np.ndarray]:
-    """The delta rule's scale and bound (families/delta/bound.py) at the draw's longest N,
-    whose first n rows bound every prefix of n tokens: both are recurrences from the first
-    token, and the condition number's windows that reach past n tokens hold those cut at n
-    (their condition is at least as large), so computed once (a loop over the tokens)."""
+def _prefix_bound(draw: Draw) -> tuple[np.ndarray, np.ndarray]:
+    """A stepwise family's scale and bound (Family.stepwise; the delta rule's,
+    families/delta/bound.py) at the draw's longest N, whose first n rows bound every prefix
+    of n tokens: both are recurrences from the first token, and the condition number's
+    windows that reach past n tokens hold those cut at n (their condition is at least as
+    large), so computed once (a loop over the tokens)."""
     q, k, v, w, decay = draw.tensors()
     x = validate(q, k, v, draw.spec, w, decay)
     ref = _reference_and_golden(draw)[0].values

@@ -53,9 +53,14 @@ class Family:
     exact_gradients(x, spec, g): (the exact gradients of L = sum(out * g), their magnitudes
     M, the rounding count n) of the gradient model, or why L is undefined (a str);
     certified_gradients(x, spec, g): (gradients, their rigorous error bounds, M, n) at length.
+    long_arguments(spec, k, decay, seed): (keys, packed argument) of the long-context
+    check's typical inputs, from its keys and its decay (long_context.long_decay).
+    sums_memory: its unnormalised output sums the whole memory (kernelised sums grow with N),
+    so the long-context check scales its values down.
     kinds: the input kinds of its own (cases.Case.kind) the strategies draw beside KINDS.
-    stepwise: its reference, bound and golden form go token by token (recurrences), so its
-    long checks stop at their shorter default lengths.
+    stepwise: its reference, bound and golden form go token by token (recurrences from the
+    first token), so its long checks stop at their shorter default lengths and its bound at
+    n tokens is the first n rows of the bound at the longest N.
     scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
     model (None: accuracy/bound.py's, which the families without a folder share).
     """
@@ -84,6 +89,8 @@ class Family:
     sum_length: Callable[[int, int, int], int]
     exact_gradients: Callable[..., tuple[dict, dict, int] | str]
     certified_gradients: Callable[..., tuple[dict, dict, dict, int]]
+    long_arguments: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    sums_memory: bool
     kinds: tuple[str, ...]
     stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None

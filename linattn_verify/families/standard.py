@@ -135,6 +135,8 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
         exact_gradients=_exact_gradients,
         certified_gradients=_certified_gradients,
+        long_arguments=lambda spec, k, decay, seed: (k, decay),
+        sums_memory=True,
         kinds=(),
         stepwise=False,
     )

@@ -50,7 +50,7 @@ import numpy as np
 from ..accuracy.bound import scale_and_bound
 from ..accuracy.verdict import judge
 from ..checks.long_context import LONGEST, SMALLEST_LONGEST, Draw, standard
-from ..families import validate
+from ..families import family_of, validate
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
 from ..specs import Spec
 from ..stats.estimators import one_thread
@@ -95,12 +95,12 @@ def long_ns(
     """The N of one spec: LONG_NS, or with --full FULL_LONG_NS for a `chosen` spec (one of
     LONG_SPECS, or the implementation of --impl) and up to FULL_LONGEST for the others;
     up to QUADRATIC_LONGEST where every implementation is of quadratic cost, up to
-    DELTA_LONGEST (DELTA_FULL_LONGEST with --full) for the delta rule; none for softmax
-    (module docstring)."""
+    DELTA_LONGEST (DELTA_FULL_LONGEST with --full) for a stepwise family (Family.stepwise:
+    the delta rule); none for softmax (module docstring)."""
     if not spec.info.kernelised:
         return ()
     ns = sweep_ns(full) if chosen or not full else _upto(FULL_LONG_NS, FULL_LONGEST)
-    if spec.delta_rule:
+    if family_of(spec).stepwise:
         ns = _upto(ns, DELTA_FULL_LONGEST if full else DELTA_LONGEST)
     if all(impl.cost == "quadratic" for impl in impls.values()):
         ns = _upto(ns, QUADRATIC_LONGEST)
@@ -151,7 +151,7 @@ def long_rows(
             qn, kn, vn, w, decay = draw.tensors(n)
             x = validate(qn, kn, vn, spec, w, decay)
             ref, golden, bounds, resolvable = standard(draw, n)  # the check's, shared
-            if spec.delta_rule:  # its normwise bound, its only one: the check's, as judged
+            if family_of(spec).scale_and_bound:  # its own model, its only one: as judged
                 deterministic = bounds[dtype]
             else:
                 deterministic = scale_and_bound(x, spec, ref, u, tiny)

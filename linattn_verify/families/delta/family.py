@@ -19,7 +19,14 @@ from .forms import DELTA_FORMS, delta_attention, grouped
 from .golden import GOLDEN_DELTA_FORMS, golden_delta
 from .gradient_bound import delta_gradient_magnitudes, delta_roundings
 from .gradients import exact_delta_gradients
-from .inputs import case_arguments, default_arguments, delta_arguments, pack_delta, validate_delta
+from .inputs import (
+    case_arguments,
+    default_arguments,
+    delta_arguments,
+    long_arguments,
+    pack_delta,
+    validate_delta,
+)
 from .reference import MP_MAX_STEPS, arb_delta, certified_delta, exact_delta_state, mp_delta
 
 
@@ -117,6 +124,8 @@ DELTA = Family(
     sum_length=lambda nk, d, m: nk * (d + 5),  # Nk steps of d + 5 roundings (bound.py)
     exact_gradients=_exact_gradients,
     certified_gradients=_certified_gradients,
+    long_arguments=long_arguments,
+    sums_memory=False,  # I - beta k k^T is non-expansive: the state stays bounded
     kinds=DELTA_KINDS,
     stepwise=True,
     scale_and_bound=delta_scale_and_bound,

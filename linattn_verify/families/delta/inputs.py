@@ -78,6 +78,17 @@ def case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
     return q, k, v, w, pack_delta(beta, case.decay(spec.decay))
 
 
+def long_arguments(spec: Spec, k: torch.Tensor, gates, seed: int):
+    """The long-context check's keys, unit-norm as the rule's layers hand them over (raw where
+    the kernel normalises them itself, qk_l2norm), and beta ~ U(0, 1) packed with the gates,
+    as case_arguments draws them."""
+    if not spec.qk_l2norm:
+        k = k / k.norm(dim=-1, keepdim=True)
+    gen = torch.Generator().manual_seed(seed * 7919 + 2)
+    beta = torch.rand(k.shape[:-1], generator=gen, **_F64)
+    return k, pack_delta(beta, gates)
+
+
 def default_arguments(spec: Spec, q: torch.Tensor) -> torch.Tensor:
     """The argument of inputs that come from no case (the scaling runs): beta = 1 / d (beta
     |k|^2 about 1 for N(0, 1) keys: I - beta k k^T stays near a projection) with the cases'
