@@ -3,6 +3,7 @@ registry; `dispatch` takes any family's spec through that protocol (docs/archite
 "Families")."""
 
 from .dispatch import (
+    arguments,
     attention,
     attention_varlen,
     attention_with_state,
@@ -25,6 +26,7 @@ from .registry import FAMILIES, family_of
 __all__ = [
     "FAMILIES",
     "Family",
+    "arguments",
     "attention",
     "attention_varlen",
     "attention_with_state",

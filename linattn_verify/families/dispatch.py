@@ -15,7 +15,6 @@ from ..inputs import AttentionInputs
 from ..reference import ENGINES
 from ..reference.certified import Certified
 from ..specs import Spec, SpecError
-from .protocol import Family
 from .registry import FAMILIES, family_of
 
 
@@ -83,9 +82,10 @@ def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None
     return family_of(spec).golden(q, k, v, spec, projection, form or golden_forms(spec)[0], decay)
 
 
-def _arguments(family: Family, spec: Spec, **given: Any) -> dict[str, Any]:
-    """The arguments the family takes, SpecError for another one given (not None), naming
-    the families that take it."""
+def arguments(spec: Spec, **given: Any) -> dict[str, Any]:
+    """The arguments given that `spec`'s family takes (Family.arguments: gamma, g, beta),
+    SpecError for another one given (not None), naming the families that take it."""
+    family = family_of(spec)
     for name, value in given.items():
         if value is not None and name not in family.arguments:
             takes = " and ".join(family.arguments) or "no argument but q, k, v (and W)"
@@ -125,7 +125,7 @@ def reference(
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     family = family_of(spec)
-    values = family.pack(spec, _arguments(family, spec, gamma=gamma, g=g, beta=beta))
+    values = family.pack(spec, arguments(spec, gamma=gamma, g=g, beta=beta))
     return exact(validate(q, k, v, spec, projection, values), spec, engine)
 
 
@@ -157,8 +157,8 @@ def attention(
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     family = family_of(spec)
-    arguments = _arguments(family, spec, gamma=gamma, g=g, beta=beta)
-    return family.attention(q, k, v, spec, form, projection, chunk_size, arguments)
+    given = arguments(spec, gamma=gamma, g=g, beta=beta)
+    return family.attention(q, k, v, spec, form, projection, chunk_size, given)
 
 
 def attention_with_state(
@@ -187,9 +187,9 @@ def attention_with_state(
     rule's S (B, H, d, dv))."""
     spec = Spec(feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     family = family_of(spec)
-    arguments = _arguments(family, spec, gamma=gamma, g=g, beta=beta)
+    given = arguments(spec, gamma=gamma, g=g, beta=beta)
     return family.attention_with_state(
-        q, k, v, spec, form, projection, chunk_size, initial_state, arguments
+        q, k, v, spec, form, projection, chunk_size, initial_state, given
     )
 
 
@@ -212,12 +212,9 @@ def attention_varlen(
         qk_l2norm=options.pop("qk_l2norm", False),
     )
     family = family_of(spec)
-    given = {name: options.pop(name, None) for name in ("gamma", "g", "beta")}
-    arguments = _arguments(family, spec, **given)
+    given = arguments(spec, **{name: options.pop(name, None) for name in ("gamma", "g", "beta")})
     form, projection = options.pop("form", None), options.pop("projection", None)
     chunk_size = options.pop("chunk_size", DEFAULT_CHUNK)
     if options:
         raise SpecError(f"attention_varlen takes no {', '.join(options)}")
-    return family.attention_varlen(
-        q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments
-    )
+    return family.attention_varlen(q, k, v, spec, cu_seqlens, form, projection, chunk_size, given)

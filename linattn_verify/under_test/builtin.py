@@ -3,11 +3,10 @@ a spec, and the calls (fn, and the stream of a causal form) that evaluate it."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..families import attention, attention_varlen, attention_with_state, fast_form, forms_of
+from ..families import arguments, family_of, fast_form, forms_of
 from ..implementations import CausalStream
 from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import Spec, SpecError
@@ -38,26 +37,23 @@ def state_of(spec: Spec, form: str, name: str) -> str:
 def calls(
     spec: Spec, form: str, chunk_size: int | None, varlen: bool, stateful: bool
 ) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
-    """(fn, stream) of the built-in form `form` evaluating `spec`: fn takes packed batches
-    with varlen and carries its state when stateful; the stream, for the causal forms of a
-    plain spec."""
-    chunk_size = chunk_size or DEFAULT_CHUNK
-    if varlen:
-        fn = functools.partial(attention_varlen, causal=spec.causal, form=form)
-    elif stateful:
-        fn = functools.partial(attention_with_state, form=form)
-    else:
-        fn = functools.partial(attention, causal=spec.causal, form=form)
-    fn = functools.partial(fn, feature_map=spec.feature_map, eps=spec.eps, chunk_size=chunk_size)
-    if not spec.plain:
-        fn = functools.partial(
-            fn,
-            normalize=spec.normalize,
-            scale=spec.scale,
-            decay=spec.decay,
-            delta_rule=spec.delta_rule,
-            qk_l2norm=spec.qk_l2norm,
-        )
+    """(fn, stream) of the built-in form `form` evaluating `spec` (its family's:
+    families.Family): fn takes packed batches with varlen and carries its state when
+    stateful; the stream, for the causal forms of a plain spec."""
+    family, chunk_size = family_of(spec), chunk_size or DEFAULT_CHUNK
+
+    def fn(q, k, v, projection=None, initial_state=None, cu_seqlens=None, **given):
+        given = arguments(spec, **given)
+        if varlen and cu_seqlens is not None:
+            return family.attention_varlen(
+                q, k, v, spec, cu_seqlens, form, projection, chunk_size, given
+            )
+        if stateful and not varlen:
+            return family.attention_with_state(
+                q, k, v, spec, form, projection, chunk_size, initial_state, given
+            )
+        return family.attention(q, k, v, spec, form, projection, chunk_size, given)
+
     if form not in ("recurrent", "chunked") or not spec.plain:
         return fn, None
 
