@@ -43,7 +43,6 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.accuracy.bound import gamma
 from linattn_verify.families import (
     attention,
     attention_varlen,
@@ -56,6 +55,7 @@ from linattn_verify.families import (
 from linattn_verify.families.delta.forms import delta_attention
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from linattn_verify.rounding import gamma
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
 B, H, N, D, DV = 2, 2, 37, 8, 5  # N: no multiple of the chunk sizes 3 and 16

@@ -1,6 +1,7 @@
 """The accuracy model: errors in units of roundoff, an a-priori bound, a budget, a verdict."""
 
-from .bound import C_LIB, gamma, scale_and_bound
+from ..rounding import C_LIB, gamma
+from .bound import scale_and_bound
 from .judgement import Judgement
 from .verdict import BUDGET_FLOOR, K_BUDGET, AccuracyVerdict, attainable_floor, error_units, judge
 

@@ -42,7 +42,7 @@ import torch
 from ..inputs import SMALLEST_SUBNORMAL
 from ..reference.grad import NAMES as NAMES  # re-exported: q, k, v; per spec, gradient_names
 from ..reference.grad import gradient_names as gradient_names
-from .bound import gamma
+from ..rounding import gamma
 from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, typical_roundings
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..accuracy.bound import gamma
 from ..accuracy.judgement import Judgement
 from ..cases import Case
 from ..families import case_arguments
 from ..implementations.golden import decay_matrix, quadratic_weights
 from ..inputs import UNIT_ROUNDOFF
+from ..rounding import gamma
 from ..sampling import sample_projection
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
