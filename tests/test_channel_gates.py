@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.accuracy.bound import scale_and_bound, state_bound, state_gradient_bound
+from linattn_verify.accuracy.bound import scale_and_bound
+from linattn_verify.accuracy.state_bounds import state_bound, state_gradient_bound
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS

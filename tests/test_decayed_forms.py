@@ -10,7 +10,7 @@ import torch
 
 import linattn_verify as lv
 from linattn_verify.accuracy import judge
-from linattn_verify.accuracy.bound import state_bound
+from linattn_verify.accuracy.state_bounds import state_bound
 from linattn_verify.families import attention_with_state, exact, exact_state, forms_of, validate
 from linattn_verify.implementations import golden_attention
 from linattn_verify.implementations.decayed import decayed_attention

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.accuracy.bound import scale_and_bound, state_bound
+from linattn_verify.accuracy.bound import scale_and_bound
+from linattn_verify.accuracy.state_bounds import state_bound
 from linattn_verify.accuracy.verdict import error_units
 from linattn_verify.cases import DELTA_KINDS, Case
 from linattn_verify.families import case_arguments, exact, exact_state, golden_attention, validate

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.accuracy.bound import state_bound
+from linattn_verify.accuracy.state_bounds import state_bound
 from linattn_verify.cases import Case
 from linattn_verify.cli import main
 from linattn_verify.families import attention_with_state, exact_state, validate

@@ -25,7 +25,7 @@ import itertools
 import numpy as np
 import torch
 
-from ..accuracy.bound import state_bound
+from ..accuracy.state_bounds import state_bound
 from ..cases import Case
 from ..families import exact_state, validate
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..accuracy.bound import state_gradient_bound
 from ..accuracy.gradient import judge_gradients
+from ..accuracy.state_bounds import state_gradient_bound
 from ..cases import Case
 from ..families import exact_state
 from ..families.delta.golden import golden_delta_with_state
