@@ -1,8 +1,7 @@
 """Known-answer vectors: inputs stored exactly, outputs exact to 34 significant digits.
 
-Layout, under the package linattn_verify.known_answers (the repository's references/ folder,
-installed there by pyproject.toml with its package data; its README.md says how to read them
-without this package):
+Layout, under the package linattn_verify.known_answers (its package data; its README.md says
+how to read them without this package):
 - vectors/NAME.json, one vector each: the spec, the case it was built from,
   the inputs q, k, v (and the projection W, the decay's gamma or g, the delta rule's beta
   and g) as IEEE bit patterns in their dtype, and the output as decimal strings of
@@ -60,18 +59,9 @@ FORMAT = "linattn-verify known-answer vector"
 BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
 
 
-def _installed_dir() -> Path:
-    """The vectors' folder: the package linattn_verify.known_answers of an install (a wheel's
-    package data, or the checkout's references/ that an editable install maps), found from any
-    folder; without an install (the checkout on PYTHONPATH), the checkout's references/."""
-    try:
-        from . import known_answers
-    except ImportError:
-        return Path(__file__).resolve().parents[1] / "references"
-    return Path(known_answers.__file__).parent
-
-
-DEFAULT_DIR = _installed_dir()
+# the vectors' folder: the package linattn_verify.known_answers beside this module, with its
+# package data (a wheel's, or the checkout's in an editable install), found from any folder
+DEFAULT_DIR = Path(__file__).resolve().with_name("known_answers")
 
 
 def _magnitude(exponent: float, dtype: str) -> float:

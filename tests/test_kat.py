@@ -1,4 +1,4 @@
-"""Known-answer vectors (linattn_verify/kat.py, references/): reproducible
+"""Known-answer vectors (linattn_verify/kat.py, linattn_verify/known_answers/): reproducible
 bytes, hashes that catch a changed byte, outputs that agree with a fresh exact computation,
 and the report of an implementation's error per vector."""
 
@@ -21,7 +21,7 @@ from linattn_verify.cases import Case
 from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCES = ROOT / "references"  # installed as linattn_verify.known_answers
+REFERENCES = ROOT / "linattn_verify" / "known_answers"  # the package data
 SMALL = ("-n1-float32", "-float64", "-extreme-float16")
 
 

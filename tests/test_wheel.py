@@ -1,6 +1,6 @@
 """The built wheel, installed into a fresh venv, works from any folder: the known-answer
-vectors (the repository's references/) are the package data of linattn_verify.known_answers
-(kat.DEFAULT_DIR), so `references check` and `vet --kat` find them outside the repository.
+vectors are the package data of linattn_verify.known_answers (kat.DEFAULT_DIR), so
+`references check` and `vet --kat` find them outside the repository.
 The venv borrows the heavy dependencies (torch, mpmath, flint) from this environment by a
 path file; linattn_verify itself comes only from the wheel."""
 
@@ -20,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # the vectors the repository holds (its manifest lists each once: test_kat checks it)
-VECTORS = len(json.loads((ROOT / "references" / "manifest.json").read_text())["vectors"])
+MANIFEST = ROOT / "linattn_verify" / "known_answers" / "manifest.json"
+VECTORS = len(json.loads(MANIFEST.read_text())["vectors"])
 NOT_BUILT = ("build", "dist", ".venv", ".git", "reports", "*.egg-info", "__pycache__", ".*cache")
 KERNEL = """
 import torch.nn.functional as F
@@ -36,8 +37,8 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_pyproject_lists_every_package_folder() -> None:
-    """pyproject.toml names its packages one by one (the vectors' folder is mapped from
-    references/): a new folder of linattn_verify/ with an __init__.py must be listed too."""
+    """pyproject.toml names its packages one by one: a new folder of linattn_verify/ with an
+    __init__.py must be listed too."""
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
@@ -65,13 +66,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_every_vector(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    manifest = json.loads((ROOT / "references" / "manifest.json").read_text())
+    manifest = json.loads(MANIFEST.read_text())
     files = {f"linattn_verify/known_answers/{e['file']}" for e in manifest["vectors"]}
     assert len(files) == VECTORS
     assert files <= names, sorted(files - names)[:5]
     for name in ("manifest.json", "README.md", "__init__.py"):
         assert f"linattn_verify/known_answers/{name}" in names
-    assert not any(n.startswith("references/") for n in names), "a top-level references/"
 
 
 @pytest.fixture(scope="module")
