@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import kat
+from .. import known_answers
 from . import options
 
 
@@ -39,15 +39,15 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    directory = Path(args.dir) if args.dir else kat.DEFAULT_DIR
+    directory = Path(args.dir) if args.dir else known_answers.DEFAULT_DIR
     say = None if args.quiet else (lambda text: options.progress(False, text))
     if args.action == "build":
-        if args.dir is None and "site-packages" in kat.DEFAULT_DIR.parts:
+        if args.dir is None and "site-packages" in known_answers.DEFAULT_DIR.parts:
             raise options.UsageError(
                 "references build rewrites the installed package's vectors: give --dir"
             )
         start = time.perf_counter()
-        manifest = kat.build(directory, progress=say)
+        manifest = known_answers.build(directory, progress=say)
         size = sum(e["bytes"] for e in manifest["vectors"])
         print(
             f"{len(manifest['vectors'])} vectors, {size / 2**20:.1f} MiB, under {directory} "
@@ -58,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         if args.sample is not None and args.sample < 0:
             raise options.UsageError(f"--sample must be >= 0, got {args.sample}")
-        problems = kat.check(directory, args.sample, progress=say)
+        problems = known_answers.check(directory, args.sample, progress=say)
         for problem in problems:
             print(f"FAIL {problem}")
-        count = len(kat.load_manifest(directory)["vectors"])
+        count = len(known_answers.load_manifest(directory)["vectors"])
         done = "all" if args.sample is None else f"up to {args.sample}"
         verdict = f"FAIL ({len(problems)} problem(s))" if problems else f"ok, {done} recomputed"
         print(f"{count} vectors: {verdict}")
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target is None and args.form is None:
         raise options.UsageError("references run needs TARGET (or a built-in --form)")
     impl = options.implementation(args)
-    rows = kat.run_vectors(impl, directory)
+    rows = known_answers.run_vectors(impl, directory)
     print(f"{impl.name} claiming {impl.spec}")
     print("| vector | dtype | max error (u s) |\n|---|---|---:|")
     for row in rows:

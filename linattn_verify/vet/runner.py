@@ -20,7 +20,7 @@ from ..checks.gradient_length import default_longest as long_grad_default
 from ..checks.long_context import LONGEST, default_longest
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..families import family_of
-from ..kat import not_applicable as kat_not_applicable
+from ..known_answers import not_applicable as kat_not_applicable
 from ..regimes import REGIMES
 from ..specs import Spec, SpecError
 from ..stats import rate_not_applicable

@@ -22,7 +22,7 @@ from ..checks import long_context as long_context_check
 from ..checks.search import search_regimes
 from ..families import case_arguments, default_arguments
 from ..implementations.projection import sample_projection_torch
-from ..kat import run_vectors
+from ..known_answers import run_vectors
 from ..regimes import REGIMES
 from ..results import CheckResult
 from ..scaling import scaling_result

@@ -1,4 +1,4 @@
-"""Known-answer vectors (linattn_verify/kat.py, linattn_verify/known_answers/): reproducible
+"""Known-answer vectors (linattn_verify/known_answers/: the code and the vectors): reproducible
 bytes, hashes that catch a changed byte, outputs that agree with a fresh exact computation,
 and the report of an implementation's error per vector."""
 
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import linattn_verify as lv
-from linattn_verify import kat
+from linattn_verify import known_answers
 from linattn_verify.cases import Case
 from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCES = ROOT / "linattn_verify" / "known_answers"  # the package data
+KNOWN_ANSWERS = ROOT / "linattn_verify" / "known_answers"  # the checkout's vectors
 SMALL = ("-n1-float32", "-float64", "-extreme-float16")
 
 
@@ -32,48 +32,48 @@ def _small(name: str) -> bool:
 
 def test_build_is_byte_for_byte_reproducible_and_matches_the_committed_vectors(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    kat.build(first, only=_small)
-    kat.build(second, only=_small)
+    known_answers.build(first, only=_small)
+    known_answers.build(second, only=_small)
     files = sorted(p.name for p in (first / "vectors").iterdir())
     assert len(files) == 34  # elu's channel gates and eps 1e-6, the delta rule's among them
     for name in files:
         data = (first / "vectors" / name).read_bytes()
         assert data == (second / "vectors" / name).read_bytes(), name
-        assert data == (REFERENCES / "vectors" / name).read_bytes(), f"committed {name} differs"
+        assert data == (KNOWN_ANSWERS / "vectors" / name).read_bytes(), f"committed {name} differs"
 
 
 def test_every_stored_input_is_what_the_generator_draws():
     """The committed vectors' inputs are the generator's (a drawing changed without a
     rebuild leaves vectors whose hashes and outputs still agree with themselves)."""
-    for name, spec, case in kat.all_vectors():
-        stored = json.loads((REFERENCES / "vectors" / f"{name}.json").read_text())["inputs"]
-        assert stored == kat.vector_inputs(spec, case)[1], f"{name}: rebuild the vectors"
+    for name, spec, case in known_answers.all_vectors():
+        stored = json.loads((KNOWN_ANSWERS / "vectors" / f"{name}.json").read_text())["inputs"]
+        assert stored == known_answers.vector_inputs(spec, case)[1], f"{name}: rebuild the vectors"
 
 
 def test_committed_vectors_pass_the_check():
     """What CI runs: every hash, and a sample recomputed with the arb engine."""
-    assert kat.check(REFERENCES, sample=6) == []
+    assert known_answers.check(KNOWN_ANSWERS, sample=6) == []
 
 
 def test_every_spec_has_causal_and_full_vectors_and_the_folder_is_small():
-    manifest = kat.load_manifest(REFERENCES)
-    for name in kat.KAT_MAPS:
+    manifest = known_answers.load_manifest(KNOWN_ANSWERS)
+    for name in known_answers.KAT_MAPS:
         for causal in (False, True):
             assert any(
                 e["feature_map"] == name and e["causal"] == causal for e in manifest["vectors"]
             )
-    size = sum(p.stat().st_size for p in REFERENCES.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in KNOWN_ANSWERS.rglob("*") if p.is_file())
     assert size <= 20 * 2**20
 
 
 def test_one_changed_byte_fails_the_check_naming_the_file(tmp_path):
-    copy = tmp_path / "references"
-    shutil.copytree(REFERENCES, copy)
+    copy = tmp_path / "known_answers"
+    shutil.copytree(KNOWN_ANSWERS, copy)
     victim = copy / "vectors" / "elu-causal-float16.json"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
-    problems = kat.check(copy, sample=0)
+    problems = known_answers.check(copy, sample=0)
     assert len(problems) == 1 and "elu-causal-float16.json" in problems[0]
     run = subprocess.run(
         [sys.executable, "-m", "linattn_verify", "references", "check", "--dir", str(copy)],
@@ -83,9 +83,9 @@ def test_one_changed_byte_fails_the_check_naming_the_file(tmp_path):
 
 
 def test_a_wrong_stored_output_is_found_by_recomputation(tmp_path):
-    copy = tmp_path / "references"
-    shutil.copytree(REFERENCES, copy)
-    manifest = kat.load_manifest(copy)
+    copy = tmp_path / "known_answers"
+    shutil.copytree(KNOWN_ANSWERS, copy)
+    manifest = known_answers.load_manifest(copy)
     entry = next(e for e in manifest["vectors"] if e["name"] == "elu-full-n1-float32")
     path = copy / entry["file"]
     vector = json.loads(path.read_text())
@@ -94,41 +94,43 @@ def test_a_wrong_stored_output_is_found_by_recomputation(tmp_path):
     data = path.read_bytes()
     entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    problems = kat.check(copy, only=lambda name: name.startswith("elu-full-n"))
+    problems = known_answers.check(copy, only=lambda name: name.startswith("elu-full-n"))
     assert len(problems) == 1 and problems[0].startswith(f"{path}: output 0 is 0.5")
 
 
 def test_edits_to_the_manifest_itself_fail_the_check(tmp_path):
-    copy = tmp_path / "references"
-    shutil.copytree(REFERENCES, copy)
+    copy = tmp_path / "known_answers"
+    shutil.copytree(KNOWN_ANSWERS, copy)
     original = (copy / "manifest.json").read_text()
     manifest = json.loads(original)
     manifest["vectors"][3]["causal"] = not manifest["vectors"][3]["causal"]
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert any("manifest entry does not match" in p for p in kat.check(copy, sample=0))
+    assert any("manifest entry does not match" in p for p in known_answers.check(copy, sample=0))
     manifest = json.loads(original)  # a vector and its entry both gone
     gone = manifest["vectors"].pop(5)
     (copy / "manifest.json").write_text(json.dumps(manifest))
     (copy / gone["file"]).unlink()
-    problems = kat.check(copy, sample=0)
+    problems = known_answers.check(copy, sample=0)
     assert any("does not list the generator's vectors" in p and gone["name"] in p for p in problems)
 
 
 def test_decoded_inputs_are_the_exact_values_they_were_built_from():
-    vector = json.loads((REFERENCES / "vectors" / "elu-full-bfloat16.json").read_text())
-    q = kat.decode(vector["inputs"]["q"])
+    vector = json.loads((KNOWN_ANSWERS / "vectors" / "elu-full-bfloat16.json").read_text())
+    q = known_answers.decode(vector["inputs"]["q"])
     assert q.dtype == torch.bfloat16 and torch.equal(q, Case(**vector["case"]).tensors()[0])
 
 
 def test_run_reports_errors_in_roundoff_units():
     chunked = resolve(form="chunked", feature_map="elu", causal=True)
-    rows = kat.run_vectors(chunked, directory=REFERENCES)
+    rows = known_answers.run_vectors(chunked, directory=KNOWN_ANSWERS)
     assert len(rows) == 10 and all(r["max_error_units"] < 10 for r in rows)
 
     def sees_every_key(q, k, v):  # a causal claim with the non-causal computation
         return lv.attention(q, k, v, "elu", causal=False)
 
-    bad = kat.run_vectors(resolve(sees_every_key, feature_map="elu", causal=True), REFERENCES)
+    bad = known_answers.run_vectors(
+        resolve(sees_every_key, feature_map="elu", causal=True), KNOWN_ANSWERS
+    )
     assert max(r["max_error_units"] for r in bad) > 1e3
     assert np.isfinite([r["max_error_units"] for r in rows]).all()
 
@@ -141,16 +143,18 @@ def test_channel_gated_vectors_judge_gla_kernels():
 
     claim = {"feature_map": "identity", "causal": True, "normalize": False}
     claim["decay"] = "channel-gates"
-    assert kat.not_applicable(resolve(gla.gla_chunked, **claim).spec) is not None  # scale 1
+    assert (
+        known_answers.not_applicable(resolve(gla.gla_chunked, **claim).spec) is not None
+    )  # scale 1
     claim["scale"] = "d^-0.5"
 
     def scaled(fn):
         return lambda q, k, v, g: fn(q * q.shape[-1] ** -0.5, k, v, g)
 
     chunked = scaled(lambda q, k, v, g: gla.gla_chunked(q, k, v, g)[0])
-    rows = kat.run_vectors(resolve(chunked, **claim), REFERENCES)
+    rows = known_answers.run_vectors(resolve(chunked, **claim), KNOWN_ANSWERS)
     assert len(rows) == 10 and all(r["outside_bound"] == 0 for r in rows), rows
-    bad = kat.run_vectors(resolve(scaled(gla.gla_exclusive), **claim), REFERENCES)
+    bad = known_answers.run_vectors(resolve(scaled(gla.gla_exclusive), **claim), KNOWN_ANSWERS)
     assert sum(r["outside_bound"] for r in bad) > 0
 
 
@@ -158,14 +162,14 @@ def test_run_reports_a_broken_contract_instead_of_judging_it():
     def in_float16(q, k, v):  # a cheaper dtype must not buy a coarser unit
         return lv.attention(q.half(), k.half(), v.half(), "elu")
 
-    rows = kat.run_vectors(resolve(in_float16, feature_map="elu"), REFERENCES)
+    rows = known_answers.run_vectors(resolve(in_float16, feature_map="elu"), KNOWN_ANSWERS)
     float32 = [r for r in rows if r["dtype"] == "float32"]
     assert float32 and all("expected" in r["problem"] for r in float32)
 
 
 def test_run_needs_vectors_for_the_spec(tmp_path):
     with pytest.raises(lv.SpecError):
-        kat.run_vectors(resolve(lambda q, k, v: v, feature_map="elu"), tmp_path / "none")
+        known_answers.run_vectors(resolve(lambda q, k, v: v, feature_map="elu"), tmp_path / "none")
 
 
 DELTA_CLAIM = {
@@ -185,22 +189,22 @@ def test_delta_rule_vectors_agree_with_a_fresh_exact_computation():
     """Each delta-rule spec's vectors (DeltaNet, Gated DeltaNet, KDA, DeltaNet with q and k
     normalised inside) store beta, and g where gated, and their digits are the arb
     recurrence's."""
-    manifest = kat.load_manifest(REFERENCES)
+    manifest = known_answers.load_manifest(KNOWN_ANSWERS)
     delta = [e for e in manifest["vectors"] if _is_delta(e["name"])]
-    for spec in kat.DELTA_KAT_SPECS:
+    for spec in known_answers.DELTA_KAT_SPECS:
         fields = (spec.decay, spec.qk_l2norm)
         assert sum((e["decay"], e["qk_l2norm"]) == fields for e in delta) >= 8, spec
     name = "identity-causal-unnormalised-scaled-delta-channel-gates-float16.json"
-    gated = json.loads((REFERENCES / "vectors" / name).read_text())
+    gated = json.loads((KNOWN_ANSWERS / "vectors" / name).read_text())
     assert gated["inputs"]["g"]["shape"] == [1, 2, 16, 4] and gated["spec"]["delta_rule"]
     assert gated["inputs"]["beta"]["shape"] == [1, 2, 16]
-    assert kat.check(REFERENCES, only=_is_delta) == []
+    assert known_answers.check(KNOWN_ANSWERS, only=_is_delta) == []
 
 
 def test_a_changed_digit_of_a_delta_rule_vector_is_found(tmp_path):
-    copy = tmp_path / "references"
-    shutil.copytree(REFERENCES, copy)
-    manifest = kat.load_manifest(copy)
+    copy = tmp_path / "known_answers"
+    shutil.copytree(KNOWN_ANSWERS, copy)
+    manifest = known_answers.load_manifest(copy)
     name = "identity-causal-unnormalised-scaled-delta-gates-beta-near-two-float32"
     entry = next(e for e in manifest["vectors"] if e["name"] == name)
     path = copy / entry["file"]
@@ -212,7 +216,7 @@ def test_a_changed_digit_of_a_delta_rule_vector_is_found(tmp_path):
     data = path.read_bytes()
     entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    problems = kat.check(copy, only=lambda n: n == name)
+    problems = known_answers.check(copy, only=lambda n: n == name)
     assert len(problems) == 1 and problems[0].startswith(f"{path}: output 40 is "), problems
 
 
@@ -241,11 +245,15 @@ def test_delta_rule_vectors_judge_delta_kernels():
     (in half precision the bound is several times the output's scale), its correct twin
     passes."""
     for claim in (DELTA_CLAIM | {"decay": "channel-gates"}, DELTA_CLAIM | {"qk_l2norm": True}):
-        rows = kat.run_vectors(resolve(form="chunked", chunk_size=4, **claim), REFERENCES)
+        rows = known_answers.run_vectors(
+            resolve(form="chunked", chunk_size=4, **claim), KNOWN_ANSWERS
+        )
         assert len(rows) >= 8 and all(r["outside_bound"] == 0 for r in rows), rows
-    twin = kat.run_vectors(resolve(_delta_recurrence(False), **DELTA_CLAIM), REFERENCES)
+    twin = known_answers.run_vectors(
+        resolve(_delta_recurrence(False), **DELTA_CLAIM), KNOWN_ANSWERS
+    )
     assert all(r["outside_bound"] == 0 for r in twin), twin
-    bad = kat.run_vectors(resolve(_delta_recurrence(True), **DELTA_CLAIM), REFERENCES)
+    bad = known_answers.run_vectors(resolve(_delta_recurrence(True), **DELTA_CLAIM), KNOWN_ANSWERS)
     wide = [r for r in bad if r["dtype"] in ("float32", "float64") and "-n1-" not in r["name"]]
     assert len(wide) == 5 and all(r["outside_bound"] for r in wide), bad  # S_0 = 0 at N = 1
 
@@ -275,9 +283,13 @@ def test_scalar_gate_and_constant_decay_vectors_judge_decayed_kernels(decay, cor
     from tests.zoo import decay as zoo
 
     claim = FLA_DECAYED | {"decay": decay}
-    rows = kat.run_vectors(resolve(_scaled(getattr(zoo, correct), decay), **claim), REFERENCES)
+    rows = known_answers.run_vectors(
+        resolve(_scaled(getattr(zoo, correct), decay), **claim), KNOWN_ANSWERS
+    )
     assert len(rows) == 10 and all(r["outside_bound"] == 0 for r in rows), rows
-    bad = kat.run_vectors(resolve(_scaled(getattr(zoo, broken), decay), **claim), REFERENCES)
+    bad = known_answers.run_vectors(
+        resolve(_scaled(getattr(zoo, broken), decay), **claim), KNOWN_ANSWERS
+    )
     assert sum(r["outside_bound"] for r in bad) > 0
 
 
@@ -294,7 +306,9 @@ def test_eps_vectors_pass_the_built_in_form_of_the_claim(claim):
     """The vectors of a shipped kernel's eps (fla's linear attention 1e-10 with scale
     d^-0.5, based's and fast-transformers' 1e-6) are its spec's, and the built-in form of
     the claim passes them within the bound."""
-    rows = kat.run_vectors(resolve(**claim), REFERENCES)  # linear, or chunked if causal
+    rows = known_answers.run_vectors(
+        resolve(**claim), KNOWN_ANSWERS
+    )  # linear, or chunked if causal
     assert len(rows) >= 10 and all(r["outside_bound"] == 0 for r in rows), rows
     assert all("eps" in r["name"] for r in rows)
 
@@ -307,6 +321,6 @@ def test_relu_eps_vectors_fail_a_kernel_without_the_eps():
     def without_eps(q, k, v):
         return lv.attention(q, k, v, "relu", causal=True, scale="d^-0.5")
 
-    rows = kat.run_vectors(resolve(without_eps, **claim), REFERENCES)
+    rows = known_answers.run_vectors(resolve(without_eps, **claim), KNOWN_ANSWERS)
     zero_rows = [r for r in rows if "zero-rows" in r["name"]]
     assert zero_rows and all(r["outside_bound"] > 0 for r in zero_rows), rows
