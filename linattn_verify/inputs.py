@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from .specs import DECAY_ARGUMENTS, Spec, SpecError
 
@@ -49,8 +50,6 @@ def unit_roundoff(dtype: str, spec: Spec) -> float:
 def round_to_tf32(t):
     """A float32 tensor's values rounded to TF32 (10 mantissa bits, to nearest even;
     infinities and NaN kept), as tensor cores take the inputs of a float32 product."""
-    import torch
-
     bits = t.contiguous().view(torch.int32)
     special = (bits & 0x7F800000) == 0x7F800000
     rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF
@@ -107,8 +106,6 @@ def as_float64(x: Any, what: str) -> tuple[np.ndarray, str]:
             "(integer inputs are not attention inputs: convert them explicitly)"
         )
     if type(x).__module__.startswith("torch"):
-        import torch
-
         arr = x.detach().to(device="cpu", dtype=torch.float64).numpy()
     else:
         arr = np.asarray(x, dtype=np.float64)  # float16/32/64 widen exactly
@@ -197,8 +194,6 @@ def check_cu_seqlens(cu_seqlens: Any, total: int) -> list[int]:
     """The offsets of a packed batch (the FlashAttention convention: sequence s is tokens
     cu_seqlens[s] .. cu_seqlens[s + 1] - 1 of one row of T tokens) as a list; SpecError
     unless they are a 1-d integer tensor starting at 0, never decreasing, ending at T."""
-    import torch
-
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
         raise SpecError(f"cu_seqlens must be a 1-d integer tensor, got {cu_seqlens!r}")
     if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or len(cu_seqlens) < 2:

@@ -39,6 +39,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
+import torch
+
 from .specs import SpecError
 
 SHIMMED_FOR = ("3.9.0",)
@@ -154,8 +157,6 @@ def running(tf32: bool) -> Iterator[None]:
     `tf32` (an Ampere-or-newer GPU's default), IEEE float32 products otherwise; numpy's
     floating-point warnings off (an overflow in a cast is the kernel's result, for the
     checks to judge, not a line on stderr)."""
-    import numpy as np
-
     previous, STATE.tf32 = STATE.tf32, tf32
     try:
         with np.errstate(all="ignore"):
@@ -303,8 +304,6 @@ def _shim_loop_variables(interpreter) -> None:
 def _bfloat16_bits(data):
     """float32 numbers (each already a bfloat16 value) as bfloat16's uint16 bits; a NaN
     whose payload is in the low bits alone keeps its quiet bit (not +-inf)."""
-    import numpy as np
-
     bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return ((bits >> 16) | np.where(nan, np.uint32(0x40), np.uint32(0))).astype(np.uint16)
@@ -313,8 +312,6 @@ def _bfloat16_bits(data):
 def _to_bfloat16(data):
     """Numbers or raw uint16 bits as float32 numbers rounded to bfloat16, to nearest even
     (NaN and infinities kept), as a GPU's cvt.rn.bf16.f32 does."""
-    import numpy as np
-
     if data.dtype == np.uint16:
         return (data.astype(np.uint32) << 16).view(np.float32)
     bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
@@ -328,8 +325,6 @@ def _shim_bfloat16(interpreter) -> None:
     """bfloat16 values carried as float32 numbers, rounded to bfloat16 whenever a value of
     that type is made (triton#11584): loads decode the bits, stores and bitcasts encode them,
     every other operation computes on the numbers."""
-    import numpy as np
-
     tl, handle, builder = interpreter.tl, interpreter.TensorHandle, interpreter.InterpreterBuilder
     np_dtype, valid = interpreter._get_np_dtype, interpreter._validate_np_data_size
 
@@ -444,9 +439,6 @@ def _watch_offsets(interpreter) -> None:
     """An instrument, not a fix: while watching_offsets(), each launch registers the tensors it
     is given and each int32 offset added to a pointer is recorded against the tensor the
     pointer is in (the interpreter adds it in 64 bits; a GPU wraps it at 2^31)."""
-    import numpy as np
-    import torch
-
     tl, launch = interpreter.tl, interpreter.GridExecutor.__call__
     addptr = interpreter.InterpreterBuilder.create_addptr
 

@@ -14,6 +14,7 @@ from linattn_verify.families import exact, validate
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.reference import CERTIFIED_SHARE, certified_attention
 from linattn_verify.reference import certified as engine
+from linattn_verify.reference import certified_engine
 from linattn_verify.specs import FEATURE_MAPS, Spec
 
 SPECS = [(name, causal) for name in FEATURE_MAPS for causal in (False, True)]
@@ -71,7 +72,7 @@ def test_typical_inputs_are_certified_without_arb(small_chunks, name, causal):
 
 def test_rows_it_cannot_certify_are_settled_by_arb(monkeypatch):
     x, spec = _inputs("normal", "elu", True, seed=5)
-    monkeypatch.setattr(engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
+    monkeypatch.setattr(certified_engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
     got = certified_attention(x, spec)
     assert got.recomputed == 37 * 2
     assert np.array_equal(got.values, exact(x, spec, "arb"))
@@ -81,7 +82,7 @@ def test_rows_not_named_keep_their_float64_values_within_their_bounds(monkeypatc
     """settle=: the rows named go to arb; the others keep the float64 pass's values, within
     their (finite) bounds of the exact ones, but for a row whose bound is infinite."""
     x, spec = _inputs("normal", "elu", True, seed=5)
-    monkeypatch.setattr(engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
+    monkeypatch.setattr(certified_engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
     plain = certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
     assert plain.recomputed == 0 and np.isfinite(plain.bound).all()
     ref = exact(x, spec, "arb")

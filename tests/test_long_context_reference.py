@@ -12,7 +12,7 @@ from linattn_verify.accuracy.verdict import judge
 from linattn_verify.checks import long_context as lc
 from linattn_verify.families import exact, validate
 from linattn_verify.implementations.decayed import decayed_attention
-from linattn_verify.reference import certified as engine
+from linattn_verify.reference import certified_engine as engine
 from linattn_verify.specs import RSQRT_D, Spec
 
 SPEC = Spec("performer-trig", causal=True, decay="gates", scale=RSQRT_D)

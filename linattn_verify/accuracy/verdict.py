@@ -361,8 +361,6 @@ def _largest_finite_error(golden: Any, ref, scale, u: float, defined) -> float:
 def _output(out: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     """out as float64, NaN/Inf kept (they are errors to judge, not input errors)."""
     if type(out).__module__.startswith("torch"):
-        import torch
-
         arr = out.detach().to(device="cpu", dtype=torch.float64).numpy()
     else:
         arr = np.asarray(out, dtype=np.float64)

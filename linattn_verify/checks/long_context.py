@@ -66,7 +66,8 @@ from ..cases import log_gates
 from ..families import family_of, golden_attention, long_form, validate
 from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
-from ..reference.certified import Certified, settle_rows
+from ..reference.certified import Certified
+from ..reference.certified_engine import settle_rows
 from ..results import CheckResult
 from ..scaling.cost import Cost, counted
 from ..scaling.growth import SLOPE_TOLERANCE

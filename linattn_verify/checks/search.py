@@ -12,6 +12,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, settings
@@ -23,6 +24,8 @@ from ..results import CheckResult
 from ..strategies import DTYPES, cases, corner_cases
 from ..under_test import Implementation
 from . import ALL_CHECKS
+
+PACKAGE = Path(__file__).resolve().parents[1]  # linattn_verify/, every module of which loads
 
 # Cases searched per check after the regime's corners, one budget per use. Each is a
 # runtime budget, not a tuned figure (README, "vet" and "The property suite" give the
@@ -52,9 +55,7 @@ def import_whole_package() -> None:
     search would depend on which of ours happened to be imported before it (a rate check
     run earlier loads the stats modules): with all of them loaded, the same search draws
     the same cases whatever ran before, in a test worker, a vet worker or the command line."""
-    import linattn_verify
-
-    for module in pkgutil.walk_packages(linattn_verify.__path__, "linattn_verify."):
+    for module in pkgutil.walk_packages([str(PACKAGE)], "linattn_verify."):
         if not module.name.endswith("__main__"):
             importlib.import_module(module.name)
 

@@ -17,7 +17,8 @@ from ..implementations import forms, golden
 from ..inputs import AttentionInputs, decay_values, validate
 from ..reference import exact_attention
 from ..reference.arb import arb_denominator_signs
-from ..reference.certified import Certified, certified_attention
+from ..reference.certified import Certified
+from ..reference.certified_engine import certified_attention
 from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state

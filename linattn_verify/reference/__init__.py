@@ -19,7 +19,8 @@ import numpy as np
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .arb import arb_attention
-from .certified import CERTIFIED_SHARE, Certified, certified_attention
+from .certified import CERTIFIED_SHARE, Certified
+from .certified_engine import certified_attention
 from .common import MAX_PREC, ReferenceAccuracyError
 from .mp import mp_attention
 
