@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 import linattn_verify as lv
 from linattn_verify import known_answers
 from linattn_verify.cases import Case
+from linattn_verify.cli import main
 from linattn_verify.under_test import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,10 +78,29 @@ def test_one_changed_byte_fails_the_check_naming_the_file(tmp_path):
     problems = known_answers.check(copy, sample=0)
     assert len(problems) == 1 and "elu-causal-float16.json" in problems[0]
     run = subprocess.run(
-        [sys.executable, "-m", "linattn_verify", "references", "check", "--dir", str(copy)],
+        [sys.executable, "-m", "linattn_verify", "known-answers", "check", "--dir", str(copy)],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert run.returncode == 1 and "elu-causal-float16.json" in run.stdout
+
+
+def test_references_is_a_deprecated_alias_that_help_does_not_list(capsys):
+    """`references`, the command's former name, still runs `known-answers` (users' scripts
+    call it) after one line on stderr naming the new name; --help lists known-answers alone."""
+    count = len(known_answers.load_manifest(KNOWN_ANSWERS)["vectors"])
+    argv = ["check", "--dir", str(KNOWN_ANSWERS), "--sample", "0", "--quiet"]
+    assert main(["known-answers", *argv]) == 0
+    current = capsys.readouterr()
+    assert main(["references", *argv]) == 0
+    former = capsys.readouterr()
+    assert former.out == current.out and f"{count} vectors: ok" in former.out
+    assert current.err == "" and len(former.err.splitlines()) == 1, former.err
+    assert "known-answers" in former.err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert re.search(r"^ +known-answers ", listed, re.M), listed
+    assert not re.search(r"^ +references\b", listed, re.M), listed
 
 
 def test_a_wrong_stored_output_is_found_by_recomputation(tmp_path):

@@ -26,7 +26,7 @@ BAD = {
     "save without a case": [*CHECK_ELU, "--save", "c.npz"],
     "save where no file can go": [*CHECK_ELU, "--case", CASE, "--save", "/no/such/dir/c.npz"],
     "bad case": [*CHECK_ELU, "--case", "{"],
-    "no vectors there": ["references", "check", "--dir", "/no/such/dir"],
+    "no vectors there": ["known-answers", "check", "--dir", "/no/such/dir"],
     "unknown check": ["check", "nosuch", "--impl", TARGET, "--feature-map", "elu"],
     "unimportable module": ["check", "layout", "--impl", "no_such:fn", "--feature-map", "elu"],
     "check that does not apply": ["check", "causality", "--feature-map", "elu"],  # non-causal

@@ -1,6 +1,6 @@
 """The built wheel, installed into a fresh venv, works from any folder: the known-answer
-vectors are the package data of linattn_verify.known_answers (kat.DEFAULT_DIR), so
-`references check` and `vet --kat` find them outside the repository.
+vectors are the package data of linattn_verify.known_answers (its DEFAULT_DIR), so
+`known-answers check` and `vet --kat` find them outside the repository.
 The venv borrows the heavy dependencies (torch, mpmath, flint) from this environment by a
 path file; linattn_verify itself comes only from the wheel."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# the vectors the repository holds (its manifest lists each once: test_kat checks it)
+# the vectors the repository holds (its manifest lists each once: test_known_answers checks it)
 MANIFEST = ROOT / "linattn_verify" / "known_answers" / "manifest.json"
 VECTORS = len(json.loads(MANIFEST.read_text())["vectors"])
 NOT_BUILT = ("build", "dist", ".venv", ".git", "reports", "*.egg-info", "__pycache__", ".*cache")
@@ -90,7 +90,7 @@ def installed(wheel: Path) -> Path:
 
 
 def test_the_package_and_its_vectors_come_from_the_wheel(installed: Path, tmp_path: Path) -> None:
-    code = "import linattn_verify; from linattn_verify import kat; print(kat.DEFAULT_DIR)"
+    code = "from linattn_verify import known_answers; print(known_answers.DEFAULT_DIR)"
     where = _run([str(installed), "-c", code], tmp_path)  # one interpreter: torch loads once
     found = Path(where.stdout.strip())
     assert found.parts[-2:] == ("linattn_verify", "known_answers"), where.stdout + where.stderr
@@ -98,11 +98,9 @@ def test_the_package_and_its_vectors_come_from_the_wheel(installed: Path, tmp_pa
     assert len(list((found / "vectors").glob("*.json"))) == VECTORS
 
 
-def test_references_check_from_another_folder(installed: Path, tmp_path: Path) -> None:
-    done = _run(
-        [str(installed), "-m", "linattn_verify", "references", "check", "--sample", "2", "--quiet"],
-        tmp_path,
-    )
+def test_known_answers_check_from_another_folder(installed: Path, tmp_path: Path) -> None:
+    args = ["known-answers", "check", "--sample", "2", "--quiet"]
+    done = _run([str(installed), "-m", "linattn_verify", *args], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{VECTORS} vectors: ok" in done.stdout
 

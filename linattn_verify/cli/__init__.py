@@ -1,6 +1,6 @@
 """Command line: `python -m linattn_verify COMMAND`, one module a command (`reference`:
-exact.py, `references`: known_answers.py); each command has --help with examples. What they
-share is options.py; the adapters' list, adapter_list.py."""
+exact.py, `known-answers`: known_answers.py); each command has --help with examples. What
+they share is options.py; the adapters' list, adapter_list.py."""
 
 from __future__ import annotations
 

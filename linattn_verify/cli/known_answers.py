@@ -1,33 +1,56 @@
-"""`references`: the known-answer vectors: build, check, or run an implementation on them."""
+"""`known-answers`: the known-answer vectors: build, check, or run an implementation on them.
+`references`, its former name, still runs it: a deprecated alias, not listed by --help,
+that says so in one line on stderr."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from .. import known_answers
 from . import options
 
+NAME = "known-answers"
+FORMER = "references"  # the command's name until issue 49: users' scripts still call it
+DESCRIPTION = (
+    "The known-answer vectors shipped with the package (linattn_verify/known_answers/; its "
+    "README.md says how to read them without this package), or those under --dir: build "
+    "regenerates them (the same bytes every time), check verifies every sha256 and "
+    "recomputes the outputs with the arb engine (exit 1 naming a bad file), run reports an "
+    "implementation's error per vector in units of u s of its dtype. " + options.CONTRACT
+)
+EXAMPLES = [
+    f"python -m linattn_verify {NAME} check",
+    f"python -m linattn_verify {NAME} build",
+    f"python -m linattn_verify {NAME} run mykernels.py:attn --feature-map elu --causal",
+    f"python -m linattn_verify {NAME} run fla.based-naive",
+]
+
 
 def add(sub) -> None:
     parser = options.command_parser(
         sub,
-        "references",
+        NAME,
         "known-answer vectors: build, check, or run an implementation on them",
-        "The known-answer vectors shipped with the package (the repository's references/, "
-        "installed as linattn_verify.known_answers; its README.md says how to read them "
-        "without this package), or those under --dir: build regenerates them (the same "
-        "bytes every time), check verifies every sha256 and recomputes the outputs with the "
-        "arb engine (exit 1 naming a bad file), run reports an implementation's error per "
-        "vector in units of u s of its dtype. " + options.CONTRACT,
-        [
-            "python -m linattn_verify references check",
-            "python -m linattn_verify references build",
-            "python -m linattn_verify references run mykernels.py:attn --feature-map elu --causal",
-            "python -m linattn_verify references run fla.based-naive",
-        ],
+        DESCRIPTION,
+        EXAMPLES,
     )
+    _arguments(parser)
+    parser.set_defaults(func=run)
+    # no help=: argparse lists a subcommand under --help only when it has one
+    former = sub.add_parser(
+        FORMER,
+        description=f"Deprecated: the former name of `{NAME}`. " + DESCRIPTION,
+        epilog="Examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _arguments(former)
+    former.set_defaults(func=run_former)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["build", "check", "run"])
     options.add_implementation(parser, positional=True)
     parser.add_argument(
@@ -35,7 +58,15 @@ def add(sub) -> None:
     )
     parser.add_argument("--sample", type=int, help="check: recompute this many (default: all)")
     options.add_output(parser)
-    parser.set_defaults(func=run)
+
+
+def run_former(args: argparse.Namespace) -> int:
+    """`references ACTION ...`: one line on stderr, then the command under its name."""
+    print(
+        f"warning: `{FORMER}` is now `{NAME}` (python -m linattn_verify {NAME} {args.action})",
+        file=sys.stderr,
+    )
+    return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "build":
         if args.dir is None and "site-packages" in known_answers.DEFAULT_DIR.parts:
             raise options.UsageError(
-                "references build rewrites the installed package's vectors: give --dir"
+                f"{NAME} build rewrites the installed package's vectors: give --dir"
             )
         start = time.perf_counter()
         manifest = known_answers.build(directory, progress=say)
@@ -68,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         options.write_json(args.json, {"vectors": count, "problems": problems})
         return 1 if problems else 0
     if args.target is None and args.form is None:
-        raise options.UsageError("references run needs TARGET (or a built-in --form)")
+        raise options.UsageError(f"{NAME} run needs TARGET (or a built-in --form)")
     impl = options.implementation(args)
     rows = known_answers.run_vectors(impl, directory)
     print(f"{impl.name} claiming {impl.spec}")
