@@ -173,7 +173,9 @@ class Spec:
     the output is normalised, a similarity scale, a decay (None, or one of DECAYS), the
     precision of its float32 products (None: IEEE float32; "tf32": their inputs rounded to
     TF32, as GPU tensor cores do by default), whether its state follows the delta rule
-    (causal, identity, unnormalised; DELTA_SOURCE) and whether it normalises q and k."""
+    (causal, identity, unnormalised; DELTA_SOURCE) and whether it normalises q and k, and
+    the family, by its name, whose state update the other fields do not state (the families
+    the registry chooses by name: families.registry.NAMED; its own validation there)."""
 
     feature_map: str
     causal: bool = False
@@ -186,9 +188,13 @@ class Spec:
     qk_l2norm: bool = False  # q and k normalised inside the kernel (QK_L2NORM_EPS)
     # G: it also takes HV = G H value heads, head hv reading q and k of head hv // G
     value_heads: int = 1
+    family: str | None = None  # a family chosen by name (families.registry.NAMED)
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
+        if self.family is not None and (not isinstance(self.family, str) or self.delta_rule):
+            what = "the delta rule's fields" if self.delta_rule else repr(self.family)
+            raise SpecError(f"a family by name is a string, without {what}")
         if not (self.eps >= 0.0 and self.eps < float("inf")):
             raise SpecError(f"eps must be finite and >= 0, got {self.eps!r}")
         number = isinstance(self.scale, int | float) and not isinstance(self.scale, bool)
@@ -307,4 +313,5 @@ class Spec:
         words += [f"{self.dot_precision} products"] * (self.dot_precision is not None)
         words += ["delta rule"] * self.delta_rule + ["qk-l2norm"] * self.qk_l2norm
         words += [f"value-heads={self.value_heads}"] * (self.value_heads != 1)
+        words += [f"family={self.family}"] * (self.family is not None)
         return f"{self.feature_map} ({', '.join(words)})"

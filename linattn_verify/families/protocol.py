@@ -29,7 +29,9 @@ class Family:
 
     name: the family's name; folder: its folder under families/ (None: its modules still sit
     in the horizontal packages); source: where its formulas come from.
-    claims(spec): whether `spec` is this family's (the registry asks the families in order).
+    claims(spec): whether `spec` is this family's (the registry asks the families in order);
+    named: chosen by name instead, Spec.family == folder (--family NAME), and check(spec):
+    SpecError for a spec of its name that it does not take.
     arguments: the keywords its kernels take beyond q, k, v and W (gamma, g, beta).
     pack(spec, arguments): those arguments as one per-call tensor (the checks' `decay`);
     argument_names(spec): the keywords a kernel of `spec` takes it by; keywords(spec,
@@ -69,6 +71,7 @@ class Family:
     folder: str | None
     source: str
     claims: Callable[[Spec], bool]
+    check: Callable[[Spec], None]
     arguments: tuple[str, ...]
     pack: Callable[[Spec, dict[str, Any]], Any]
     argument_names: Callable[[Spec], tuple[str, ...]]
@@ -95,3 +98,4 @@ class Family:
     stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
+    named: bool = False

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from ..specs import Spec
+from ..specs import Spec, SpecError
 from .delta.family import DELTA
 from .protocol import Family
 from .standard import CHANNEL_GATED, DECAYED, KERNELISED, SOFTMAX
 
 FAMILIES: tuple[Family, ...] = (DELTA, SOFTMAX, CHANNEL_GATED, DECAYED, KERNELISED)
+# the families a spec chooses by name (Spec.family, --family NAME): their folders' names
+NAMED = {family.folder: family for family in FAMILIES if family.named}
 
 
 def family_of(spec: Spec) -> Family:
-    """The family of `spec`: the first of FAMILIES that claims it (KERNELISED claims every
-    spec the others leave)."""
-    return next(family for family in FAMILIES if family.claims(spec))
+    """The family of `spec`: the one it names (Spec.family, which checks the spec), else the
+    first of FAMILIES that claims it (KERNELISED claims every spec the others leave)."""
+    if spec.family is None:
+        return next(family for family in FAMILIES if family.claims(spec) and not family.named)
+    if spec.family not in NAMED:
+        known = ", ".join(NAMED) or "none yet"
+        raise SpecError(f"unknown family {spec.family!r}; the families chosen by name: {known}")
+    family = NAMED[spec.family]
+    family.check(spec)
+    return family

@@ -116,6 +116,7 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         folder=None,
         source=source,
         claims=claims,
+        check=lambda spec: None,
         arguments=arguments,
         pack=lambda spec, arguments: decay_values(spec, arguments.get("gamma"), arguments.get("g")),
         argument_names=_argument_names,

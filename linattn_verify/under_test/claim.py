@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..families.registry import NAMED
 from ..implementations.forms import DEFAULT_CHUNK, FORMS
 from ..specs import DECAYS, FEATURE_MAPS, QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
@@ -153,6 +154,13 @@ SOURCE = (
            check=_positive),
 )  # fmt: skip
 
+def _named_family(value: Any, label: str) -> str | None:
+    """Why `value` names no family of the registry's NAMED, or None."""
+    if value is None or value in NAMED:
+        return None
+    return f"{label} names no family chosen by name ({', '.join(NAMED) or 'none yet'})"
+
+
 # the spec (specs.Spec's fields) and the calling contract an implementation claims
 CLAIM = (
     Option(
@@ -197,6 +205,10 @@ CLAIM = (
            "heads (fla's grouped value heads, HV = G H): v, beta, g and the output of HV "
            "heads, head hv reading q and k of head hv // G; every other check calls it with "
            "HV = H (default 1: not declared)", metavar="G"),
+    Option("family", "--family", str | None, None,
+           "the spec family it computes, by name, where the options above do not state it: "
+           + (", ".join(NAMED) or "none yet") + " (docs/architecture.md, 'Families')",
+           choices=tuple(NAMED), metavar="NAME", check=_named_family),
     Option("layout", "--layout", str, "bhnd",
            "the layout fn takes and returns: bhnd (B, H, N, d; the default) or bnhd",
            choices=LAYOUTS),
