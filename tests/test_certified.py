@@ -12,9 +12,8 @@ from flint import arb
 from linattn_verify.accuracy.bound import scale_and_bound
 from linattn_verify.families import exact, validate
 from linattn_verify.inputs import UNIT_ROUNDOFF
-from linattn_verify.reference import CERTIFIED_SHARE, certified_attention
+from linattn_verify.reference import CERTIFIED_SHARE, certified_attention, certified_engine
 from linattn_verify.reference import certified as engine
-from linattn_verify.reference import certified_engine
 from linattn_verify.specs import FEATURE_MAPS, Spec
 
 SPECS = [(name, causal) for name in FEATURE_MAPS for causal in (False, True)]

@@ -177,6 +177,6 @@ def test_the_known_answer_vectors_finding_has_a_command_that_runs_them_again(cap
     (finding,) = findings(tasks.known_answers(impl, "cpu", ("float64",)), impl.spec)
     assert finding.checks == ("known-answers",) and finding.kind == "wrong"
     command = shlex.split(finding.reproduce)
-    assert command[3:5] == ["references", "run"]
+    assert command[3:5] == ["known-answers", "run"]
     assert main([*command[3:], "--quiet"]) == 0  # it reports the errors; vet judges them
     assert "| elu-full-float64 | float64 | 4.07e+14 |" in capsys.readouterr().out

@@ -6,6 +6,7 @@ CHECKS names them all; `not_applicable(name, impl)` says why one does not apply.
 
 from __future__ import annotations
 
+from ..families import family_of
 from ..under_test import Implementation
 from .agreement import associativity, reference_agreement
 from .causality import causality, split_resume
@@ -74,6 +75,8 @@ NORMALISED = ("positivity", "convex-hull", "v-affine")
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
     spec = impl.spec
+    if lacking := family_of(spec).lacks.get(name):
+        return lacking
     if name in NOT_FOR and NOT_FOR[name][0](spec):
         return NOT_FOR[name][1]
     if name == "decay" and spec.decay is None:

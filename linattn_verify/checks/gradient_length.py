@@ -67,6 +67,8 @@ def lengths(longest: int = LONGEST_DEFAULT) -> tuple[int, ...]:
 
 def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
+    if lacking := family_of(impl.spec).lacks.get(NAME):
+        return lacking
     if all(t == "float64" for t in dtypes):
         return "float64 only: its backward is judged at N <= 65 by the gradient check"
     return None

@@ -256,6 +256,8 @@ def long_context(
 
 def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
+    if lacking := family_of(impl.spec).lacks.get(NAME):
+        return lacking
     if impl.cost == "quadratic":
         return "the implementation declares quadratic cost: long N is not what it is for"
     if all(t == "float64" for t in dtypes):

@@ -11,8 +11,8 @@ until their folders land.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,8 @@ class Family:
     name: the family's name; folder: its folder under families/ (None: its modules still sit
     in the horizontal packages); source: where its formulas come from.
     claims(spec): whether `spec` is this family's (the registry asks the families in order);
+    lacks: the checks (by name) its folder does not serve yet, each with why: they are
+    not applicable to its specs (a family lands with its references before all its models).
     named: chosen by name instead, Spec.family == folder (--family NAME), and check(spec):
     SpecError for a spec of its name that it does not take.
     arguments: the keywords its kernels take beyond q, k, v and W (gamma, g, beta).
@@ -98,4 +100,5 @@ class Family:
     stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
+    lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False

@@ -154,6 +154,7 @@ SOURCE = (
            check=_positive),
 )  # fmt: skip
 
+
 def _named_family(value: Any, label: str) -> str | None:
     """Why `value` names no family of the registry's NAMED, or None."""
     if value is None or value in NAMED:

@@ -1,6 +1,6 @@
 """The commands that rerun what a vet task did without a case (the checks' rows carry
 `check NAME ... --case JSON`): the cost growth (`scaling`), the known-answer vectors
-(`references run`) and the rate (`vet`, which runs it on the same draws)."""
+(`known-answers run`) and the rate (`vet`, which runs it on the same draws)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,6 @@ def vet_command(impl: Implementation, *options: str) -> str:
     return "python -m linattn_verify vet " + shlex.join([*target_words(impl), *options])
 
 
-def references_command(impl: Implementation) -> str:
-    """The `references run` command on `impl`: its error on every known-answer vector."""
-    return "python -m linattn_verify references run " + shlex.join(target_words(impl))
+def known_answers_command(impl: Implementation) -> str:
+    """The `known-answers run` command on `impl`: its error on every known-answer vector."""
+    return "python -m linattn_verify known-answers run " + shlex.join(target_words(impl))

@@ -33,7 +33,7 @@ from ..stats.panel import DEFAULT_D, DEFAULT_M, DEFAULT_REPLICATES
 from ..strategies import corner_cases
 from ..target import load_target
 from ..under_test import Implementation, ImplementationFailure
-from .commands import references_command, scaling_command, vet_command
+from .commands import known_answers_command, scaling_command, vet_command
 from .envelope import envelope
 
 Row = dict[str, Any]
@@ -440,7 +440,7 @@ def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) ->
                          regime=shown["regime"] if bad else None)  # fmt: skip
     if not bad:
         return [result.to_dict()]
-    return [{**result.to_dict(), "reproduce": references_command(impl)}]
+    return [{**result.to_dict(), "reproduce": known_answers_command(impl)}]
 
 
 @dataclass(frozen=True, kw_only=True)
