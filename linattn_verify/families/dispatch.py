@@ -90,7 +90,8 @@ def arguments(spec: Spec, **given: Any) -> dict[str, Any]:
         if value is not None and name not in family.arguments:
             takes = " and ".join(family.arguments) or "no argument but q, k, v (and W)"
             owners = ", ".join(f.name for f in FAMILIES if name in f.arguments)
-            raise SpecError(f"{spec} takes {takes}, not {name} (the {owners}'s)")
+            whose = f" (the {owners}'s)" if owners else ""
+            raise SpecError(f"{spec} takes {takes}, not {name}{whose}")
     return {name: value for name, value in given.items() if name in family.arguments}
 
 
@@ -112,6 +113,7 @@ def reference(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     beta: Any = None,
+    **more: Any,
 ) -> np.ndarray:
     """Exact attention output (B, H, Nq, dv) as float64, within one ulp of the true value.
 
@@ -121,11 +123,12 @@ def reference(
     are the spec's (specs.Spec); a decay's values are gamma (H,) for "constant" and the
     log-gates g, (B, H, N) for "gates" and (B, H, N, d) for "channel-gates". delta_rule
     and qk_l2norm are the spec's too (specs.DELTA_SOURCE: feature_map "identity", causal,
-    normalize=False), with beta (B, H, N).
+    normalize=False), with beta (B, H, N); `more`: the arguments of a family chosen by
+    name (Spec.family; Family.arguments).
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     family = family_of(spec)
-    values = family.pack(spec, arguments(spec, gamma=gamma, g=g, beta=beta))
+    values = family.pack(spec, arguments(spec, gamma=gamma, g=g, beta=beta, **more))
     return exact(validate(q, k, v, spec, projection, values), spec, engine)
 
 
@@ -148,6 +151,7 @@ def attention(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     beta: torch.Tensor | None = None,
+    **more: Any,
 ) -> torch.Tensor:
     """Attention of any spec in a built-in `form` (None: the family's choice; forms_of).
 
@@ -157,7 +161,7 @@ def attention(
     """
     spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     family = family_of(spec)
-    given = arguments(spec, gamma=gamma, g=g, beta=beta)
+    given = arguments(spec, gamma=gamma, g=g, beta=beta, **more)
     return family.attention(q, k, v, spec, form, projection, chunk_size, given)
 
 
@@ -180,6 +184,7 @@ def attention_with_state(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     beta: torch.Tensor | None = None,
+    **more: Any,
 ) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     (None: nothing before), in `form`: (output, the state after the last token), the state's
@@ -187,7 +192,7 @@ def attention_with_state(
     rule's S (B, H, d, dv))."""
     spec = Spec(feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     family = family_of(spec)
-    given = arguments(spec, gamma=gamma, g=g, beta=beta)
+    given = arguments(spec, gamma=gamma, g=g, beta=beta, **more)
     return family.attention_with_state(
         q, k, v, spec, form, projection, chunk_size, initial_state, given
     )
@@ -212,9 +217,7 @@ def attention_varlen(
         qk_l2norm=options.pop("qk_l2norm", False),
     )
     family = family_of(spec)
-    given = arguments(spec, **{name: options.pop(name, None) for name in ("gamma", "g", "beta")})
     form, projection = options.pop("form", None), options.pop("projection", None)
     chunk_size = options.pop("chunk_size", DEFAULT_CHUNK)
-    if options:
-        raise SpecError(f"attention_varlen takes no {', '.join(options)}")
+    given = arguments(spec, **options)  # what is left: the family's arguments
     return family.attention_varlen(q, k, v, spec, cu_seqlens, form, projection, chunk_size, given)
