@@ -14,7 +14,7 @@ import itertools
 import torch
 
 from ..cases import Case
-from ..families import case_arguments, validate
+from ..families import case_arguments, family_of, validate
 from ..under_test import Implementation
 from .compare import Tolerance, agreement, mismatch
 from .core import Outcome, as_array, case_generator, check, inputs_of
@@ -40,7 +40,7 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     )
     v_later = (v2[..., later, :].double() + LATER_OFFSET).to(v.dtype)
     v2 = torch.cat([v[..., : t + 1, :], v_later], -2)
-    if spec.per_token:
+    if family_of(spec).per_token(spec):
         decay2 = torch.cat([decay[:, :, : t + 1], decay2[:, :, later]], 2)
     elif spec.decay is not None:
         decay2 = decay

@@ -352,7 +352,7 @@ class Draw:
     def tensors(self, n: int | None = None):
         """(q, k, v, W, decay) of the first n tokens (all without n)."""
         q, k, v, w, decay = _drawn(self)
-        if decay is not None and self.spec.per_token:
+        if decay is not None and family_of(self.spec).per_token(self.spec):
             decay = decay[:, :, :n]
         return (*(t[:, :, :n] for t in (q, k, v)), w, decay)
 

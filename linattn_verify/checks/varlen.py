@@ -15,7 +15,7 @@ import itertools
 import torch
 
 from ..cases import Case
-from ..families import case_arguments, validate
+from ..families import case_arguments, family_of, validate
 from ..specs import Spec
 from ..under_test import Implementation
 from .compare import Tolerance, mismatch
@@ -61,7 +61,7 @@ def varlen(impl: Implementation, case: Case) -> Outcome:
     empty = [*(t[:1, :, :0] for t in (q, k, v)), decay_part(decay, first, tokens=slice(0, 0))]
     parts = [_sequence(case, s, n, spec) if n else empty for s, n in enumerate(lengths)]
     packed = [torch.cat([p[i] for p in parts], dim=-2) for i in range(3)]
-    packed_decay = torch.cat([p[3] for p in parts], 2) if spec.per_token else decay
+    packed_decay = torch.cat([p[3] for p in parts], 2) if family_of(spec).per_token(spec) else decay
     offsets = [0, *itertools.accumulate(lengths)]
     cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
     out = as_array(impl.call_varlen(*packed, w, cu, packed_decay))

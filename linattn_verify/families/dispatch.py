@@ -113,6 +113,7 @@ def reference(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     beta: Any = None,
+    family: str | None = None,
     **more: Any,
 ) -> np.ndarray:
     """Exact attention output (B, H, Nq, dv) as float64, within one ulp of the true value.
@@ -123,12 +124,13 @@ def reference(
     are the spec's (specs.Spec); a decay's values are gamma (H,) for "constant" and the
     log-gates g, (B, H, N) for "gates" and (B, H, N, d) for "channel-gates". delta_rule
     and qk_l2norm are the spec's too (specs.DELTA_SOURCE: feature_map "identity", causal,
-    normalize=False), with beta (B, H, N); `more`: the arguments of a family chosen by
-    name (Spec.family; Family.arguments).
+    normalize=False), with beta (B, H, N); family: a family chosen by name (Spec.family),
+    `more` its arguments (Family.arguments: the IPLR rule's a and b).
     """
-    spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
-    family = family_of(spec)
-    values = family.pack(spec, arguments(spec, gamma=gamma, g=g, beta=beta, **more))
+    fields = (feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
+    spec = Spec(*fields, family=family)
+    chosen = family_of(spec)
+    values = chosen.pack(spec, arguments(spec, gamma=gamma, g=g, beta=beta, **more))
     return exact(validate(q, k, v, spec, projection, values), spec, engine)
 
 
@@ -151,6 +153,7 @@ def attention(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     beta: torch.Tensor | None = None,
+    family: str | None = None,
     **more: Any,
 ) -> torch.Tensor:
     """Attention of any spec in a built-in `form` (None: the family's choice; forms_of).
@@ -159,10 +162,11 @@ def attention(
     projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype. The
     spec's fields as reference's; a decay's gamma or g, the delta rule's beta and g.
     """
-    spec = Spec(feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
-    family = family_of(spec)
+    fields = (feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
+    spec = Spec(*fields, family=family)
+    chosen = family_of(spec)
     given = arguments(spec, gamma=gamma, g=g, beta=beta, **more)
-    return family.attention(q, k, v, spec, form, projection, chunk_size, given)
+    return chosen.attention(q, k, v, spec, form, projection, chunk_size, given)
 
 
 def attention_with_state(
@@ -184,16 +188,18 @@ def attention_with_state(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     beta: torch.Tensor | None = None,
+    family: str | None = None,
     **more: Any,
 ) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     (None: nothing before), in `form`: (output, the state after the last token), the state's
     layout the family's (implementations/forms.py's (S, z), S alone unnormalised; the delta
     rule's S (B, H, d, dv))."""
-    spec = Spec(feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
-    family = family_of(spec)
+    fields = (feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
+    spec = Spec(*fields, family=family)
+    chosen = family_of(spec)
     given = arguments(spec, gamma=gamma, g=g, beta=beta, **more)
-    return family.attention_with_state(
+    return chosen.attention_with_state(
         q, k, v, spec, form, projection, chunk_size, initial_state, given
     )
 
@@ -215,6 +221,7 @@ def attention_varlen(
     spec = Spec(
         **{name: options.pop(name, getattr(defaults, name)) for name in fields},
         qk_l2norm=options.pop("qk_l2norm", False),
+        family=options.pop("family", None),
     )
     family = family_of(spec)
     form, projection = options.pop("form", None), options.pop("projection", None)

@@ -67,6 +67,9 @@ class Family:
     n tokens is the first n rows of the bound at the longest N.
     scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
     model (None: accuracy/bound.py's, which the families without a folder share).
+    per_token(spec): whether its packed argument is given per token (sliced along N with
+    q's tokens, axis 2), so that a check that changes or packs tokens changes or packs it
+    too; by default the spec's own answer (Spec.per_token: gates, the delta rule's beta).
     """
 
     name: str
@@ -102,3 +105,4 @@ class Family:
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
+    per_token: Callable[[Spec], bool] = field(default=lambda spec: spec.per_token)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from ..specs import Spec, SpecError
 from .delta.family import DELTA
+from .iplr.family import IPLR
 from .protocol import Family
 from .standard import CHANNEL_GATED, DECAYED, KERNELISED, SOFTMAX
 
-FAMILIES: tuple[Family, ...] = (DELTA, SOFTMAX, CHANNEL_GATED, DECAYED, KERNELISED)
+FAMILIES: tuple[Family, ...] = (DELTA, IPLR, SOFTMAX, CHANNEL_GATED, DECAYED, KERNELISED)
 # the families a spec chooses by name (Spec.family, --family NAME): their folders' names
 NAMED = {family.folder: family for family in FAMILIES if family.named}
 
