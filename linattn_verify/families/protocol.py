@@ -30,6 +30,11 @@ class Family:
     name: the family's name; folder: its folder under families/ (None: its modules still sit
     in the horizontal packages); source: where its formulas come from.
     claims(spec): whether `spec` is this family's (the registry asks the families in order);
+    exact_decimal(x, spec, digits): the exact output as decimal strings, correctly rounded
+    (its known-answer vectors' engine; None: it has none); known_answer_cases(): (spec,
+    label, case) of each of its known-answer vectors beyond known_answers/'s own catalogue;
+    vector_fields(spec): what a vector says of its spec beyond map, causality, eps,
+    normalisation, scale and decay; formula(spec): the vector's formula (None: the map's).
     lacks: the checks (by name) its folder does not serve yet, each with why: they are
     not applicable to its specs (a family lands with its references before all its models).
     named: chosen by name instead, Spec.family == folder (--family NAME), and check(spec):
@@ -103,6 +108,10 @@ class Family:
     stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
+    exact_decimal: Callable[[AttentionInputs, Spec, int], np.ndarray] | None = None
+    known_answer_cases: Callable[[], list[tuple[Spec, str, Any]]] = list
+    vector_fields: Callable[[Spec], dict[str, Any]] = lambda spec: {}
+    formula: Callable[[Spec], str] | None = None
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
     per_token: Callable[[Spec], bool] = field(default=lambda spec: spec.per_token)

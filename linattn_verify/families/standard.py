@@ -16,7 +16,7 @@ from ..cases import Case, constant_decay
 from ..implementations import forms, golden
 from ..inputs import AttentionInputs, decay_values, validate
 from ..reference import exact_attention
-from ..reference.arb import arb_denominator_signs
+from ..reference.arb import arb_decimal, arb_denominator_signs
 from ..reference.certified import Certified
 from ..reference.certified_engine import certified_attention
 from ..reference.certified_grad import certified_gradients
@@ -140,6 +140,7 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         long_arguments=lambda spec, k, decay, seed: (k, decay),
         sums_memory=True,
         kinds=(),
+        exact_decimal=arb_decimal,
         stepwise=False,
     )
 

@@ -26,11 +26,11 @@ The code, one module a concern:
 
 from __future__ import annotations
 
-from .cases import delta_vector_cases, gated_vector_cases, vector_cases
+from .cases import gated_vector_cases, vector_cases
 from .catalogue import (
     DECAYED_KAT_SPECS,
-    DELTA_KAT_SPECS,
     EPS_KAT_SPECS,
+    FAMILY_VECTORS,
     KAT_MAPS,
     OTHER_KAT_SPECS,
     all_vectors,
@@ -46,8 +46,8 @@ __all__ = [
     "AGREE_BITS",
     "DECAYED_KAT_SPECS",
     "DEFAULT_DIR",
-    "DELTA_KAT_SPECS",
     "EPS_KAT_SPECS",
+    "FAMILY_VECTORS",
     "GENERATOR_VERSION",
     "KAT_DIGITS",
     "KAT_MAPS",
@@ -56,7 +56,6 @@ __all__ = [
     "build",
     "check",
     "decode",
-    "delta_vector_cases",
     "encode",
     "gated_vector_cases",
     "load_manifest",

@@ -1,7 +1,7 @@
 """The cases each spec's vectors are built from (linattn_verify.cases.Case: the few numbers
 that rebuild one input): canonical shapes and dtypes, and the adversarial ones of a plain
-spec (vector_cases), of a decayed one (gated_vector_cases) and of the delta rule
-(delta_vector_cases)."""
+spec (vector_cases) and of a decayed one (gated_vector_cases); a family with its own vectors
+holds their cases (Family.known_answer_cases: families/delta/vectors.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import functools
 import numpy as np
 import torch
 
-from ..cases import DELTA_KINDS, Case
+from ..cases import Case
 from ..regimes import magnitude_range
 from ..specs import Spec
 
@@ -121,26 +121,3 @@ def gated_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
         ("decay-wide-float32", Case(1, 2, 64, 4, 4, "float32", seed=9, decay_rate=1.0)),
         ("long-float32", Case(1, 1, 512, 8, 8, "float32", seed=10)),
     ]
-
-
-def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
-    """The vectors of a delta-rule spec (B = 1, H = 2, d = 4, dv = 3, N <= 16): N = 1, ragged
-    N = 11, every dtype, the delta rule's stress kinds (cases.DELTA_KINDS: beta next to 2, keys
-    of norm 0.37 to 2.7, nearly parallel keys) and, gated, gates next to 1 (e^-(2^-22) a
-    token) and next to 0 (about e^-20: the state erased in a token)."""
-    shape = (1, 2, 16, 4, 3)
-    cases = [
-        ("n1-float32", Case(1, 2, 1, 4, 3, "float32", seed=1)),
-        ("ragged-float32", Case(1, 2, 11, 4, 3, "float32", seed=2)),
-        ("float16", Case(*shape, "float16", seed=3)),
-        ("bfloat16", Case(*shape, "bfloat16", seed=4)),
-        ("float64", Case(*shape, "float64", seed=5)),
-    ]
-    for seed, kind in enumerate(DELTA_KINDS, 6):
-        cases.append((f"{kind}-float32", Case(*shape, "float32", kind, seed=seed)))
-    if spec.gated:
-        cases += [
-            ("decay-near-one-float32", Case(*shape, "float32", seed=9, decay_rate=2.0**-22)),
-            ("decay-near-zero-float32", Case(*shape, "float32", seed=10, decay_rate=20.0)),
-        ]
-    return cases

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from ..cases import Case
+from ..families import FAMILIES, family_of
 from ..specs import FEATURE_MAPS, RSQRT_D, Spec
-from .cases import delta_vector_cases, gated_vector_cases, vector_cases
+from .cases import gated_vector_cases, vector_cases
 from .files import DEFAULT_DIR
 
 # the maps with published vectors of their plain specs (identity, added after them, has none
@@ -34,17 +35,12 @@ EPS_KAT_SPECS = (
     Spec("taylor", causal=True, eps=1e-6),
     Spec("relu", causal=True, eps=1e-10, scale=RSQRT_D),
 )
-# the delta rule as fla's layers call it (scale d^-0.5): DeltaNet, Gated DeltaNet, KDA, and
-# DeltaNet with q and k normalised inside the kernel
-_DELTA = replace(_FLA, delta_rule=True)
-DELTA_KAT_SPECS = (
-    _DELTA,
-    replace(_DELTA, decay="gates"),
-    replace(_DELTA, decay="channel-gates"),
-    replace(_DELTA, qk_l2norm=True),
-)
+# the vectors of the families with their own (Family.known_answer_cases: the delta rule's)
+FAMILY_VECTORS = tuple(v for family in FAMILIES for v in family.known_answer_cases())
 # the specs other than the KAT_MAPS' plain ones (eps 0) that have vectors
-OTHER_KAT_SPECS = DECAYED_KAT_SPECS + EPS_KAT_SPECS + DELTA_KAT_SPECS
+OTHER_KAT_SPECS = (
+    DECAYED_KAT_SPECS + EPS_KAT_SPECS + tuple(dict.fromkeys(s for s, _, _ in FAMILY_VECTORS))
+)
 
 
 def spec_label(spec: Spec) -> str:
@@ -53,7 +49,8 @@ def spec_label(spec: Spec) -> str:
     words = [spec.feature_map, "causal" if spec.causal else "full"]
     words += [f"eps{spec.eps:g}"] * (spec.eps != 0)
     words += ["unnormalised"] * (not spec.normalize) + ["scaled"] * (spec.scale != 1.0)
-    words += ["delta"] * spec.delta_rule + [spec.decay] * (spec.decay is not None)
+    words += [folder] if (folder := family_of(spec).folder) else []
+    words += [spec.decay] * (spec.decay is not None)
     return "-".join(words + ["l2norm"] * spec.qk_l2norm)
 
 
@@ -70,9 +67,8 @@ def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
     for spec in EPS_KAT_SPECS:
         for label, case in vector_cases(spec):
             yield f"{spec_label(spec)}-{label}", spec, case
-    for spec in DELTA_KAT_SPECS:
-        for label, case in delta_vector_cases(spec):
-            yield f"{spec_label(spec)}-{label}", spec, case
+    for spec, label, case in FAMILY_VECTORS:
+        yield f"{spec_label(spec)}-{label}", spec, case
 
 
 def not_applicable(spec: Spec) -> str | None:

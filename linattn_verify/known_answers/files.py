@@ -5,14 +5,15 @@ bytes every file is written as, the manifest, and a stored vector's spec and ten
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..families.delta.inputs import pack_delta
-from ..specs import DECAY_ARGUMENTS, Spec, SpecError
+from ..families import family_of
+from ..specs import Spec, SpecError
 
 # the vectors' folder: this package's, with its package data (a wheel's, or the checkout's in
 # an editable install), found from any folder
@@ -63,17 +64,16 @@ def spec_of(vector: dict[str, Any]) -> Spec:
     """The spec a vector (or a manifest entry, as {"spec": entry}) states: a plain one where
     it says nothing of normalisation, scale, decay or the delta rule."""
     s = vector["spec"]
-    keys = ("normalize", "scale", "decay", "delta_rule", "qk_l2norm")
-    extra = {key: s[key] for key in keys if key in s}
+    extra = {f.name: s[f.name] for f in fields(Spec)[3:] if f.name in s}  # beyond map, causal, eps
     return Spec(s["feature_map"], causal=s["causal"], eps=s["eps"], **extra)
 
 
 def stored_tensors(vector: dict[str, Any]) -> tuple[Spec, tuple[torch.Tensor | None, ...]]:
-    """The vector's spec and its tensors (q, k, v, projection, decay: None where absent; for
-    the delta rule beta and its gates packed, inputs.pack_delta)."""
+    """The vector's spec and its tensors (q, k, v, projection, and the arguments of its
+    family packed as Family.pack packs them: None where there are none)."""
     spec = spec_of(vector)
     ins = vector["inputs"]
     tensors = tuple(decode(ins.get(key)) for key in ("q", "k", "v", "projection"))
-    if spec.delta_rule:
-        return spec, (*tensors, pack_delta(decode(ins["beta"]), decode(ins.get("g"))))
-    return spec, (*tensors, decode(ins.get(DECAY_ARGUMENTS.get(spec.decay))))
+    family = family_of(spec)
+    given = {name: decode(ins[name]) for name in family.arguments if name in ins}
+    return spec, (*tensors, family.pack(spec, given))

@@ -17,12 +17,9 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..families import case_arguments, validate
-from ..families.delta.inputs import delta_arguments
-from ..families.delta.reference import arb_delta_decimal
+from ..families import case_arguments, family_of, validate
 from ..inputs import AttentionInputs
-from ..reference.arb import arb_decimal
-from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, DELTA_SOURCE, QK_L2NORM_EPS, Spec, SpecError
+from ..specs import DECAY_SOURCES, Spec, SpecError
 from .catalogue import all_vectors
 from .files import DEFAULT_DIR, dumps, encode
 
@@ -37,10 +34,9 @@ def vector_inputs(spec: Spec, case: Case) -> tuple[tuple[torch.Tensor | None, ..
     (and g) apart, as the kernels take them."""
     q, k, v, w, decay = tensors = case_arguments(case, spec)
     inputs = {"q": encode(q), "k": encode(k), "v": encode(v), "projection": encode(w)}
-    if spec.delta_rule:
-        inputs |= {key: encode(t) for key, t in delta_arguments(spec, decay).items()}
-    elif spec.decay:
-        inputs |= {DECAY_ARGUMENTS[spec.decay]: encode(decay)}
+    if decay is not None:  # the family's arguments, as its kernels take them
+        keywords = family_of(spec).keywords(spec, decay, "bhnd")
+        inputs |= {key: encode(t) for key, t in keywords.items()}
     return tensors, inputs
 
 
@@ -49,14 +45,13 @@ def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
     (q, k, v, w, decay), inputs = vector_inputs(spec, case)
     out = exact_decimal(validate(q, k, v, spec, w, decay), spec)
     described = {"feature_map": spec.feature_map, "causal": spec.causal, "eps": spec.eps}
-    formula = spec.info.source
-    if spec.delta_rule:
-        described |= _decayed_fields(spec) | _delta_fields(spec)
-        l2norm = f"; q and k first x / sqrt(|x|^2 + {QK_L2NORM_EPS:g})" * spec.qk_l2norm
-        formula = DELTA_SOURCE + l2norm
+    family = family_of(spec)
+    formula = (family.formula or (lambda s: s.info.source))(spec)
+    if own := family.vector_fields(spec):  # a family's formula says its decay's too
+        described |= _decayed_fields(spec) | own
     elif not spec.plain:  # a plain vector's bytes are those of generator version 1
         described |= _decayed_fields(spec)
-    if spec.decay and not spec.delta_rule:
+    if spec.decay and not own:
         described |= {"decay_formula": DECAY_SOURCES[spec.decay]}
     return {
         "format": FORMAT,
@@ -71,19 +66,15 @@ def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
 
 def exact_decimal(x: AttentionInputs, spec: Spec) -> np.ndarray:
     """The exact output as KAT_DIGITS-digit decimal strings, by the spec's arb engine."""
-    engine = arb_delta_decimal if spec.delta_rule else arb_decimal
+    engine = family_of(spec).exact_decimal
+    if engine is None:
+        raise SpecError(f"{spec}: its family has no known-answer vectors (Family.exact_decimal)")
     return engine(x, spec, KAT_DIGITS)
 
 
 def _decayed_fields(spec: Spec) -> dict[str, Any]:
     """What a vector's spec and manifest entry say beyond map, causality and eps."""
     return {"normalize": spec.normalize, "scale": spec.scale, "decay": spec.decay}
-
-
-def _delta_fields(spec: Spec) -> dict[str, Any]:
-    """What a delta-rule vector's spec and manifest entry say besides (none for the others,
-    whose bytes are those of generator version 1)."""
-    return {"delta_rule": True, "qk_l2norm": spec.qk_l2norm} if spec.delta_rule else {}
 
 
 def manifest_entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, Any]:
@@ -95,7 +86,7 @@ def manifest_entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, 
         "causal": spec.causal,
         "eps": spec.eps,
         **_decayed_fields(spec),
-        **_delta_fields(spec),
+        **family_of(spec).vector_fields(spec),
         "dtype": case.dtype,
         "shape_B_H_N_d_dv": [case.b, case.h, case.n, case.d, case.dv],
         "m": case.m,

@@ -27,7 +27,15 @@ from .inputs import (
     pack_delta,
     validate_delta,
 )
-from .reference import MP_MAX_STEPS, arb_delta, certified_delta, exact_delta_state, mp_delta
+from .reference import (
+    MP_MAX_STEPS,
+    arb_delta,
+    arb_delta_decimal,
+    certified_delta,
+    exact_delta_state,
+    mp_delta,
+)
+from .vectors import formula, known_answer_cases, vector_fields
 
 
 def _pack(spec: Spec, arguments: dict[str, Any]) -> torch.Tensor:
@@ -130,5 +138,9 @@ DELTA = Family(
     kinds=DELTA_KINDS,
     stepwise=True,
     scale_and_bound=delta_scale_and_bound,
+    exact_decimal=arb_delta_decimal,
+    known_answer_cases=known_answer_cases,
+    vector_fields=vector_fields,
+    formula=formula,
     state_bound=_state_bound,
 )
