@@ -252,6 +252,14 @@ class Spec:
         return FEATURE_MAPS[self.feature_map]
 
     @property
+    def sums_similarities(self) -> bool:
+        """Whether the output is the attention sum of the spec's similarities (kernelised,
+        decayed or softmax: the engines of reference/ and the forms of implementations/);
+        False where a family states a state update of its own (the delta rule, a family
+        chosen by name), whose engines are its folder's."""
+        return not self.delta_rule and self.family is None
+
+    @property
     def plain(self) -> bool:
         """Normalised, unscaled, without a decay and with IEEE products: the specs the certified
         engine, the fast bound, the long-context check and the known-answer vectors cover."""

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.accuracy.gradient import gradient_names
 from linattn_verify.families import validate
 from linattn_verify.families.delta.gradients import (
     arb_delta_gradients,
@@ -27,7 +28,6 @@ from linattn_verify.families.delta.gradients import (
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.families.delta.reference import mp_delta
 from linattn_verify.reference.common import ReferenceAccuracyError
-from linattn_verify.reference.grad import gradient_names
 from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
 DECAYS = [None, "gates", "channel-gates"]

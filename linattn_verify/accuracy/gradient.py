@@ -39,11 +39,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..families import family_of
 from ..inputs import SMALLEST_SUBNORMAL
 from ..reference.grad import NAMES as NAMES  # re-exported: q, k, v; per spec, gradient_names
-from ..reference.grad import gradient_names as gradient_names
 from ..rounding import gamma
+from ..specs import Spec
 from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, typical_roundings
+
+
+def gradient_names(spec: Spec) -> tuple[str, ...]:
+    """The inputs the loss is differentiated in: q, k, v and the per-token arguments of the
+    spec's family (Family.argument_names: a gates spec's log-gates g, the delta rule's beta
+    and g); gamma, W and the cotangent are held fixed."""
+    return NAMES + family_of(spec).argument_names(spec) * spec.per_token
 
 
 @dataclass(frozen=True)

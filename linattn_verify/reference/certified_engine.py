@@ -38,11 +38,11 @@ def certified_attention(
     """Attention within CERTIFIED_SHARE s of the exact value, element by element (module
     docstring), in the rows `settle` marks ((B, H, Nq), every row by default); the others
     keep the float64 pass's values, within `bound` of the exact ones, and go to arb only
-    where that bound is infinite (the pass lost the row's denominator). Every spec but the
-    delta rule's (delta.certified_delta); NaN where the value is 0/0 exactly (relu rows
-    with eps = 0). Decayed specs: certified_decay.py."""
-    if spec.delta_rule:
-        raise SpecError(f"{spec}: the delta rule's certified engine is delta.certified_delta")
+    where that bound is infinite (the pass lost the row's denominator). Every spec that sums
+    its similarities (Spec.sums_similarities); NaN where the value is 0/0 exactly (relu
+    rows with eps = 0). Decayed specs: certified_decay.py."""
+    if not spec.sums_similarities:
+        raise SpecError(f"{spec}: its family's certified engine is its own (families.certified)")
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
     b_, h_, nq, _, d, dv = x.shape

@@ -30,8 +30,9 @@ Arrays = dict[str, np.ndarray]
 
 
 def covered(spec: Spec) -> bool:
-    """Whether certified_gradients takes `spec`: every spec but the delta rule's."""
-    return not spec.delta_rule
+    """Whether certified_gradients takes `spec`: every spec that sums its similarities
+    (Spec.sums_similarities; a family of its own state update has its own)."""
+    return spec.sums_similarities
 
 
 def certified_gradients(
@@ -44,8 +45,8 @@ def certified_gradients(
     SpecError for a spec `covered` refuses."""
     if not covered(spec):
         raise SpecError(
-            f"certified gradients cover every spec but the delta rule's "
-            f"(families/delta/certified_gradients.py): not {spec}"
+            f"certified gradients cover the specs that sum their similarities; {spec}'s "
+            f"family has its own (Family.certified_gradients)"
         )
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")

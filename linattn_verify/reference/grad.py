@@ -160,10 +160,10 @@ NAMES = ("q", "k", "v")
 
 
 def gradient_names(spec: Spec) -> tuple[str, ...]:
-    """The inputs the loss is differentiated in: q, k, v, the delta rule's beta, and the
-    log-gates g of a gates or channel-gates spec (gamma, W and the cotangent are held
-    fixed)."""
-    return NAMES + ("beta",) * spec.delta_rule + ("g",) * spec.gated
+    """The inputs the loss is differentiated in: q, k, v, and the log-gates g of a gates or
+    channel-gates spec (gamma, W and the cotangent are held fixed); accuracy.gradient's
+    gradient_names takes every family's."""
+    return NAMES + ("g",) * spec.gated
 
 
 def roundings(x: AttentionInputs, spec: Spec) -> int:

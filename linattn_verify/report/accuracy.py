@@ -55,7 +55,7 @@ def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
         w = torch.tensor(sample_projection(sweep.d, sweep.d, "orthogonal", sweep.seed))
         w = w.to(t).to(sweep.device)
     case = Case(sweep.b, sweep.h, n, sweep.d, sweep.dv, dtype, seed=sweep.seed, device=sweep.device)
-    if spec.delta_rule:
+    if not spec.sums_similarities:  # a family's own update: its inputs as vet draws them
         q, k, v, _, decay = case_arguments(case, spec)
         return q, k, v, w, decay
     rng = np.random.default_rng([sweep.seed, n])

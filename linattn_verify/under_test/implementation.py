@@ -95,7 +95,8 @@ class Implementation:
         eps = f"-eps{spec.eps:g}" if spec.eps else ""
         causal = "causal" if spec.causal else "full"
         rest = "-unnormalised" * (not spec.normalize) + f"-{spec.decay}" * bool(spec.decay)
-        rest += "-delta" * spec.delta_rule + "-l2norm" * spec.qk_l2norm
+        folder = family_of(spec).folder  # a family of its own: its folder's name
+        rest += f"-{folder}" * bool(folder) + "-l2norm" * spec.qk_l2norm
         rest += f"-scale{spec.scale_for(1) if spec.scale != RSQRT_D else 'rsqrtd'}" * (
             spec.scale != 1.0
         )
