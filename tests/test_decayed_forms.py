@@ -84,7 +84,7 @@ def test_the_state_carried_across_two_calls_is_one_call_and_in_true_units(name, 
         pair = (end, state) if normalize else ((end,), (state,))
         for got, one, want, allowed in zip(*pair, exact, bounds, strict=True):
             torch.testing.assert_close(got, one)
-            assert np.all(np.abs(got.numpy() - want) <= allowed)  # accuracy.bound.state_bound
+            assert np.all(np.abs(got.numpy() - want) <= allowed)  # state_bounds.state_bound
 
 
 def _assert_within_the_accuracy_model(out, q, k, v, spec, w, g, golden=None):

@@ -10,7 +10,7 @@
   (vllm PR #22034), or a normaliser that divides by this call's keys only (fla's
   normalize_output);
 - final-state: the final state against the exact one (reference/state.py) within the bound
-  of accuracy/bound.py's state_bound.
+  of accuracy/state_bounds.py's state_bound.
 
 Outputs are compared within the sum of their a-priori bounds (compare.py), states within
 the sum of their state bounds: any evaluation order satisfies them. The state is (S, z), or

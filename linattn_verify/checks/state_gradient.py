@@ -8,7 +8,7 @@ plausible prefix, so that the normaliser stays away from 0),
   dL/dz_0 when normalised (the normaliser's share: it says whether the backward accounts
   for z_0), and dL_S/dv for the final state's terms alone (dht into the inputs; dL_S/dq
   must be 0: the final state does not depend on the queries) against the exact ones of
-  reference/state.py's exact_state_gradients, within accuracy/bound.py's
+  reference/state.py's exact_state_gradients, within accuracy/state_bounds.py's
   state_gradient_bound (fla #1140 / PR #1141: dht and dh0 wrong for short chunks while the
   forward is exact);
 - dL_S/dk and, for gates and channel gates, dL_S/dg of the final state's terms alone
