@@ -13,7 +13,7 @@ import torch
 
 from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable
 from linattn_verify.cases import Case
-from linattn_verify.families import case_arguments
+from linattn_verify.families import case_arguments, family_of
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.specs import QK_L2NORM_EPS
@@ -37,6 +37,11 @@ LIBRARY_LIMITS = {
     },
     ("fla.gla-chunk", torch.float64): "fla's chunk_gla_fwd_kernel_o does the same (a float64 "
     "tl.dot into a float32 accumulator, stored through a float64 pointer)",
+    ("fla.iplr-chunk", torch.float64): "fla's chunk_generalized_iplr_delta_rule_fwd_kernel_o "
+    "does the same (a float64 tl.dot into a float32 accumulator, stored through a float64 "
+    "pointer)",
+    ("fla.iplr-naive", torch.float64): "fla's iplr_recurrence casts q, k, v and beta to float32, "
+    "not alpha: the state turns float64 and a float32 einsum refuses it",
     **{
         (f"fla.{name}{l2norm}", dtype): reason
         for l2norm in ("", "-l2norm")
@@ -114,7 +119,7 @@ def cases():
                 marks = [pytest.mark.xfail(reason=limit, raises=ImplementationFailure)]
             if limit := DTYPE_LIMITS.get((name, dtype)):
                 marks = [pytest.mark.xfail(reason=limit, raises=AssertionError, strict=True)]
-            if ADAPTERS[name].triton and ADAPTERS[name].spec.delta_rule:  # seconds each
+            if ADAPTERS[name].triton and family_of(ADAPTERS[name].spec).stepwise:  # seconds each
                 marks.append(pytest.mark.all_variants)
             yield pytest.param(name, dtype, marks=marks, id=f"{name}-{str(dtype)[6:]}")
 

@@ -3,11 +3,11 @@ own without triton, and the Triton kernels (natively on CUDA, else in Triton's i
 
 fla_loading.py loads them; fla_kernelised.py adapts linear_attn, simple_gla, gla, retention
 and based (and says what is left out), fla_delta.py the delta rule's delta_rule,
-gated_delta_rule and kda.
+gated_delta_rule and kda, fla_iplr.py generalized_delta_rule/iplr.
 """
 
 from __future__ import annotations
 
-from . import fla_delta, fla_kernelised
+from . import fla_delta, fla_iplr, fla_kernelised
 
-ADAPTERS = (*fla_kernelised.ADAPTERS, *fla_delta.ADAPTERS)
+ADAPTERS = (*fla_kernelised.ADAPTERS, *fla_delta.ADAPTERS, *fla_iplr.ADAPTERS)
