@@ -212,3 +212,14 @@ def test_vet_passes_the_recurrence():
 def test_vet_rejects_a_broken_twin(late: bool):
     with pytest.raises(AssertionError, match=r"wrong on typical inputs, .*: .*accuracy float32"):
         assert_linear_attention(_kernel(late), "identity", smallest=True, **OPTIONS)
+
+
+def test_the_certified_engine_is_arb_s_and_gradients_are_refused():
+    _, _, _, _, x = _inputs(Case(1, 2, 5, 3, 2, "float32", seed=4))
+    certified = IPLR.certified(x, SPEC, None)
+    assert np.array_equal(certified.values, IPLR.exact(x, SPEC, "arb"))
+    assert np.array_equal(IPLR.exact(x, SPEC, "certified"), certified.values)
+    assert (certified.bound <= np.spacing(np.abs(certified.values))).all()
+    assert (certified.scale > 0).all()
+    with pytest.raises(SpecError, match="no exact gradients"):
+        IPLR.exact_gradients(x, SPEC, np.ones(x.v.shape))
