@@ -28,10 +28,7 @@ from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Row
 from .outcome import VetReport
-from .tasks import (
-    DEPENDS,
-    SCALING_MAX_N,
-    SMALLEST_SCALING_MAX_N,
+from .requests import (
     Accuracy,
     AutotuneConfigs,
     Envelope,
@@ -45,6 +42,7 @@ from .tasks import (
     Scaling,
     Task,
 )
+from .tasks import DEPENDS, SCALING_MAX_N, SMALLEST_SCALING_MAX_N
 from .worker import Running, Worker, WorkerDied, WorkerHung, describe, max_rss, run_task
 
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes

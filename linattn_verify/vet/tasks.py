@@ -1,15 +1,12 @@
-"""The units of work of a vet run, each a function (implementation, parameters) -> rows, and
-the request that asks for it (a Task: one frozen dataclass per kind of work, picklable, its
-fields the function's parameters), run inside the worker process (worker.py) or in-process
-(testing.py). A row is CheckResult.to_dict()'s dict: name, status, detail, figures, and the
-case and reproduce command of a failure."""
+"""The units of work of a vet run, each a function (implementation, parameters) -> rows, run
+inside the worker process (worker.py) or in-process (testing.py) as the requests of
+requests.py ask for them. A row is CheckResult.to_dict()'s dict: name, status, detail,
+figures, and the case and reproduce command of a failure."""
 
 from __future__ import annotations
 
-import abc
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +31,6 @@ from ..strategies import corner_cases
 from ..target import load_target
 from ..under_test import Implementation, ImplementationFailure
 from .commands import known_answers_command, scaling_command, vet_command
-from .envelope import envelope
 
 Row = dict[str, Any]
 
@@ -441,184 +437,3 @@ def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) ->
     if not bad:
         return [result.to_dict()]
     return [{**result.to_dict(), "reproduce": known_answers_command(impl)}]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Task(abc.ABC):
-    """A unit of work as vet's plan asks for it (runner.plan): its parameters, frozen and
-    picklable (it crosses to the worker process), and run(impl), the rows it gives. Each
-    kind has a `name`, the plan's step and the row it gives (a check's name for
-    PropertyCheck, else the kind's). features: the bounds' feature model while it runs
-    (accuracy/bound.py: "relative" for vet --strict)."""
-
-    features: str = "standard"
-
-    @abc.abstractmethod
-    def run(self, impl: Implementation) -> list[Row]:
-        """The rows of this work on `impl`."""
-
-    def planned_cases(self, spec: Spec) -> int | None:
-        """About how many cases it runs a check on (a search's shrinking adds a few), for
-        progress; None for the tasks that run none through a check."""
-        return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class PropertyCheck(Task):
-    """property_check: check `name` searched per regime (smallest: smallest_cases alone)."""
-
-    name: str
-    examples: dict[str, int]
-    device: str
-    dtypes: tuple[str, ...]
-    smallest: bool = False
-    past_contract: str | None = None
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return property_check(
-            impl, self.name, self.device, self.examples, self.dtypes, self.past_contract,
-            self.smallest,
-        )  # fmt: skip
-
-    def planned_cases(self, spec: Spec) -> int | None:
-        if self.smallest:
-            return len(self.dtypes)
-        fixed = len(corner_cases(spec, self.dtypes, self.device))
-        fixed += len(vet_cases(spec, self.dtypes, self.device))
-        return fixed + sum(self.examples.values())
-
-
-@dataclass(frozen=True, kw_only=True)
-class Accuracy(Task):
-    """accuracy: the reference check on each dtype's panel."""
-
-    name: ClassVar[str] = "accuracy"
-    device: str
-    dtypes: tuple[str, ...]
-    smallest: bool = False
-    past_contract: str | None = None
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return accuracy(impl, self.device, self.dtypes, self.past_contract, self.smallest)
-
-    def planned_cases(self, spec: Spec) -> int | None:
-        if self.smallest:
-            return len(self.dtypes)
-        return sum(len(accuracy_panel(spec, dtype, self.device)) for dtype in self.dtypes)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AutotuneConfigs(Task):
-    """autotune_configs: a Triton kernel in the interpreter, in its other autotune configs."""
-
-    name: ClassVar[str] = AUTOTUNE_CONFIGS
-    device: str
-    dtypes: tuple[str, ...]
-    smallest: bool = False
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return autotune_configs(impl, self.device, self.dtypes, self.smallest)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Int32Offsets(Task):
-    """int32_offsets: a Triton kernel's pointer offsets that wrap at 2^31."""
-
-    name: ClassVar[str] = INT32_OFFSETS
-    device: str
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return int32_offsets(impl, self.device)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Scaling(Task):
-    """scaling: the counted growth against the `expected` one, up to max_n."""
-
-    name: ClassVar[str] = "scaling"
-    device: str
-    expected: str
-    max_n: int = SCALING_MAX_N
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return scaling(impl, self.device, self.expected, self.max_n)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LongContext(Task):
-    """long_context: the long-context check up to N = longest."""
-
-    name: ClassVar[str] = long_context_check.NAME
-    device: str
-    dtypes: tuple[str, ...]
-    longest: int
-    seed: int
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return long_context(impl, self.device, self.dtypes, self.longest, self.seed)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GradientLength(Task):
-    """gradient_length: the backward at length up to N = longest."""
-
-    name: ClassVar[str] = gradient_length_check.NAME
-    device: str
-    dtypes: tuple[str, ...]
-    longest: int
-    seed: int
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return gradient_length(impl, self.device, self.dtypes, self.longest, self.seed)
-
-
-@dataclass(frozen=True, kw_only=True)
-class KnownAnswers(Task):
-    """known_answers: the known-answer vectors of the spec in `dtypes`."""
-
-    name: ClassVar[str] = "known-answers"
-    device: str
-    dtypes: tuple[str, ...]
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return known_answers(impl, self.device, self.dtypes)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SamplerStatistics(Task):
-    """sampler_statistics: the random-feature panel on a sampler (not on the implementation)."""
-
-    name: ClassVar[str] = "sampler"
-    sampler_target: str
-    claim: str
-    seed: int
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return sampler_statistics(self.sampler_target, self.claim, self.seed)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rate(Task):
-    """rate: the attention error's rate in m, W from the sampler (None: the project's iid)."""
-
-    name: ClassVar[str] = "rate"
-    sampler_target: str | None
-    claim: str | None
-    seed: int
-    device: str
-    dtypes: tuple[str, ...]
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return rate(impl, self.sampler_target, self.seed, self.device, self.dtypes, self.claim)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Envelope(Task):
-    """envelope.envelope: the operating envelope per dtype."""
-
-    name: ClassVar[str] = "envelope"
-    device: str
-    dtypes: tuple[str, ...]
-
-    def run(self, impl: Implementation) -> list[Row]:
-        return envelope(impl, self.device, self.dtypes)

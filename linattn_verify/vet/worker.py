@@ -1,6 +1,6 @@
 """The implementation under test runs in a worker process: an exception, a crash (segfault,
 abort) or a hang of the implementation becomes a failed check, and vet lives on to print its
-verdict. The worker loads the implementation once, then runs tasks (tasks.Task) sent over a
+verdict. The worker loads the implementation once, then runs tasks (requests.Task) sent over a
 pipe."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from ..checks.core import watching
 from ..regimes import regime_of
 from ..specs import SpecError
 from ..under_test import Implementation, ImplementationFailure
-from .tasks import Row, Task
+from .requests import Task
+from .tasks import Row
 
 CONTEXT = multiprocessing.get_context("spawn")  # no state inherited from the parent
 # Starting the worker imports torch and the target: seconds, a minute on a busy machine; a
