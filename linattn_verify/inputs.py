@@ -7,7 +7,7 @@ so that no caller sees a traceback from deep inside numpy, torch or mpmath.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -143,16 +143,24 @@ def check_shapes(
         raise SpecError(f"feature map {spec.feature_map!r} takes no projection")
 
 
-def validate(
-    q: Any, k: Any, v: Any, spec: Spec, projection: Any = None, decay: Any = None
-) -> AttentionInputs:
-    """Check shapes, dtypes and values against the spec; return exact float64 copies."""
+def exact_tensors(q: Any, k: Any, v: Any, spec: Spec, projection: Any = None) -> AttentionInputs:
+    """q, k, v and W checked against the spec (shapes, dtypes, values) as exact float64
+    copies, without the spec's other arguments (a family's validate adds its own)."""
     qa, qdtype = as_float64(q, "q")
     ka, _ = as_float64(k, "k")
     va, _ = as_float64(v, "v")
     proj = None if projection is None else as_float64(projection, "projection")[0]
     check_shapes(qa.shape, ka.shape, va.shape, spec, None if proj is None else proj.shape)
-    return AttentionInputs(qa, ka, va, proj, qdtype, check_decay(decay, spec, qa.shape))
+    return AttentionInputs(qa, ka, va, proj, qdtype)
+
+
+def validate(
+    q: Any, k: Any, v: Any, spec: Spec, projection: Any = None, decay: Any = None
+) -> AttentionInputs:
+    """Check shapes, dtypes and values against the spec; return exact float64 copies (a
+    decayed spec's decay among them)."""
+    x = exact_tensors(q, k, v, spec, projection)
+    return replace(x, decay=check_decay(decay, spec, x.q.shape))
 
 
 def decay_values(spec: Spec, gamma: Any, g: Any) -> Any:

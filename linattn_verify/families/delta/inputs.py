@@ -4,12 +4,13 @@ docstring: unit-norm keys, beta ~ U(0, 1), the kinds of cases.DELTA_KINDS)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...cases import Case, constant_decay
-from ...inputs import AttentionInputs, as_float64, check_decay, check_shapes
+from ...inputs import AttentionInputs, as_float64, check_decay, exact_tensors
 from ...specs import Spec, SpecError
 
 _F64 = {"dtype": torch.float64}
@@ -37,11 +38,8 @@ def validate_delta(
     q: Any, k: Any, v: Any, spec: Spec, projection: Any = None, decay: Any = None
 ) -> AttentionInputs:
     """inputs.validate for the delta rule: decay is beta with its gates packed."""
-    qa, qdtype = as_float64(q, "q")
-    ka, _ = as_float64(k, "k")
-    va, _ = as_float64(v, "v")
-    proj = None if projection is None else as_float64(projection, "projection")[0]
-    check_shapes(qa.shape, ka.shape, va.shape, spec, None if proj is None else proj.shape)
+    x = exact_tensors(q, k, v, spec, projection)
+    qa = x.q
     if decay is None:
         raise SpecError(f"{spec} needs beta (B, H, N)")
     width = 1 + {None: 0, "gates": 1, "channel-gates": qa.shape[3]}[spec.decay]
@@ -52,8 +50,7 @@ def validate_delta(
     beta, _ = as_float64(given["beta"], "beta")
     if beta.shape != qa.shape[:3]:
         raise SpecError(f"beta must have shape {qa.shape[:3]}, got {beta.shape}")
-    gates = check_decay(given.get("g"), spec, qa.shape)
-    return AttentionInputs(qa, ka, va, proj, qdtype, gates, beta)
+    return replace(x, decay=check_decay(given.get("g"), spec, qa.shape), beta=beta)
 
 
 def case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
