@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ...cases import Case
-from ...inputs import AttentionInputs, as_float64, check_shapes
+from ...inputs import AttentionInputs, as_float64, exact_tensors
 from ...specs import Spec, SpecError
 
 _F64 = {"dtype": torch.float64}
@@ -53,19 +53,16 @@ def validate_iplr(
 ) -> AttentionInputs:
     """inputs.validate for the IPLR rule: `decay` is a and b packed (pack_iplr); they are
     carried as AttentionInputs.beta (B, H, N, 2 d), sliced by token as beta is."""
-    qa, qdtype = as_float64(q, "q")
-    ka, _ = as_float64(k, "k")
-    va, _ = as_float64(v, "v")
     if projection is not None:
         raise SpecError(f"{spec} takes no projection")
-    check_shapes(qa.shape, ka.shape, va.shape, spec, None)
+    x = exact_tensors(q, k, v, spec)
     if decay is None:
         raise SpecError(f"{spec} needs a and b (B, H, N, d)")
     packed, _ = as_float64(decay, "a and b")
-    want = (*qa.shape[:3], 2 * qa.shape[3])
+    want = (*x.q.shape[:3], 2 * x.q.shape[3])
     if packed.shape != want:
         raise SpecError(f"{spec} takes a and b packed {want} (B, H, N, 2 d), got {packed.shape}")
-    return AttentionInputs(qa, ka, va, None, qdtype, None, packed)
+    return AttentionInputs(x.q, x.k, x.v, None, x.dtype, None, packed)
 
 
 def _directions(shape: tuple[int, ...], kind: str, gen: torch.Generator) -> torch.Tensor:
