@@ -128,6 +128,15 @@ FEATURE_MAPS: dict[str, FeatureMap] = {
 }
 
 
+def summing(spec: Spec, what: str) -> Spec:
+    """`spec` where its output sums its similarities (Spec.sums_similarities); SpecError
+    where its family states a state update of its own, whose `what` is its folder's
+    (families/<name>/, reached through linattn_verify.families)."""
+    if not spec.sums_similarities:
+        raise SpecError(f"{spec}: its {what} are its family's (linattn_verify.families)")
+    return spec
+
+
 def feature_map(name: str) -> FeatureMap:
     """The feature map called `name`, or a SpecError listing the known ones."""
     try:
@@ -275,7 +284,7 @@ class Spec:
     @property
     def per_token(self) -> bool:
         """Whether the decay argument the checks pass is given per token, sliced along N
-        with q's tokens: gates, or the delta rule's beta (inputs.pack_delta)."""
+        with q's tokens: gates, or the delta rule's beta (families/delta/inputs.py)."""
         return self.gated or self.delta_rule
 
     @property

@@ -51,7 +51,8 @@ def gradient_names(spec: Spec) -> tuple[str, ...]:
     """The inputs the loss is differentiated in: q, k, v and the per-token arguments of the
     spec's family (Family.argument_names: a gates spec's log-gates g, the delta rule's beta
     and g); gamma, W and the cotangent are held fixed."""
-    return NAMES + family_of(spec).argument_names(spec) * spec.per_token
+    family = family_of(spec)
+    return NAMES + family.argument_names(spec) * family.per_token(spec)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..accuracy.verdict import percent
+from ..families import family_of
 from .base import Adapter
 
 EXPECTED_FILE = Path(__file__).with_name("expected.txt")
@@ -42,9 +43,10 @@ _REASON = re.compile(rf"^#\s*{_KEY}:\s+(?P<text>.*)$")
 
 # The long-context variant of an adapter of linear cost (vet's smallest plan with the check
 # at length): a CPU kernel in float32 to vet's default longest N (checks/long_context.py's
-# LONGEST); a Triton kernel in the interpreter, every dtype, to INTERPRETED_LONGEST, a delta
-# rule's to SMALLEST_LONGEST: some two minutes of the interpreter each, what the
-# interpreter's plan affords (README). tests/test_adapter_verdicts.py holds these N to them.
+# LONGEST); a Triton kernel in the interpreter, every dtype, to INTERPRETED_LONGEST, a
+# stepwise family's (Family.stepwise: the delta rule's) to SMALLEST_LONGEST: some two
+# minutes of the interpreter each, what the interpreter's plan affords (README);
+# tests/test_adapter_verdicts.py holds these N to them.
 LONG_CPU = "--smallest --dtypes float32 --long 65536"
 LONG_TRITON = "--smallest --long 16384"
 LONG_TRITON_DELTA = "--smallest --long 4096"
@@ -68,7 +70,7 @@ def long_variant(adapter: Adapter) -> str:
     """The options of the adapter's long-context verdict (LONG_CPU, LONG_TRITON...)."""
     if not adapter.triton:
         return LONG_CPU
-    return LONG_TRITON_DELTA if adapter.spec.delta_rule else LONG_TRITON
+    return LONG_TRITON_DELTA if family_of(adapter.spec).stepwise else LONG_TRITON
 
 
 def keys(adapters: dict[str, Adapter]) -> list[str]:
@@ -144,7 +146,7 @@ def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -
     ]
     for name, adapter in adapters.items():
         entry = expected.get(name, Expected())
-        verdict = "fail" if entry.failing else "pass"
+        verdict = "fail" if entry.failing else "fail on some CPUs" if entry.maybe else "pass"
         envelope = "-" if entry.envelope is None else "{:.2g} to {:.2g}".format(*entry.envelope)
         failing = _checks(entry.failing) + "".join(f", {c}{MAYBE}" for c in sorted(entry.maybe))
         rows.append(

@@ -39,7 +39,7 @@ def first_marked(bad: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
 
 
 def inputs_of(case: Case, spec: Spec) -> tuple[tuple, AttentionInputs]:
-    """((q, k, v, W, decay) tensors of Case.arguments, their exact float64 copies)."""
+    """((q, k, v, W, decay) tensors of families.case_arguments, their exact float64 copies)."""
     q, k, v, w, decay = case_arguments(case, spec)
     return (q, k, v, w, decay), validate(q, k, v, spec, w, decay)
 
@@ -50,7 +50,7 @@ def decay_part(
     head: slice = slice(None),
     tokens: slice = slice(None),
 ) -> torch.Tensor | None:
-    """The part of a decay (Case.arguments) that goes with q[batch, head, tokens]: gamma
+    """The part of a decay (families.case_arguments) that goes with q[batch, head, tokens]: gamma
     (H,) by head alone (batch elements and tokens share it), log-gates g (B, H, N), channel
     gates (B, H, N, d) or the delta rule's packed beta and gates (B, H, N, 1 + F) by all
     three; None without a decay."""

@@ -25,7 +25,7 @@ import torch
 from ..accuracy.gradient import judge_gradients
 from ..accuracy.state_bounds import state_gradient_bound
 from ..cases import Case
-from ..families import exact_state
+from ..families import exact_state, family_of
 from ..families.delta.golden import golden_delta_with_state
 from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
 from ..families.delta.gradients import exact_delta_gradients
@@ -52,7 +52,7 @@ def _backward(impl: Implementation, q, k, v, w, decay, initial, cotangents, g_ou
     initial...) of sum(out * g_out) + sum(final *
     cotangents) through the kernel's autograd (g_out None: the final state's terms alone),
     as float64 arrays; initial and cotangents: the state's parts, (S,) or (S, z)."""
-    per_token = impl.spec.per_token  # gates, or the delta rule's packed beta and gates
+    per_token = family_of(impl.spec).per_token(impl.spec)  # gates, beta and gates, ...
     leaf = decay if per_token else torch.zeros(())
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, leaf, *initial)]
     state = leaves[4] if len(initial) == 1 else tuple(leaves[4:])

@@ -29,7 +29,7 @@ def _lengths(n: int) -> list[int]:
 
 
 def _sequence(case: Case, s: int, n: int, spec: Spec) -> list[torch.Tensor | None]:
-    """q, k, v (1, H, n, d) of packed sequence s and its decay (Case.arguments): drawn
+    """q, k, v (1, H, n, d) of packed sequence s and its decay (families.case_arguments): drawn
     afresh, of the case's kind and magnitude, so that no two sequences share a token."""
     drawn = dataclasses.replace(case, b=1, n=n, seed=case.seed + 7919 * (s + 1))
     q, k, v, _, decay = case_arguments(drawn, spec)

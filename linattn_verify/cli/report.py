@@ -124,7 +124,7 @@ def _old_report(path: str) -> dict[str, Any]:
 
 def _probe(impl: Implementation, device: str) -> str | None:
     """One small float32 call (N = 16, d = dv = 16; a decay and beta as the scaling runs
-    give them, cases.default_decay) before the run: why the implementation fails at all,
+    give them, families.default_arguments) before the run: why the implementation fails at all,
     or None."""
     w = None
     if impl.spec.info.needs_projection:

@@ -83,15 +83,17 @@ def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None
 
 
 def arguments(spec: Spec, **given: Any) -> dict[str, Any]:
-    """The arguments given that `spec`'s family takes (Family.arguments: gamma, g, beta),
-    SpecError for another one given (not None), naming the families that take it."""
+    """The arguments given that `spec`'s family takes (Family.arguments: gamma, g, beta, ...);
+    SpecError for another family's argument given (not None), naming the families that take
+    it, and TypeError for a keyword no family takes (a misspelt one)."""
     family = family_of(spec)
     for name, value in given.items():
+        owners = ", ".join(f.name for f in FAMILIES if name in f.arguments)
+        if not owners:
+            raise TypeError(f"unexpected keyword argument {name!r}")
         if value is not None and name not in family.arguments:
             takes = " and ".join(family.arguments) or "no argument but q, k, v (and W)"
-            owners = ", ".join(f.name for f in FAMILIES if name in f.arguments)
-            whose = f" (the {owners}'s)" if owners else ""
-            raise SpecError(f"{spec} takes {takes}, not {name}{whose}")
+            raise SpecError(f"{spec} takes {takes}, not {name} (an argument of: {owners})")
     return {name: value for name, value in given.items() if name in family.arguments}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..inputs import UNIT_ROUNDOFF, check_cu_seqlens, check_shapes, decay_values, dtype_name
-from ..specs import Spec, SpecError
+from ..specs import Spec, SpecError, summing
 from . import native
 from .chunked import BLOCK_ROWS, chunked
 from .decayed import decayed_attention
@@ -42,8 +42,8 @@ DEFAULT_CHUNK = 64
 
 
 def forms_of(spec: Spec) -> tuple[str, ...]:
-    """The forms that evaluate `spec` (a spec of this package's families)."""
-    if not spec.info.kernelised:
+    """The forms that evaluate `spec` (a spec that sums its similarities)."""
+    if not summing(spec, "forms").info.kernelised:
         return ("quadratic",)
     return ("quadratic", "recurrent", "chunked") if spec.causal else ("quadratic", "linear")
 

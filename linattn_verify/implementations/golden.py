@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..inputs import validate
-from ..specs import Spec, SpecError
+from ..specs import Spec, SpecError, summing
 from .golden_features import at_one_scale, eps_in_units, golden_features, shifted_form, total
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ def golden_forms(spec: Spec) -> tuple[str, ...]:
     feature map) and for a scaled, unnormalised or decayed one (whose linear form is the
     long-context check's, long_form). The delta rule's golden form is its family's
     (families/delta/golden.py)."""
+    summing(spec, "golden forms")
     return GOLDEN_FORMS if spec.info.kernelised and spec.plain else ("quadratic",)
 
 
@@ -93,7 +94,7 @@ def golden_attention(
     form of softmax (which has no finite feature map).
     """
     if isinstance(spec, Spec):
-        form = form or golden_forms(spec)[0]
+        form = form or golden_forms(summing(spec, "golden forms"))[0]
     _check_call(q, k, v, spec, projection, form, decay)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc = (t.to(compute) for t in (q, k, v))

@@ -29,7 +29,7 @@ FORMAT = "linattn-verify known-answer vector"
 
 
 def vector_inputs(spec: Spec, case: Case) -> tuple[tuple[torch.Tensor | None, ...], dict]:
-    """(q, k, v, projection, decay) as Case.arguments draws them, and a vector's stored
+    """(q, k, v, projection, decay) as families.case_arguments draws them, and a vector's stored
     inputs: q, k, v, the projection, and the decay's gamma or g, or the delta rule's beta
     (and g) apart, as the kernels take them."""
     q, k, v, w, decay = tensors = case_arguments(case, spec)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..inputs import AttentionInputs
-from ..specs import Spec, SpecError
+from ..specs import Spec, SpecError, summing
 from .arb import arb_attention
 from .certified import CERTIFIED_SHARE, Certified
 from .certified_engine import certified_attention
@@ -36,6 +36,7 @@ def exact_attention(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.
     docstring), by `engine` (ENGINES)."""
     if engine not in ENGINES:
         raise SpecError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    summing(spec, "exact references")
     b, h, nq, nk, d, dv = x.shape
     if engine == "auto":
         engine = "mp" if b * h * nq * nk * (d + dv) <= MP_MAX_WORK else "arb"

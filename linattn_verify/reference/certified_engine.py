@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..inputs import AttentionInputs
-from ..specs import Spec, SpecError
+from ..specs import Spec, summing
 from .arb import arb_attention
 from .certified import (
     CERTIFIED_SHARE,
@@ -41,8 +41,7 @@ def certified_attention(
     where that bound is infinite (the pass lost the row's denominator). Every spec that sums
     its similarities (Spec.sums_similarities); NaN where the value is 0/0 exactly (relu
     rows with eps = 0). Decayed specs: certified_decay.py."""
-    if not spec.sums_similarities:
-        raise SpecError(f"{spec}: its family's certified engine is its own (families.certified)")
+    summing(spec, "certified engine and references")
     if np.array([SUBNORMAL]) * 1.0 == 0:  # the bounds assume gradual underflow
         raise ReferenceAccuracyError("flush-to-zero is on (torch.set_flush_denormal(True))")
     b_, h_, nq, _, d, dv = x.shape

@@ -141,7 +141,7 @@ import mpmath
 import numpy as np
 
 from ..inputs import AttentionInputs, as_float64, validate
-from ..specs import RSQRT_D, Spec, SpecError
+from ..specs import RSQRT_D, Spec, SpecError, summing
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
 from .grad_maps import Kernel, _abs, _transpose
 from .grad_terms import (
@@ -433,6 +433,7 @@ def exact_gradients(
     shape (B, H, N) ((B, H, N, d))). The decay
     is x's (validate(..., decay)); W and gamma are held fixed. NaN where a row's
     denominator is exactly 0 (see the module docstring)."""
+    summing(spec, "exact gradients")
     return _refined_gradients(x, spec, _check_g_out(x, g_out), DEFAULT_PREC, max_prec)
 
 

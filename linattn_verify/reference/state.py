@@ -14,7 +14,7 @@ import numpy as np
 from flint import arb, arb_mat
 
 from ..inputs import AttentionInputs
-from ..specs import RSQRT_D, Spec, SpecError
+from ..specs import RSQRT_D, Spec, SpecError, summing
 from .arb import DEFAULT_PREC, rounded
 from .balls import (
     Head,
@@ -52,6 +52,7 @@ def exact_state(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(S (B, H, F, dv), z (B, H, F)) over every key of x, in float64 (a kernelised spec's;
     families.exact_state takes every family's)."""
+    summing(spec, "exact states")
     if no_state := Spec(spec.feature_map, causal=True).no_state:  # the state after every key
         raise SpecError(no_state)
     b_, h_ = x.k.shape[:2]

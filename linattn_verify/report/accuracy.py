@@ -1,8 +1,8 @@
 """The report's accuracy sweep: every form of every spec in every dtype against the exact
 reference, judged by the accuracy model (error in units of u s, bound, budget), and the
 denominator margins of the same inputs. A decayed spec's decay and the delta rule's keys and
-beta are those vet's checks draw (cases.Case.decay, Case.arguments), given to the reference,
-the golden forms and the kernel alike."""
+beta are those vet's checks draw (cases.Case.decay, families.case_arguments), given to the
+reference, the golden forms and the kernel alike."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
     draws for every dtype and spec (so dtypes and specs are compared on the same numbers),
     rounded to `dtype`; a decayed spec's decay that of the case of the sweep's shape and
     seed (Case.decay, None without one); the delta rule's q, k, v and its packed beta and
-    gates that case's arguments as vet draws them (Case.arguments: unit-norm keys, or raw
+    gates that case's arguments as vet draws them (families.case_arguments: unit-norm keys, or raw
     ones where the kernel normalises them, beta ~ U(0, 1))."""
     t = getattr(torch, dtype)
     w = None

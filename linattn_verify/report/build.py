@@ -233,7 +233,7 @@ ACCURACY_ARGUMENTS = {
     "decay": "cases.Case.decay of Case(B, H, N, d, dv, dtype, seed=seed): gamma_h = "
     "exp(-2^-h / 16), or log-gates (1 / 16) ln U, U ~ U(0, 1] (channel gates: key channel "
     "m's rate times 2^(1 - m mod 4))",
-    "delta_rule": "q, k, v and the packed beta and gates of cases.Case.arguments of that "
+    "delta_rule": "q, k, v and the packed beta and gates of families.case_arguments of that "
     "case, not the draws above: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1)",
 }
 LONG_ARGUMENTS = {
@@ -243,9 +243,9 @@ LONG_ARGUMENTS = {
 }
 
 SCALING_ARGUMENTS = {
-    "decay": "cases.default_decay, as vet's scaling check: gamma = exp(-1 / 16) per head, or "
-    "log-gates -1 / 16 every token",
-    "delta_rule": "cases.default_decay: beta = 1 / d every token",
+    "decay": "families.default_arguments, as vet's scaling check: gamma = exp(-1 / 16) per "
+    "head, or log-gates -1 / 16 every token",
+    "delta_rule": "families.default_arguments: beta = 1 / d every token",
 }
 
 

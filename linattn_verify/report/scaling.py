@@ -35,7 +35,7 @@ def measure(
     "quadratic"), and if timed its time against SDPA: a JSON row and the ScalingResult the
     plot draws (None, and a failed row with its error, when the implementation raised). A
     decayed spec's decay and the delta rule's beta are the constant ones of
-    cases.default_decay, as vet's scaling check gives them."""
+    families.default_arguments, as vet's scaling check gives them."""
     w = None
     if impl.spec.info.needs_projection:
         gen = torch.Generator().manual_seed(plan.seed)

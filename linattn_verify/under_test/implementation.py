@@ -257,7 +257,7 @@ class Implementation:
         """The output (B, H, N, dv) for (B, H, N, d) inputs (H: v's heads, G times q's for
         grouped value heads, Spec.value_heads), contiguous in fn's layout; decay:
         a decayed spec's gamma (H,) or log-gates (B, H, N) or (B, H, N, d), or the delta
-        rule's packed beta and gates (inputs.pack_delta; Case.arguments)."""
+        rule's packed beta and gates (families.case_arguments: Family.pack's)."""
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self.call_raw(*args, projection, decay)
         return self._output(out, (*v.shape[:2], q.shape[2], v.shape[-1]))

@@ -1,0 +1,83 @@
+"""The registry and the dispatch (linattn_verify/families): every spec goes to the family
+whose folder or hooks compute it, a family chosen by name takes only its own specs, a call's
+arguments are checked against its family, and the engines of the families without a folder
+refuse a spec that is another family's instead of computing something else."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from linattn_verify import attention, families
+from linattn_verify.families import FAMILIES, Family, family_of
+from linattn_verify.families.registry import NAMED
+from linattn_verify.implementations import golden_attention
+from linattn_verify.implementations.forms import forms_of
+from linattn_verify.specs import RSQRT_D, Spec, SpecError
+
+DELTA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
+ROUTES = [
+    (Spec("elu"), "kernelised"),
+    (Spec("taylor", causal=True, scale=RSQRT_D), "kernelised"),
+    (Spec("softmax", causal=True), "softmax"),
+    (Spec("identity", causal=True, decay="constant"), "scalar decay and gates"),
+    (Spec("relu", causal=True, decay="gates"), "scalar decay and gates"),
+    (Spec("identity", causal=True, normalize=False, decay="channel-gates"), "channel gates"),
+    (DELTA, "delta rule"),
+    (dataclasses.replace(DELTA, decay="channel-gates", qk_l2norm=True), "delta rule"),
+]
+
+
+@pytest.mark.parametrize(("spec", "name"), ROUTES, ids=[str(s) for s, _ in ROUTES])
+def test_every_spec_goes_to_its_family(spec: Spec, name: str) -> None:
+    assert family_of(spec).name == name
+
+
+def test_every_family_answers_every_hook_the_protocol_requires() -> None:
+    """Each hook without a default is a callable of every family (a family cannot land with
+    one missing: the dataclass refuses it, and a None where a callable belongs fails here)."""
+    hooks = [
+        f.name
+        for f in dataclasses.fields(Family)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    assert len(hooks) > 20
+    for family in FAMILIES:
+        plain = {"name", "folder", "source", "arguments", "kinds", "stepwise", "sums_memory"}
+        assert [h for h in hooks if h not in plain and not callable(getattr(family, h))] == []
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+
+
+def test_a_family_chosen_by_name_takes_only_the_specs_it_names() -> None:
+    for name, family in NAMED.items():
+        assert family.named and family.folder == name
+    with pytest.raises(SpecError, match="unknown family 'nope'"):
+        family_of(Spec("identity", causal=True, normalize=False, family="nope"))
+    with pytest.raises(SpecError, match="delta rule"):
+        Spec("identity", causal=True, normalize=False, delta_rule=True, family="delta")
+
+
+def test_a_call_takes_its_family_arguments_only() -> None:
+    q = torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    with pytest.raises(SpecError, match=r"not beta \(an argument of: delta rule\)"):
+        attention(q, q, q, "elu", True, beta=q[..., 0])
+    with pytest.raises(SpecError, match="not gamma"):
+        attention(q, q, q, "identity", True, normalize=False, delta_rule=True, gamma=q[0, :, 0, 0])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'normalise'"):
+        attention(q, q, q, "elu", True, normalise=False)
+    assert families.arguments(Spec("elu", causal=True, decay="gates"), g=None, gamma=None) == {
+        "gamma": None,
+        "g": None,
+    }
+
+
+def test_the_engines_of_sums_refuse_another_familys_spec() -> None:
+    """A delta-rule spec handed to the forms and golden form of the families without a
+    folder is refused, not computed as identity attention."""
+    q = torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    for call in (lambda: forms_of(DELTA), lambda: golden_attention(q, q, q, DELTA)):
+        with pytest.raises(SpecError, match="its family's"):
+            call()
+    assert families.forms_of(DELTA) == ("recurrent", "chunked")
