@@ -158,7 +158,7 @@ def test_numpy_log_is_within_the_assumed_ulps():
 
 def test_the_delta_rule_has_its_own_engine():
     spec = Spec("identity", causal=True, normalize=False, delta_rule=True)
-    with pytest.raises(SpecError, match="its own"):
+    with pytest.raises(SpecError, match="its certified engine and references are its family"):
         certified_attention(_inputs("normal", Spec("identity", causal=True), seed=0), spec)
 
 
