@@ -272,3 +272,13 @@ def test_bound_shrinks_with_m_and_is_infinite_when_m_is_too_small():
     assert math.isinf(small)
     assert math.isfinite(large)
     assert attention_bound(inputs, "performer-positive", False, 2**16, 0.1) < large
+
+
+def test_the_critical_values_are_scipys():
+    """decide.py's Z literals are scipy's normal quantiles at ALPHA / 2 and ALPHA, to the bit."""
+    import scipy.stats
+
+    from linattn_verify.stats.decide import ALPHA, Z_ONE_SIDED
+
+    assert float(scipy.stats.norm.isf(ALPHA / 2)) == Z_TWO_SIDED
+    assert float(scipy.stats.norm.isf(ALPHA)) == Z_ONE_SIDED

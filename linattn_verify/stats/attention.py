@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.stats
 import torch
 
 from ..families import reference
@@ -221,6 +220,8 @@ def rate_check(
     P(|N(0,1)| > RATE_MARGIN / se), in the figures: 400 replicates gave se up to 0.013 over
     the thorough profile (2e-10), 500 give se <= 0.012 (1e-12). In dtype on device (float64
     keeps rounding far below the error)."""
+    import scipy.stats  # deferred: 0.6 s to import, for every vet run
+
     try:
         rmse, se = rmse_by_m(impl, sampler, inputs, ms, replicates, seed, dtype, device)
     except (SamplerFailure, ImplementationFailure) as err:

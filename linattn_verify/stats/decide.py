@@ -22,11 +22,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.stats
 
 ALPHA = 1e-10
-Z_TWO_SIDED = float(scipy.stats.norm.isf(ALPHA / 2))  # 6.47
-Z_ONE_SIDED = float(scipy.stats.norm.isf(ALPHA))  # 6.36: "below" tests
+# scipy.stats.norm.isf(ALPHA / 2) and isf(ALPHA), as scipy computes them (tests/test_stats.py
+# recomputes them): literals, so that the statistics load scipy only when they run
+Z_TWO_SIDED = 6.466951087240516
+Z_ONE_SIDED = 6.361340902404056  # "below" tests
 ROUNDING = 1e-12  # float64 evaluation of an estimate vs mpmath, when no replicate varies
 
 
@@ -71,10 +72,14 @@ def mean_test(samples: np.ndarray, expected: float, variance: float | None = Non
 
 def power(shift: float, se: float, critical: float = Z_TWO_SIDED) -> float:
     """Probability that a mean off by `shift` (standard error `se`) is rejected."""
+    import scipy.stats  # deferred: 0.6 s to import, for every vet run
+
     return float(scipy.stats.norm.sf(critical - abs(shift) / se))
 
 
 def binomial_critical(trials: int, probability: float) -> int:
     """The smallest count c with P(Binomial(trials, probability) > c) <= ALPHA: more than c
     exceedances is a failure."""
+    import scipy.stats  # deferred: 0.6 s to import, for every vet run
+
     return int(scipy.stats.binom.isf(ALPHA, trials, probability))
