@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
+from flint import arb
 
 from ..inputs import AttentionInputs
 
@@ -55,3 +57,46 @@ def refine(
             out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
             rows, p = [i for i, ok in zip(rows, done) if not ok], 2 * p
     return out
+
+
+def resolve_recurrence(
+    q_shape: tuple[int, ...],
+    v_shape: tuple[int, ...],
+    solve,
+    prec: int,
+    max_prec: int,
+    what: str,
+    state: bool,
+    pending: dict | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A recurrent rule's rows and final state to float64, head by head: solve(b, h, rows,
+    p, need_state) -> (values (len(rows), dv), done (len(rows),) bool, S_N or None if not
+    resolved) at p = prec, 2 prec, ... on the rows and state not yet resolved;
+    ReferenceAccuracyError past max_prec, naming `what` (the engine and the rule). pending:
+    only these rows of these heads ({(b, h): rows}; NaN elsewhere). Returns (o, S_N or None)."""
+    b_, h_, n, d = q_shape
+    out = np.full(v_shape, np.nan)
+    final = np.full((b_, h_, d, v_shape[3]), np.nan) if state else None
+    if pending is None:
+        pending = {(b, h): range(n) for b in range(b_) for h in range(h_)}
+    for (b, h), todo in pending.items():
+        rows, p, need = list(todo), prec, state
+        while rows or need:
+            if p > max_prec:
+                which = f"rows {rows[:5]}" if rows else "the final state"
+                raise ReferenceAccuracyError(
+                    f"{what}: {which} of head ({b}, {h}) not resolved to float64 at {max_prec} bits"
+                )
+            values, done, s = solve(b, h, rows, p, need)
+            out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
+            rows = [i for i, ok in zip(rows, done) if not ok]
+            if s is not None:
+                final[b, h], need = s, False
+            p *= 2
+    return out, final
+
+
+def decided(ball: arb) -> float:
+    """The nearest float64 to every point of `ball`, or NaN if they do not share one."""
+    lo, hi = float(ball.lower()), float(ball.upper())
+    return lo + 0.0 if lo == hi else math.nan

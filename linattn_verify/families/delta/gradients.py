@@ -69,12 +69,12 @@ from flint import arb, arb_mat
 
 from ...inputs import AttentionInputs, as_float64
 from ...reference.balls import balls, working_precision
-from ...reference.common import MAX_PREC, ReferenceAccuracyError
+from ...reference.common import MAX_PREC, ReferenceAccuracyError, decided
 from ...reference.grad import agree
 from ...reference.mp import DEFAULT_PREC as MP_PREC
 from ...reference.mp import nearest
 from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
-from .reference import ARB_PREC, checked_initial_state, decided, log_gate_rows
+from .reference import ARB_PREC, checked_initial_state, log_gate_rows
 
 FAITHFUL = 2.0**-64  # the relative error estimate under which an mp element is accepted
 TINY = 2.0**-1076  # half the smallest subnormal: an estimate below it decides 0 or the subnormal

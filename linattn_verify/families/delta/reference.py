@@ -49,7 +49,7 @@ from ...inputs import AttentionInputs, as_float64
 from ...reference.arb import decimal_text
 from ...reference.balls import balls, working_precision
 from ...reference.certified import CERTIFIED_SHARE, LIB, SAFETY, U64, UNDERFLOW, Certified, gamma64
-from ...reference.common import MAX_PREC, ReferenceAccuracyError
+from ...reference.common import MAX_PREC, ReferenceAccuracyError, decided, resolve_recurrence
 from ...reference.mp import DEFAULT_PREC as MP_PREC
 from ...reference.mp import _settled, nearest
 from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
@@ -172,44 +172,12 @@ def mp_delta(
         final = high[2] if need and np.all(_settled(low[2], high[2], high[3])) else None
         return high[0][rows], done, final
 
-    return _resolve(x, solve, prec, max_prec // 2, "mpmath", None, state)
-
-
-def _resolve(x: AttentionInputs, solve, prec: int, max_prec: int, engine: str, pending, state):
-    """Per head, solve(b, h, rows, p, need_state) -> (values (len(rows), dv), done (len(rows),)
-    bool, S_N or None if not resolved) at p = prec, 2 prec, ... on the rows and state not
-    yet resolved; ReferenceAccuracyError past max_prec. pending: only these rows of these
-    heads (NaN elsewhere). Returns (o, S_N or None)."""
-    b_, h_, n, d = x.q.shape
-    out = np.full(x.v.shape, np.nan)
-    final = np.full((b_, h_, d, x.v.shape[3]), np.nan) if state else None
-    if pending is None:
-        pending = {(b, h): range(n) for b in range(b_) for h in range(h_)}
-    for (b, h), todo in pending.items():
-        rows, p, need = list(todo), prec, state
-        while rows or need:
-            if p > max_prec:
-                what = f"rows {rows[:5]}" if rows else "the final state"
-                raise ReferenceAccuracyError(
-                    f"{engine} engine (delta rule): {what} of head ({b}, {h}) not resolved to "
-                    f"float64 at {max_prec} bits"
-                )
-            values, done, s = solve(b, h, rows, p, need)
-            out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
-            rows = [i for i, ok in zip(rows, done) if not ok]
-            if s is not None:
-                final[b, h], need = s, False
-            p *= 2
-    return out, final
+    return resolve_recurrence(
+        x.q.shape, x.v.shape, solve, prec, max_prec // 2, "mpmath engine (delta rule)", state
+    )
 
 
 # ---------------------------------------------------------------------------- arb
-
-
-def decided(ball: arb) -> float:
-    """The nearest float64 to every point of `ball`, or NaN if they do not share one."""
-    lo, hi = float(ball.lower()), float(ball.upper())
-    return lo + 0.0 if lo == hi else math.nan
 
 
 def _arb_l2norm(a: arb_mat, row: bool) -> arb_mat:
@@ -292,7 +260,9 @@ def arb_delta(
         final = None if final is None or np.isnan(final).any() else final
         return values, ~np.isnan(values).any(axis=1), final
 
-    return _resolve(x, solve, prec, max_prec, "arb", pending, state)
+    return resolve_recurrence(
+        x.q.shape, x.v.shape, solve, prec, max_prec, "arb engine (delta rule)", state, pending
+    )
 
 
 def arb_delta_decimal(

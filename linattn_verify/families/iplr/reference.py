@@ -34,8 +34,6 @@ grow like (1 + |a| |b|)^N instead).
 
 from __future__ import annotations
 
-import math
-
 import mpmath
 import numpy as np
 from flint import arb, arb_mat
@@ -43,7 +41,7 @@ from flint import arb, arb_mat
 from ...inputs import AttentionInputs, as_float64
 from ...reference.balls import balls, working_precision
 from ...reference.certified import Certified
-from ...reference.common import MAX_PREC, ReferenceAccuracyError
+from ...reference.common import MAX_PREC, decided, resolve_recurrence
 from ...reference.mp import DEFAULT_PREC as MP_PREC
 from ...reference.mp import _settled, nearest
 from ...specs import RSQRT_D, Spec, SpecError
@@ -176,42 +174,12 @@ def mp_iplr(
         final = high[2] if need and np.all(_settled(low[2], high[2], high[3])) else None
         return high[0][rows], done, final
 
-    return _resolve(x, solve, prec, max_prec // 2, "mpmath", state)
-
-
-def _resolve(x: AttentionInputs, solve, prec: int, max_prec: int, engine: str, state: bool):
-    """Per head, solve(b, h, rows, p, need_state) -> (values (len(rows), dv), done, S_N or
-    None) at p = prec, 2 prec, ... on the rows (and state) not yet resolved;
-    ReferenceAccuracyError past max_prec. Returns (o, S_N or None)."""
-    b_, h_, n, d = x.q.shape
-    out = np.full(x.v.shape, np.nan)
-    final = np.full((b_, h_, d, x.v.shape[3]), np.nan) if state else None
-    for b in range(b_):
-        for h in range(h_):
-            rows, p, need = list(range(n)), prec, state
-            while rows or need:
-                if p > max_prec:
-                    what = f"rows {rows[:5]}" if rows else "the final state"
-                    raise ReferenceAccuracyError(
-                        f"{engine} engine (IPLR): {what} of head ({b}, {h}) not resolved to "
-                        f"float64 at {max_prec} bits"
-                    )
-                values, done, s = solve(b, h, rows, p, need)
-                out[b, h, [i for i, ok in zip(rows, done) if ok]] = values[done]
-                rows = [i for i, ok in zip(rows, done) if not ok]
-                if s is not None:
-                    final[b, h], need = s, False
-                p *= 2
-    return out, final
+    return resolve_recurrence(
+        x.q.shape, x.v.shape, solve, prec, max_prec // 2, "mpmath engine (IPLR)", state
+    )
 
 
 # ---------------------------------------------------------------------------- arb
-
-
-def _decided(ball: arb) -> float:
-    """The nearest float64 to every point of `ball`, or NaN if they do not share one."""
-    lo, hi = float(ball.lower()), float(ball.upper())
-    return lo + 0.0 if lo == hi else math.nan
 
 
 def _upper(ball: arb) -> arb:
@@ -251,10 +219,10 @@ def _arb_head(x: AttentionInputs, spec: Spec, bi: int, h: int, last: int, prec: 
             qn = (q * q.transpose())[0, 0].sqrt()
             o = ((q * state) * c).tolist()[0]
             for col, (value, e) in enumerate(zip(o, err)):
-                out[t, col] = _decided(value + arb(0, (abs(c) * qn * e).upper()))
+                out[t, col] = decided(value + arb(0, (abs(c) * qn * e).upper()))
         if not need:
             return out, None
-        final = [[_decided(arb(s.mid(), e)) for s, e in zip(r, err)] for r in state.tolist()]
+        final = [[decided(arb(s.mid(), e)) for s, e in zip(r, err)] for r in state.tolist()]
     return out, np.array(final)
 
 
@@ -277,7 +245,9 @@ def arb_iplr(
         final = None if final is None or np.isnan(final).any() else final
         return values, ~np.isnan(values).any(axis=1), final
 
-    return _resolve(x, solve, prec, max_prec, "arb", state)
+    return resolve_recurrence(
+        x.q.shape, x.v.shape, solve, prec, max_prec, "arb engine (IPLR)", state
+    )
 
 
 def exact_iplr_state(
