@@ -33,13 +33,13 @@ sequence (S_count, H, d, dv), as fla's kernels take them.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 import torch
 
-from ...inputs import check_cu_seqlens, check_decay
+from ...implementations.recurrence import run_sequences
+from ...inputs import check_decay
 from ...specs import QK_L2NORM_EPS, Spec, SpecError
 
 DELTA_FORMS = ("recurrent", "chunked")
@@ -77,25 +77,11 @@ def delta_attention(
     check_decay(g, spec, tuple(q.shape))
     if g is not None and (not isinstance(g, torch.Tensor) or g.device != q.device):
         raise SpecError(f"g must be a torch tensor on q's device, {q.device}")
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if cu_seqlens is None:
-        state = _initial(initial_state, q, v, dtype, q.shape[0])
-        out, state = _evaluate(q, k, v, beta, g, spec, form, chunk_size, state)
-        return out.to(q.dtype), state
-    if q.shape[0] != 1:
-        raise SpecError(f"a packed batch is one row (1, H, T, d), got q {tuple(q.shape)}")
-    offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
-    states = _initial(initial_state, q, v, dtype, len(offsets) - 1)
-    out, finals = q.new_empty((*q.shape[:-1], v.shape[-1])), []
-    for s, (a, b) in enumerate(itertools.pairwise(offsets)):
-        state = states[s : s + 1]
-        if b > a:
-            piece = (t[:, :, a:b] for t in (q, k, v, beta))
-            gates = None if g is None else g[:, :, a:b]
-            rows, state = _evaluate(*piece, gates, spec, form, chunk_size, state)
-            out[:, :, a:b] = rows
-        finals.append(state)
-    return out, torch.cat(finals)
+
+    def evaluate(q, k, v, beta, g, state):
+        return _evaluate(q, k, v, beta, g, spec, form, chunk_size, state)
+
+    return run_sequences(evaluate, q, k, v, (beta, g), initial_state, cu_seqlens)
 
 
 def grouped(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
@@ -123,20 +109,6 @@ def _check_beta(beta: object, q: torch.Tensor) -> None:
         raise SpecError(f"beta must be on q's device, {q.device}, not {beta.device}")
     if not bool(torch.isfinite(beta).all()):
         raise SpecError("beta has a non-finite value")
-
-
-def _initial(initial: torch.Tensor | None, q, v, dtype: torch.dtype, rows: int) -> torch.Tensor:
-    """The state to start from, (rows, H, d, dv) in `dtype` on q's device (None: zero)."""
-    want = (rows, q.shape[1], q.shape[-1], v.shape[-1])
-    if initial is None:
-        return torch.zeros(want, dtype=dtype, device=q.device)
-    if not isinstance(initial, torch.Tensor) or not initial.is_floating_point():
-        raise SpecError(f"initial_state must be a floating tensor S {want}")
-    if tuple(initial.shape) != want:
-        raise SpecError(f"initial_state must be S {want}, got {tuple(initial.shape)}")
-    if not bool(torch.isfinite(initial).all()):
-        raise SpecError("initial_state has a non-finite value")
-    return initial.to(device=q.device, dtype=dtype)
 
 
 def _evaluate(q, k, v, beta, g, spec: Spec, form: str, chunk_size: int, state):

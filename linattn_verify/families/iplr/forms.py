@@ -25,11 +25,9 @@ sequence (S_count, H, d, dv), as fla's kernels take them.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
-from ...inputs import check_cu_seqlens
+from ...implementations.recurrence import run_sequences
 from ...specs import Spec, SpecError
 
 IPLR_FORMS = ("recurrent", "chunked")
@@ -59,24 +57,11 @@ def iplr_attention(
         raise SpecError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     for name, t in (("a", a), ("b", b)):
         _check_low_rank(name, t, q)
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if cu_seqlens is None:
-        state = _initial(initial_state, q, v, dtype, q.shape[0])
-        out, state = _evaluate(q, k, v, a, b, spec, form, chunk_size, state)
-        return out.to(q.dtype), state
-    if q.shape[0] != 1:
-        raise SpecError(f"a packed batch is one row (1, H, T, d), got q {tuple(q.shape)}")
-    offsets = check_cu_seqlens(cu_seqlens, q.shape[-2])
-    states = _initial(initial_state, q, v, dtype, len(offsets) - 1)
-    out, finals = q.new_empty((*q.shape[:-1], v.shape[-1])), []
-    for s, (start, stop) in enumerate(itertools.pairwise(offsets)):
-        state = states[s : s + 1]
-        if stop > start:
-            piece = (t[:, :, start:stop] for t in (q, k, v, a, b))
-            rows, state = _evaluate(*piece, spec, form, chunk_size, state)
-            out[:, :, start:stop] = rows
-        finals.append(state)
-    return out, torch.cat(finals)
+
+    def evaluate(q, k, v, a, b, state):
+        return _evaluate(q, k, v, a, b, spec, form, chunk_size, state)
+
+    return run_sequences(evaluate, q, k, v, (a, b), initial_state, cu_seqlens)
 
 
 def _check_low_rank(name: str, t: object, q: torch.Tensor) -> None:
@@ -90,20 +75,6 @@ def _check_low_rank(name: str, t: object, q: torch.Tensor) -> None:
         raise SpecError(f"{name} must be on q's device, {q.device}, not {t.device}")
     if not bool(torch.isfinite(t).all()):
         raise SpecError(f"{name} has a non-finite value")
-
-
-def _initial(initial, q, v, dtype: torch.dtype, rows: int) -> torch.Tensor:
-    """The state to start from, (rows, H, d, dv) in `dtype` on q's device (None: zero)."""
-    want = (rows, q.shape[1], q.shape[-1], v.shape[-1])
-    if initial is None:
-        return torch.zeros(want, dtype=dtype, device=q.device)
-    if not isinstance(initial, torch.Tensor) or not initial.is_floating_point():
-        raise SpecError(f"initial_state must be a floating tensor S {want}")
-    if tuple(initial.shape) != want:
-        raise SpecError(f"initial_state must be S {want}, got {tuple(initial.shape)}")
-    if not bool(torch.isfinite(initial).all()):
-        raise SpecError("initial_state has a non-finite value")
-    return initial.to(device=q.device, dtype=dtype)
 
 
 def _evaluate(q, k, v, a, b, spec: Spec, form: str, chunk_size: int, state):
