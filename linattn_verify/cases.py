@@ -179,6 +179,20 @@ def log_gates(rates: torch.Tensor, shape: tuple[int, ...], seed: int) -> torch.T
     return rate * torch.log(uniform)
 
 
+def rated_decay(
+    kind: str | None, rates: torch.Tensor, shape: tuple[int, ...], seed: int
+) -> torch.Tensor | None:
+    """The decay of a decay `kind` (None: no decay) from per-head rates (H,), float64, for
+    inputs of `shape` (B, H, N, d): gamma_h = exp(-rate_h) (H,), or log-gates of those rates
+    per token (log_gates: (B, H, N); channel gates (B, H, N, d))."""
+    if kind is None:
+        return None
+    if kind == "constant":
+        return torch.exp(-rates)
+    b, h, n, d = shape
+    return log_gates(rates, (b, h, n, *([d] if kind == "channel-gates" else [])), seed)
+
+
 def constant_decay(kind: str | None, q: torch.Tensor) -> torch.Tensor | None:
     """The decay of a decay `kind` (None: no decay) for inputs q (B, H, N, d) that come from
     no case (the scaling runs), constant over tokens, in q's dtype and device: the cases'

@@ -1,5 +1,5 @@
-"""The long-context check's inputs for decayed specs and the delta rule (checks/long_context.py,
-long_decay): the decay's memory is what the check claims, thousands of tokens on one head
+"""The long-context check's inputs for decayed specs and the delta rule (checks/long_context.py
+inputs, Family.long_arguments): the decay's memory is what the check claims, thousands of tokens on one head
 and longer than the sequence on the other, so that neither kills the state within a few
 tokens nor leaves it undecayed."""
 
@@ -14,7 +14,6 @@ from linattn_verify.checks.long_context import (
     MEMORIES,
     default_longest,
     inputs,
-    long_decay,
     not_applicable,
 )
 from linattn_verify.families.delta.inputs import delta_arguments
@@ -28,14 +27,18 @@ def _spec(decay: str, **kw) -> Spec:
     return Spec("identity", causal=True, normalize=False, scale="d^-0.5", decay=decay, **kw)
 
 
+def _decay(decay: str) -> torch.Tensor:
+    return inputs(_spec(decay), N, 1, 2, 16, "float64", 0, "cpu")[4]
+
+
 def test_constant_decay_keeps_each_heads_memory():
-    gamma = long_decay(_spec("constant"), 1, 2, N, 16, seed=0)
+    gamma = _decay("constant")
     assert torch.allclose(-1 / torch.log(gamma), torch.tensor(MEMORIES, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("decay", ["gates", "channel-gates"])
 def test_gates_have_the_mean_rate_of_each_heads_memory(decay: str):
-    g = long_decay(_spec(decay), 1, 2, N, 16, seed=0)
+    g = _decay(decay)
     assert g.shape == ((1, 2, N) if decay == "gates" else (1, 2, N, 16)) and (g <= 0).all()
     per_channel = g.reshape(2, N, -1)
     octaves = 2.0 ** -(torch.arange(per_channel.shape[-1]) % 4 - 1)

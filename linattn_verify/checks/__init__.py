@@ -60,30 +60,22 @@ GRAD_CHECKS = {
 ALL_CHECKS = CHECKS | GRAD_CHECKS
 
 
-# the checks that do not take every spec, and why: split-resume's stream takes no decay
-# (the state checks do)
-NOT_FOR = {
-    "split-resume": (
-        lambda spec: spec.decay is not None,
-        "the stream API carries no decay (the state checks take it)",
-    ),
-}
 # the checks of a normalised output's properties
 NORMALISED = ("positivity", "convex-hull", "v-affine")
 
 
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
-    spec = impl.spec
-    if lacking := family_of(spec).lacks.get(name):
+    spec, family = impl.spec, family_of(impl.spec)
+    if lacking := family.lacks.get(name):
         return lacking
-    if name in NOT_FOR and NOT_FOR[name][0](spec):
-        return NOT_FOR[name][1]
-    if name == "decay" and spec.decay is None:
+    if name == "split-resume" and family.forgets(spec):
+        return "the stream API carries no decay (the state checks take it)"
+    if name == "decay" and not family.forgets(spec):
         return "no decay declared"
     if not spec.normalize and name in NORMALISED:
         return "an unnormalised output is no weighted mean of v"
-    if name == "associativity" and not spec.info.kernelised:
+    if name == "associativity" and family.quadratic:
         return f"{spec.feature_map} has no feature map: one association only"
     if name == "convex-hull" and not spec.info.positive:
         return f"{spec.feature_map} is not a positive kernel"

@@ -42,7 +42,7 @@ def causality(impl: Implementation, case: Case) -> Outcome:
     v2 = torch.cat([v[..., : t + 1, :], v_later], -2)
     if family_of(spec).per_token(spec):
         decay2 = torch.cat([decay[:, :, : t + 1], decay2[:, :, later]], 2)
-    elif spec.decay is not None:
+    else:  # one per call (gamma, or none): the same
         decay2 = decay
     tol = Tolerance.of(x, spec)
     tol2 = Tolerance.of(validate(q2, k2, v2, spec, w, decay2), spec)

@@ -53,7 +53,8 @@ SHORTER_LONGEST = 1024
 def default_longest(interpreted: bool, spec: Spec) -> int:
     """vet's longest N: SHORTER_LONGEST in Triton's interpreter, for a stepwise family (the
     delta rule's) or softmax, else LONGEST_DEFAULT."""
-    shorter = interpreted or family_of(spec).stepwise or not spec.info.kernelised
+    family = family_of(spec)
+    shorter = interpreted or family.stepwise or family.quadratic
     return SHORTER_LONGEST if shorter else LONGEST_DEFAULT
 
 
@@ -89,7 +90,7 @@ def gradient_length(
     figures: dict[str, float] = {}
     failures, left_out, rounded_to_inf = [], 0, 0
     for dtype in judged:
-        heads = len(MEMORIES) if spec.decay else 1
+        heads = len(MEMORIES) if family_of(spec).forgets(spec) else 1
         draw = Draw(spec, dtype, 1, heads, DIMS[0], ns[-1], seed, device)
         g_all = _loss_weights(draw)
         for n in ns:

@@ -5,7 +5,8 @@ B = H = 1 (a decayed spec: H = 2, one head per memory of MEMORIES), d = 16 at ev
 up to the longest, and B = H = 2, d = 64 up to WIDE_LONGEST (a kernel's state is d x dv:
 the wide panel's N is what a per-token cost of d^2 affords); each one input of the typical
 regime at its longest length (q, k ~ N(0, 1) with the keys sharing a direction, values ~
-N(1, 1): a mean, so that errors proportional to the output show; the decay of long_decay),
+N(1, 1): a mean, so that errors proportional to the output show; a decay at the rates of
+MEMORIES, Family.long_arguments),
 and its prefixes of `lengths` tokens. At each length:
 
 - finiteness: a non-finite output where the exact one is finite is wrong;
@@ -62,7 +63,6 @@ from ..accuracy.verdict import (
     judge,
     rounded_to_inf,
 )
-from ..cases import log_gates
 from ..families import family_of, golden_attention, long_form, validate
 from ..implementations.projection import sample_projection_torch
 from ..inputs import SMALLEST_SUBNORMAL, unit_roundoff
@@ -93,7 +93,7 @@ SHARED_DIRECTION = 0.6  # keys: 0.6 r + 0.8 z_j, one direction r shared by every
 # The values of an unnormalised spec (Family.sums_memory) times this: its output sums the
 # whole memory, some 0.6 N |q.r| at the longest, past float16's 65504 at 2^16 unscaled
 UNNORMALISED_VALUES = 2.0**-5
-# A decayed spec's effective memories 1 / rate (long_decay), one per head, which is why its
+# A decayed spec's effective memories 1 / rate (Family.long_arguments), one per head: its
 # long panel has two heads: thousands of tokens, and more than the whole sequence
 MEMORIES = (2**12, 2**20)
 # What one call of the kernel may be predicted to count before a length is not run: 2 GiB
@@ -179,7 +179,8 @@ class Panel:
 
 
 def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, device: str):
-    """q, k, v, W (m = d) and the decay (long_decay) of the typical regime, (B, H, n, d),
+    """q, k, v, W (m = d) and the family's argument (Family.long_arguments: a decay of head
+    h's rate 1 / MEMORIES[h mod 2]) of the typical regime, (B, H, n, d),
     in `dtype` on `device` as cases.Case.tensors gives them (module docstring)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
@@ -190,32 +191,15 @@ def inputs(spec: Spec, n: int, b: int, h: int, d: int, dtype: str, seed: int, de
     family = family_of(spec)
     if not spec.normalize and family.sums_memory:  # exact in any dtype
         v = v * UNNORMALISED_VALUES
-    k, decay = family.long_arguments(spec, k, long_decay(spec, b, h, n, d, seed), seed)
+    rates = 1.0 / torch.tensor(MEMORIES, dtype=torch.float64).repeat(h)[:h]
+    as_dtype = getattr(torch, dtype)
+    k, decay = family.long_arguments(spec, k, rates, seed, as_dtype)
     w = None
     if spec.info.needs_projection:
         w = sample_projection_torch(d, d, "orthogonal", gen, dtype=torch.float64)
-    as_dtype = getattr(torch, dtype)
-    if spec.decay == "constant":  # the first memory's gamma below 1 in the dtype too
-        below_one = 1 - torch.finfo(as_dtype).eps / 2
-        decay[::2] = torch.minimum(decay[::2].to(as_dtype).double(), torch.tensor(below_one))
     return tuple(
         None if t is None else t.to(device=device, dtype=as_dtype) for t in (q, k, v, w, decay)
     )
-
-
-def long_decay(spec: Spec, b: int, h: int, n: int, d: int, seed: int) -> torch.Tensor | None:
-    """The decay of a decayed spec at long N, in float64 (None without one), from its own
-    generator (q, k, v are those of the spec without it): head h's rate 1 / MEMORIES[h mod
-    2], an effective memory of thousands of tokens and one longer than the longest
-    sequence: gamma_h = exp(-rate) (float16 and bfloat16 round both to 1: `inputs` keeps
-    the first memory's at the dtype's largest value below 1, 1 - 2^-11 or 1 - 2^-8), or
-    log-gates of that rate per token (cases.log_gates, as cases.Case.decay's)."""
-    if spec.decay is None:
-        return None
-    rates = 1.0 / torch.tensor(MEMORIES, dtype=torch.float64).repeat(h)[:h]
-    if spec.decay == "constant":
-        return torch.exp(-rates)
-    return log_gates(rates, (b, h, n, *([d] if spec.decay == "channel-gates" else [])), seed)
 
 
 def long_context(
@@ -235,7 +219,7 @@ def long_context(
     judged = [t for t in dtypes if t != "float64"]
     dims = [d for d in dims if spec.info.feature_dim(d, d) <= MAX_FEATURES]
     wide = tuple(n for n in ns if n <= WIDE_LONGEST)
-    heads = len(MEMORIES) if spec.decay else 1  # a decayed spec's heads: one per memory
+    heads = len(MEMORIES) if family_of(spec).forgets(spec) else 1  # one head per memory
     shapes = [(1, heads, dims[0], ns), (2, 2, dims[-1], wide)]
     panels = [(Panel(t, b, h, d), upto) for t in judged for b, h, d, upto in shapes]
     costly = None  # the first stop for a cost growing faster than claimed: it holds for all

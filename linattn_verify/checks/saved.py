@@ -11,8 +11,7 @@ import numpy as np
 import torch
 
 from ..cases import Case
-from ..families import case_arguments, exact, validate
-from ..specs import DECAY_ARGUMENTS
+from ..families import case_arguments, exact, family_of, validate
 from ..under_test import Implementation, ImplementationFailure
 
 
@@ -23,8 +22,9 @@ def _array(t: torch.Tensor) -> np.ndarray:
 
 
 def save_case(impl: Implementation, case: Case, path: Path) -> str:
-    """Write q, k, v (B, H, N, d), projection (m, d) when the spec has one, its decay
-    (gamma (H,) or g (B, H, N)) when it has one, output and exact (B, H, N, dv; exact in
+    """Write q, k, v (B, H, N, d), projection (m, d) when the spec has one, its family's
+    arguments by the kernel's keywords (gamma (H,) or g (B, H, N); beta and g, ...) when it
+    has them, output and exact (B, H, N, dv; exact in
     float64, NaN where it is 0/0), and the case, spec, dtype and implementation as strings;
     return a line saying what was written. An output the implementation does not give (an
     exception) is left out and named in `problem`."""
@@ -32,8 +32,9 @@ def save_case(impl: Implementation, case: Case, path: Path) -> str:
     arrays = {"q": _array(q), "k": _array(k), "v": _array(v)}
     if w is not None:
         arrays["projection"] = _array(w)
-    if decay is not None:
-        arrays[DECAY_ARGUMENTS[impl.spec.decay]] = _array(decay)
+    if decay is not None:  # its family's keywords: gamma or g, beta and g, a and b, ...
+        keywords = family_of(impl.spec).keywords(impl.spec, decay, "bhnd")
+        arrays |= {name: _array(t) for name, t in keywords.items()}
     arrays["exact"] = exact(validate(q, k, v, impl.spec, w, decay), impl.spec)
     try:
         arrays["output"] = _array(impl(q, k, v, w, decay))

@@ -25,11 +25,7 @@ import torch
 from ..accuracy.gradient import judge_gradients
 from ..accuracy.state_bounds import state_gradient_bound
 from ..cases import Case
-from ..families import exact_state, family_of
-from ..families.delta.golden import golden_delta_with_state
-from ..families.delta.gradient_bound import delta_gradient_magnitudes, delta_roundings
-from ..families.delta.gradients import exact_delta_gradients
-from ..families.delta.inputs import delta_arguments
+from ..families import Family, exact_state, family_of
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ..reference.common import ReferenceAccuracyError
 from ..reference.final_state import final_state_gradients
@@ -113,14 +109,15 @@ def _initial(impl: Implementation, case: Case, x, like) -> tuple[torch.Tensor, .
 @check("state-gradient")
 def state_gradient(impl: Implementation, case: Case) -> Outcome:
     """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv, dL_S/dk (and dL_S/dg; dL_S/dq =
-    0) within their bounds of the exact ones; the delta rule's: _delta_state_gradient."""
+    0) within their bounds of the exact ones; a family's own model: _own_model."""
     spec = impl.spec
     (q, k, v, w, decay), x = inputs_of(case, spec)
     own = state_parts(impl.call_state(q, k, v, w, None, decay=decay)[1], spec)
     g_out = loss_weights(case, q, v, salt=32)
     cotangents = [_draw(t, tuple(t.shape), case, 33 + n) for n, t in enumerate(own)]
-    if spec.delta_rule:
-        return _delta_state_gradient(impl, case, (q, k, v, w, decay), x, g_out, cotangents)
+    family = family_of(spec)
+    if family.state_gradients is not None:
+        return _own_model(family, impl, case, (q, k, v, w, decay), x, g_out, cotangents)
     arrays = [as_array(t) for t in cotangents]
     g_z = arrays[1] if spec.normalize else None
     try:
@@ -163,28 +160,28 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
     names = "dL/dS_0, dL/dz_0" if spec.normalize else "dL/dS_0"
     unjudged = sum(int((~np.isfinite(b)).sum()) for b in bounds)
     rest = f" ({unjudged} element(s) not judged: their bound is infinite)" * bool(unjudged)
-    of_state = "dL_S/dv, dL_S/dk" + ", dL_S/dg" * spec.gated
+    of_state = "dL_S/dv, dL_S/dk" + ", dL_S/dg" * ("g" in family.argument_names(spec))
     return Outcome(True, f"{names} and the final state's {of_state} within their bounds" + rest)
 
 
-def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, cotangents):
-    """The delta rule's: every gradient of L = sum(out * G) + sum(S_N * G_S) from S_0 ~
-    N(0, 1), dL/dS_0 included, against the exact ones (families/delta/gradients.py), within
-    the a-priori bound gamma_n M of families/delta/gradient_bound.py and the budget of the golden
-    recurrence's backward from the same S_0 (gradient.py: the budget judges where the loose
-    bound cannot, in float16 and bfloat16 above all)."""
-    spec = impl.spec
+def _own_model(family: Family, impl: Implementation, case: Case, inputs, x, g_out, cotangents):
+    """A family's own model (Family.state_gradients; the delta rule's): every gradient of
+    L = sum(out * G) + sum(S_N * G_S) from S_0 ~ N(0, 1), dL/dS_0 included, against the
+    exact ones, within the a-priori bound gamma_n M and the budget of the golden form's
+    backward from the same S_0 (gradient.py: the budget judges where the loose bound
+    cannot, in float16 and bfloat16 above all)."""
+    spec, model = impl.spec, family.state_gradients
     (q, k, v, w, decay), s0 = inputs, _draw(cotangents[0], tuple(cotangents[0].shape), case, 31)
     arrays = [as_array(t) for t in (g_out, cotangents[0], s0)]
     try:
-        exact = exact_delta_gradients(x, spec, *arrays)
+        exact = model.exact(x, spec, *arrays)
     except ReferenceAccuracyError as err:
         return Outcome(True, f"not judged: {err}")
     grads = _backward(impl, q, k, v, w, decay, (s0,), cotangents, g_out)
-    got = dict(zip(("q", "k", "v"), grads[:3])) | delta_arguments(spec, grads[3])
-    golden = _golden_delta_gradients(spec, (q, k, v, decay, s0), g_out, cotangents[0])
-    mags = delta_gradient_magnitudes(x, spec, *arrays)
-    n, u = delta_roundings(x, spec), UNIT_ROUNDOFF[case.dtype]
+    got = dict(zip(("q", "k", "v"), grads[:3])) | family.keywords(spec, grads[3], "bhnd")
+    golden = _golden_gradients(family, spec, (q, k, v, decay, s0), g_out, cotangents[0])
+    mags = model.magnitudes(x, spec, *arrays)
+    n, u = model.roundings(x, spec), UNIT_ROUNDOFF[case.dtype]
     verdict = judge_gradients(got | {"S0": grads[4]}, exact, mags, case.dtype, u, n, [golden])
     what = ", ".join(f"dL/d{name}" for name in exact)
     if verdict.passed:
@@ -194,13 +191,14 @@ def _delta_state_gradient(impl: Implementation, case: Case, inputs, x, g_out, co
     return Outcome(False, message, severity=severity)
 
 
-def _golden_delta_gradients(spec, tensors, g_out, g_state) -> dict[str, np.ndarray]:
-    """The golden recurrence's gradients (families/delta/golden.py, autograd) of
-    sum(out * g_out) + sum(S_N * g_state) for (q, k, v, packed beta and gates, S_0)."""
+def _golden_gradients(family: Family, spec, tensors, g_out, g_state) -> dict[str, np.ndarray]:
+    """The golden form's gradients (StateGradients.golden_with_state, autograd) of
+    sum(out * g_out) + sum(S_N * g_state) for (q, k, v, the packed argument, S_0)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
+    golden = family.state_gradients.golden_with_state
     with torch.enable_grad():
-        out, final = golden_delta_with_state(*leaves[:3], spec, leaves[3], leaves[4])
+        out, final = golden(*leaves[:3], spec, leaves[3], leaves[4])
         loss = (out * g_out).sum() + (final * g_state.to(final.dtype)).sum()
         grads = torch.autograd.grad(loss, leaves)
-    named = dict(zip(("q", "k", "v"), grads[:3])) | delta_arguments(spec, grads[3])
+    named = dict(zip(("q", "k", "v"), grads[:3])) | family.keywords(spec, grads[3], "bhnd")
     return {name: as_array(t) for name, t in (named | {"S0": grads[4]}).items()}

@@ -24,6 +24,40 @@ from ..specs import Spec
 
 
 @dataclass(frozen=True)
+class StateGradients:
+    """A family's model of the state-gradient check: every gradient of L = sum(out * G) +
+    sum(S_N * G_S) from a drawn S_0, dL/dS_0 included, against the exact ones, within the
+    a-priori bound gamma_n M and the budget of its golden form's backward.
+
+    exact(x, spec, g_out, g_state, s0): the exact gradients by name (q, k, v, its
+    arguments', S0); magnitudes(x, spec, g_out, g_state, s0): their M; roundings(x, spec):
+    n; golden_with_state(q, k, v, spec, packed, s0): its golden form's (output, final
+    state), differentiable.
+    """
+
+    exact: Callable[..., dict[str, np.ndarray]]
+    magnitudes: Callable[..., dict[str, np.ndarray]]
+    roundings: Callable[[AttentionInputs, Spec], int]
+    golden_with_state: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ArgumentNotes:
+    """How the report's sweeps draw a family's arguments, under `key` in its JSON (families
+    that draw theirs alike share one key): `title` names them; `accuracy`, `long` and
+    `scaling` say how each sweep draws them; `long_note` is the long section's sentence.
+    The report fills in {longest}, {full_longest} (and {longest_power}, {full_longest_power},
+    as powers of 2): the N its long section stops a stepwise family at."""
+
+    key: str
+    title: str
+    accuracy: str
+    long: str
+    scaling: str
+    long_note: str
+
+
+@dataclass(frozen=True)
 class Family:
     """One spec family's answers to the shared layers.
 
@@ -62,8 +96,10 @@ class Family:
     exact_gradients(x, spec, g): (the exact gradients of L = sum(out * g), their magnitudes
     M, the rounding count n) of the gradient model, or why L is undefined (a str);
     certified_gradients(x, spec, g): (gradients, their rigorous error bounds, M, n) at length.
-    long_arguments(spec, k, decay, seed): (keys, packed argument) of the long-context
-    check's typical inputs, from its keys and its decay (long_context.long_decay).
+    long_arguments(spec, k, rates, seed, dtype): (keys, packed argument, float64) of the
+    long-context check's typical inputs from its keys (B, H, N, d), the rates (H,) of the
+    check's memories (long_context.MEMORIES: a decay's; cases.rated_decay) and `dtype`,
+    the one the check rounds them to.
     sums_memory: its unnormalised output sums the whole memory (kernelised sums grow with N),
     so the long-context check scales its values down.
     kinds: the input kinds of its own (cases.Case.kind) the strategies draw beside KINDS.
@@ -75,6 +111,15 @@ class Family:
     per_token(spec): whether its packed argument is given per token (sliced along N with
     q's tokens, axis 2), so that a check that changes or packs tokens changes or packs it
     too; by default the spec's own answer (Spec.per_token: gates, the delta rule's beta).
+    forgets(spec): whether `spec` forgets old tokens (a decay): the decay check and the long
+    checks' one head per memory (long_context.MEMORIES) are for it, the stream API of
+    split-resume (no decay) is not, and its output estimates no softmax attention.
+    quadratic: its only form is the quadratic one (no finite feature map): quadratic cost,
+    one association (no associativity check), shorter long checks, none in the report's
+    long section.
+    state_gradients: its own model of the state-gradient check (StateGradients; None: the
+    model of checks/state_gradient.py, the normaliser's and the final state's terms).
+    notes: how the report's sweeps draw its arguments (ArgumentNotes; None: it has none).
     """
 
     name: str
@@ -115,3 +160,7 @@ class Family:
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
     per_token: Callable[[Spec], bool] = field(default=lambda spec: spec.per_token)
+    forgets: Callable[[Spec], bool] = lambda spec: False
+    quadratic: bool = False
+    state_gradients: StateGradients | None = None
+    notes: ArgumentNotes | None = None

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cases import Case, constant_decay
+from ..cases import Case, constant_decay, rated_decay
 from ..implementations import forms, golden
 from ..inputs import AttentionInputs, decay_values, validate
 from ..reference import exact_attention
@@ -23,7 +23,7 @@ from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
-from .protocol import Family
+from .protocol import ArgumentNotes, Family
 
 
 def _spec_options(spec: Spec) -> dict[str, Any]:
@@ -109,7 +109,41 @@ def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
     return (*certified_gradients(x, spec, g), roundings(x, spec))
 
 
-def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Family:
+def _long_arguments(spec: Spec, k: torch.Tensor, rates: torch.Tensor, seed: int, dtype):
+    """The keys as given and the decay of `rates` (cases.rated_decay); a constant decay's
+    first memory kept below 1 in `dtype` too (float16 and bfloat16 round exp(-2^-12) to 1:
+    it stays at the dtype's largest value below 1, 1 - 2^-11 or 1 - 2^-8)."""
+    decay = rated_decay(spec.decay, rates, tuple(k.shape), seed)
+    if spec.decay == "constant":
+        below_one = 1 - torch.finfo(dtype).eps / 2
+        decay[::2] = torch.minimum(decay[::2].to(dtype).double(), torch.tensor(below_one))
+    return k, decay
+
+
+# how the report's sweeps draw a decay (report/notes.py)
+DECAY_NOTES = ArgumentNotes(
+    key="decay",
+    title="The decay",
+    accuracy="cases.Case.decay of Case(B, H, N, d, dv, dtype, seed=seed): gamma_h = "
+    "exp(-2^-h / 16), or log-gates (1 / 16) ln U, U ~ U(0, 1] (channel gates: key channel "
+    "m's rate times 2^(1 - m mod 4))",
+    long="checks/long_context.py's (Family.long_arguments), head 0: an effective memory of "
+    "2^12 tokens",
+    scaling="families.default_arguments, as vet's scaling check: gamma = exp(-1 / 16) per "
+    "head, or log-gates -1 / 16 every token",
+    long_note=" A decayed spec's decay is that of the long-context check's first head "
+    "(an effective memory of 2^12 tokens).",
+)
+
+
+def _family(
+    name: str,
+    source: str,
+    claims,
+    arguments: tuple[str, ...],
+    quadratic: bool = False,
+    notes: ArgumentNotes | None = None,
+) -> Family:
     """A family of this module: the same horizontal modules, its own specs and arguments."""
     return Family(
         name=name,
@@ -137,28 +171,37 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
         exact_gradients=_exact_gradients,
         certified_gradients=_certified_gradients,
-        long_arguments=lambda spec, k, decay, seed: (k, decay),
+        long_arguments=_long_arguments,
         sums_memory=True,
         kinds=(),
         exact_decimal=arb_decimal,
         stepwise=False,
+        forgets=lambda spec: spec.decay is not None,
+        quadratic=quadratic,
+        notes=notes,
     )
 
 
 SOFTMAX = _family(
-    "softmax", FEATURE_MAPS["softmax"].source, lambda spec: not spec.info.kernelised, ()
+    "softmax",
+    FEATURE_MAPS["softmax"].source,
+    lambda spec: not spec.info.kernelised,
+    (),
+    quadratic=True,
 )
 CHANNEL_GATED = _family(
     "channel gates",
     DECAY_SOURCES["channel-gates"],
     lambda spec: spec.decay == "channel-gates",
     ("g",),
+    notes=DECAY_NOTES,
 )
 DECAYED = _family(
     "scalar decay and gates",
     f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
     lambda spec: spec.decay in ("constant", "gates"),
     ("gamma", "g"),
+    notes=DECAY_NOTES,
 )
 KERNELISED = _family(
     "kernelised",

@@ -10,15 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ..environment import environment
-from ..families import fast_form, forms_of
+from ..families import family_of, fast_form, forms_of
 from ..scaling import ScalingResult, plot_scaling
 from ..specs import Spec
 from ..under_test import Implementation, resolve
 from .accuracy import Sweep, accuracy_rows
 from .gradients import GRADIENT_N, gradient_rows
 from .long import (
-    DELTA_FULL_LONGEST,
-    DELTA_LONGEST,
     FULL_LONGEST,
     LONG_D,
     LONG_SPECS,
@@ -29,6 +27,7 @@ from .long import (
     long_section,
     sweep_ns,
 )
+from .notes import NOTES, filled
 from .plots import plot_error_vs_n, plot_long_context, plot_margins
 from .random_features import random_features
 from .scaling import ScalingPlan, scaling_rows
@@ -168,7 +167,7 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                     "inputs": "N(0, 1) from numpy PCG64([seed, N]), rounded to each dtype "
                     "(typical inputs, regimes.py: every failure fails the verdict)",
                     "projection": "orthogonal rows with chi(d) norms, m = d, PCG64(seed)",
-                    **_arguments(plan, ACCURACY_ARGUMENTS),
+                    **_arguments(plan, "accuracy"),
                 },
                 "gradients": {
                     "n": GRADIENT_N,
@@ -184,13 +183,13 @@ def run_report(options: ReportOptions, folder: Path, step: Callable[[str], None]
                     "dtype at its longest N and its prefixes; seed as above",
                     "reference": "certified (reference/certified.py), float64 within 2^-34 s",
                     "torch_threads": 1,
-                    **_arguments(plan, LONG_ARGUMENTS),
+                    **_arguments(plan, "long"),
                 },
                 "scaling": {
                     **asdict(scaling_plan),
                     "inputs": "float32",
                     "torch_threads": 1,
-                    **_arguments(plan, SCALING_ARGUMENTS),
+                    **_arguments(plan, "scaling"),
                 },
             },
             "seconds": time.perf_counter() - start,
@@ -226,35 +225,12 @@ def _scaling_curves(
     return timings, costs, panels
 
 
-# How the sweeps draw a decayed spec's decay and the delta rule's arguments (in the JSON only
-# for a report that has such a spec: a plain report's sweep, which --compare matches, is as
-# it was)
-ACCURACY_ARGUMENTS = {
-    "decay": "cases.Case.decay of Case(B, H, N, d, dv, dtype, seed=seed): gamma_h = "
-    "exp(-2^-h / 16), or log-gates (1 / 16) ln U, U ~ U(0, 1] (channel gates: key channel "
-    "m's rate times 2^(1 - m mod 4))",
-    "delta_rule": "q, k, v and the packed beta and gates of families.case_arguments of that "
-    "case, not the draws above: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1)",
-}
-LONG_ARGUMENTS = {
-    "decay": "checks/long_context.py's long_decay, head 0: an effective memory of 2^12 tokens",
-    "delta_rule": "the check's: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1); N up to "
-    f"{DELTA_LONGEST} ({DELTA_FULL_LONGEST} with --full)",
-}
-
-SCALING_ARGUMENTS = {
-    "decay": "families.default_arguments, as vet's scaling check: gamma = exp(-1 / 16) per "
-    "head, or log-gates -1 / 16 every token",
-    "delta_rule": "families.default_arguments: beta = 1 / d every token",
-}
-
-
-def _arguments(plan: Plan, described: dict[str, str]) -> dict[str, str]:
-    """The descriptions of the decay and the delta rule's arguments where a spec of the plan
-    has them."""
-    specs = [spec for spec, _ in plan.groups]
-    has = {"decay": any(s.decay for s in specs), "delta_rule": any(s.delta_rule for s in specs)}
-    return {key: text for key, text in described.items() if has[key]}
+def _arguments(plan: Plan, section: str) -> dict[str, str]:
+    """How `section`'s sweep draws the arguments of the families of the plan's specs that
+    have them (Family.notes; in the JSON only for a report that has such a spec: a plain
+    report's sweep, which --compare matches, is as it was)."""
+    has = {notes.key for spec, _ in plan.groups if (notes := family_of(spec).notes)}
+    return {key: filled(getattr(notes, section)) for key, notes in NOTES.items() if key in has}
 
 
 def _options(options: ReportOptions) -> dict[str, Any]:

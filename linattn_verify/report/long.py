@@ -27,7 +27,7 @@ B = H = 1, d = dv = LONG_D, and its prefixes of each N. At each N:
   judges those rows): a failure fails the report's verdict.
 
 Every spec vet takes: a scaled, unnormalised or decayed one and the delta rule, on the
-check's inputs (its decay: long_decay's first head, an effective memory of 2^12 tokens,
+check's inputs (its decay: that of the check's first head, an effective memory of 2^12 tokens,
 checks.long_context.MEMORIES[0]; the delta rule's unit keys, or raw ones where the kernel
 normalises them, and beta ~ U(0, 1)). The delta rule's bound is its normwise one
 (families/delta/bound.py), the only one: bound_max and probabilistic_bound_max are both its
@@ -97,7 +97,7 @@ def long_ns(
     up to QUADRATIC_LONGEST where every implementation is of quadratic cost, up to
     DELTA_LONGEST (DELTA_FULL_LONGEST with --full) for a stepwise family (Family.stepwise:
     the delta rule); none for softmax (module docstring)."""
-    if not spec.info.kernelised:
+    if family_of(spec).quadratic:
         return ()
     ns = sweep_ns(full) if chosen or not full else _upto(FULL_LONG_NS, FULL_LONGEST)
     if family_of(spec).stepwise:

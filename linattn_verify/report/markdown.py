@@ -9,14 +9,13 @@ from ..accuracy.verdict import BUDGET_FLOOR, K_BUDGET
 from ..checks.long_context import FALSE_FAILURE
 from ..stats.decide import ALPHA, Z_TWO_SIDED
 from .long import (
-    DELTA_FULL_LONGEST,
-    DELTA_LONGEST,
     FULL_LONG_NS,
     FULL_LONGEST,
     LONG_SPECS,
     QUADRATIC_LONGEST,
     power_of_2,
 )
+from .notes import NOTES, filled
 
 Row = dict[str, Any]
 
@@ -35,14 +34,11 @@ DECAYED_BUDGET_RULE = (
 )
 
 
-ARGUMENTS = {"decay": "The decay", "delta_rule": "The delta rule's arguments"}
-
-
 def _sweep_arguments(document: dict[str, Any], section: str) -> list[tuple[str, str]]:
     """How `section`'s sweep drew the decay and the delta rule's arguments, where it has
     such a spec (report.build describes them in the JSON then)."""
     sweep = document["environment"]["sweep"][section]
-    return [(key, sweep[key]) for key in ARGUMENTS if key in sweep]
+    return [(key, sweep[key]) for key in NOTES if key in sweep]
 
 
 def _budget_rule(document: dict[str, Any]) -> str:
@@ -125,7 +121,7 @@ def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
         f"Max error in units of u s at N = {', '.join(map(str, ns))} ({device}). A correct "
         "algorithm's error grows at most like the bound's gamma_N: slowly, and not at all "
         "for blocked and pairwise sums."
-        + "".join(f" {ARGUMENTS[k]}: {v}." for k, v in _sweep_arguments(document, "accuracy")),
+        + "".join(f" {NOTES[k].title}: {v}." for k, v in _sweep_arguments(document, "accuracy")),
         "",
         "![max error vs N per feature map and dtype: each fast form with its budget and "
         f"a-priori bound]({document['accuracy']['plots']['error_vs_n']})",
@@ -133,18 +129,6 @@ def _accuracy_vs_n(document: dict[str, Any]) -> list[str]:
         *_table(["spec", "form", *dtypes], body),
     ]
 
-
-# what the long section says of a decayed spec and of the delta rule, where the JSON's
-# sweep describes their arguments (report.build: the keys are there only then)
-LONG_NOTES = {
-    "decay": " A decayed spec's decay is that of the long-context check's first head "
-    "(long_decay: an effective memory of 2^12 tokens).",
-    "delta_rule": f" The delta rule runs to N = {power_of_2(DELTA_LONGEST)} (--full: "
-    f"{power_of_2(DELTA_FULL_LONGEST)}): its a-priori bound and its golden are recurrences "
-    "token by token (vet's long-context check takes it to 2^14); its keys are unit-norm "
-    "(raw where the kernel normalises them), beta ~ U(0, 1), and its bound is its normwise "
-    "one alone (docs/delta-rule.md): *bound* and *probabilistic bound* are that one.",
-}
 
 LONG_CURVES = (  # per-N figures of the long rows, shown below each spec's forms
     ("golden_max_error", "golden"),
@@ -204,7 +188,7 @@ def _long_context(document: dict[str, Any]) -> list[str]:
             " Not softmax: its a-priori bound is evaluated in arb alone, quadratic work in ball "
             "arithmetic (about a minute per case at N = 2^12)."
         )
-    share += "".join(text for key, text in LONG_NOTES.items() if key in sweep)
+    share += "".join(filled(NOTES[key].long_note) for key in NOTES if key in sweep)
     left_out = [t for t in options["dtypes"] if t not in dtypes]
     if left_out:
         share += (
@@ -441,7 +425,7 @@ def _scaling(document: dict[str, Any]) -> list[str]:
         + ", ".join(map(str, ns))
         + ", slopes fitted on the larger half; wall time on one torch thread (median of the "
         "repeats, with a noise gate), and the N from which the form beats torch's SDPA."
-        + "".join(f" {ARGUMENTS[k]}: {v}." for k, v in _sweep_arguments(document, "scaling")),
+        + "".join(f" {NOTES[k].title}: {v}." for k, v in _sweep_arguments(document, "scaling")),
         "",
     ]
     if "scaling" in scaling["plots"]:

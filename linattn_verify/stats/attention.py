@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..families import reference
+from ..families import family_of, reference
 from ..results import CheckResult
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
@@ -199,7 +199,7 @@ def fit_rate(ms: Sequence[int], rmse: np.ndarray, se: np.ndarray) -> tuple[float
 def rate_not_applicable(spec: Spec) -> str | None:
     """Why the rate check does not apply to `spec` (None when it does): it measures the
     error against softmax attention, which a decayed or unnormalised output estimates not."""
-    if spec.decay is not None or not spec.normalize:
+    if family_of(spec).forgets(spec) or not spec.normalize:
         return "a decayed or unnormalised output is no estimate of softmax attention"
     return None
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..families.registry import NAMED
+from ..families.registry import NAMED, family_of
 from ..implementations.forms import DEFAULT_CHUNK, FORMS
 from ..specs import DECAYS, FEATURE_MAPS, QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
 
@@ -129,7 +129,7 @@ def _types(annotation: Any) -> tuple[Any, ...]:
 def default_cost(spec: Spec, form: str | None = None) -> str:
     """The growth an implementation claims unless it declares one: quadratic for softmax
     (no finite feature map) and for the built-in quadratic form, linear otherwise."""
-    return "quadratic" if not spec.info.kernelised or form == "quadratic" else "linear"
+    return "quadratic" if family_of(spec).quadratic or form == "quadratic" else "linear"
 
 
 def state_layout(spec: Spec) -> str:

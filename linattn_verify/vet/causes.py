@@ -57,7 +57,7 @@ from ..accuracy.judgement import Judgement
 from ..accuracy.verdict import K_BUDGET, percent
 from ..cases import Case
 from ..checks.decay import judged_case
-from ..families import case_arguments, golden_attention, golden_forms
+from ..families import case_arguments, family_of, golden_attention, golden_forms
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, round_to_tf32
 from ..regimes import ELU_ROW_FLOOR
 from ..specs import Spec
@@ -364,7 +364,7 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
         return tf32
     if spec.feature_map not in NAMERS or spec.dot_precision is not None:
         return None
-    if spec.decay is not None or not spec.normalize or spec.eps:
+    if family_of(spec).forgets(spec) or not spec.normalize or spec.eps:
         return None
     if figures.get("worst_index") is None or "worst_output" not in figures:
         return None

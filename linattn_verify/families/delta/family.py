@@ -12,11 +12,11 @@ from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs, decay_values
 from ...reference.certified import Certified
 from ...specs import DELTA_SOURCE, Spec, SpecError
-from ..protocol import Family
+from ..protocol import ArgumentNotes, Family, StateGradients
 from .bound import delta_scale_and_bound, delta_state_bound
 from .certified_gradients import certified_delta_gradients
 from .forms import DELTA_FORMS, delta_attention, grouped
-from .golden import GOLDEN_DELTA_FORMS, golden_delta
+from .golden import GOLDEN_DELTA_FORMS, golden_delta, golden_delta_with_state
 from .gradient_bound import delta_gradient_magnitudes, delta_roundings
 from .gradients import exact_delta_gradients
 from .inputs import (
@@ -107,6 +107,21 @@ def _state_bound(x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0):
     return delta_state_bound(x, spec, u, tiny), np.zeros(x.k.shape[:2] + x.k.shape[3:])
 
 
+NOTES = ArgumentNotes(
+    key="delta_rule",
+    title="The delta rule's arguments",
+    accuracy="q, k, v and the packed beta and gates of families.case_arguments of that "
+    "case, not the draws above: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1)",
+    long="the check's: unit-norm keys (raw under qk_l2norm), beta ~ U(0, 1); N up to "
+    "{longest} ({full_longest} with --full)",
+    scaling="families.default_arguments: beta = 1 / d every token",
+    long_note=" The delta rule runs to N = {longest_power} (--full: "
+    "{full_longest_power}): its a-priori bound and its golden are recurrences "
+    "token by token (vet's long-context check takes it to 2^14); its keys are unit-norm "
+    "(raw where the kernel normalises them), beta ~ U(0, 1), and its bound is its normwise "
+    "one alone (docs/delta-rule.md): *bound* and *probabilistic bound* are that one.",
+)
+
 DELTA = Family(
     name="delta rule",
     folder="delta",
@@ -143,4 +158,12 @@ DELTA = Family(
     vector_fields=vector_fields,
     formula=formula,
     state_bound=_state_bound,
+    forgets=lambda spec: spec.decay is not None,
+    state_gradients=StateGradients(
+        exact=exact_delta_gradients,
+        magnitudes=delta_gradient_magnitudes,
+        roundings=delta_roundings,
+        golden_with_state=golden_delta_with_state,
+    ),
+    notes=NOTES,
 )

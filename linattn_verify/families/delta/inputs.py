@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...cases import Case, constant_decay
+from ...cases import Case, constant_decay, rated_decay
 from ...inputs import AttentionInputs, as_float64, check_decay, exact_tensors
 from ...specs import Spec, SpecError
 
@@ -75,10 +75,11 @@ def case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
     return q, k, v, w, pack_delta(beta, case.decay(spec.decay))
 
 
-def long_arguments(spec: Spec, k: torch.Tensor, gates, seed: int):
+def long_arguments(spec: Spec, k: torch.Tensor, rates: torch.Tensor, seed: int, dtype: Any):
     """The long-context check's keys, unit-norm as the rule's layers hand them over (raw where
-    the kernel normalises them itself, qk_l2norm), and beta ~ U(0, 1) packed with the gates,
-    as case_arguments draws them."""
+    the kernel normalises them itself, qk_l2norm), and beta ~ U(0, 1) packed with the gates
+    of `rates` (cases.rated_decay), as case_arguments draws them."""
+    gates = rated_decay(spec.decay, rates, tuple(k.shape), seed)
     if not spec.qk_l2norm:
         k = k / k.norm(dim=-1, keepdim=True)
     gen = torch.Generator().manual_seed(seed * 7919 + 2)

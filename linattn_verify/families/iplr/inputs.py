@@ -96,7 +96,7 @@ def case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
     return q, k, v, None, pack_iplr(a, b)
 
 
-def long_arguments(spec: Spec, k: torch.Tensor, decay: Any, seed: int):
+def long_arguments(spec: Spec, k: torch.Tensor, rates: torch.Tensor, seed: int, dtype: Any):
     """The long-context check's keys as given and a and b drawn as the typical cases'."""
     a, b = draw_ab(tuple(k.shape), "normal", seed)
     return k, pack_iplr(a.to(k.dtype), b.to(k.dtype))
