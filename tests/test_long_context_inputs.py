@@ -1,7 +1,7 @@
 """The long-context check's inputs for decayed specs and the delta rule (checks/long_context.py
-inputs, Family.long_arguments): the decay's memory is what the check claims, thousands of tokens on one head
-and longer than the sequence on the other, so that neither kills the state within a few
-tokens nor leaves it undecayed."""
+inputs, Family.long_arguments): the decay's memory is what the check claims, thousands of
+tokens on one head and longer than the sequence on the other, so that neither kills the
+state within a few tokens nor leaves it undecayed."""
 
 from __future__ import annotations
 
