@@ -81,3 +81,31 @@ def test_the_engines_of_sums_refuse_another_familys_spec() -> None:
         with pytest.raises(SpecError, match="its family's"):
             call()
     assert families.forms_of(DELTA) == ("recurrent", "chunked")
+
+
+def test_a_spec_object_in_place_of_its_fields() -> None:
+    """reference, attention, attention_with_state and attention_varlen take `spec=`: the same
+    numbers as its fields given as keywords, and a refusal when both are given."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = -torch.rand(1, 2, 6, generator=gen, dtype=torch.float64)
+    spec = Spec("elu", causal=True, normalize=False, decay="gates")
+    fields = {"causal": True, "normalize": False, "decay": "gates", "g": g}
+    assert (
+        families.reference(q, k, v, spec=spec, g=g) == families.reference(q, k, v, **fields)
+    ).all()
+    assert torch.equal(attention(q, k, v, spec=spec, g=g), attention(q, k, v, **fields))
+    by_spec = families.attention_with_state(q, k, v, spec=spec, g=g)[0]
+    causal = {name: value for name, value in fields.items() if name != "causal"}
+    assert torch.equal(by_spec, families.attention_with_state(q, k, v, **causal)[0])
+    cu = torch.tensor([0, 2, 6])
+    packed = families.attention_varlen(q[:1], k[:1], v[:1], cu, spec=spec, g=g[:1])
+    assert torch.equal(
+        packed, families.attention_varlen(q[:1], k[:1], v[:1], cu, **fields | {"g": g[:1]})
+    )
+    with pytest.raises(TypeError, match="not both: normalize"):
+        attention(q, k, v, spec=spec, normalize=False, g=g)
+    with pytest.raises(TypeError, match=r"must be a linattn_verify\.Spec"):
+        families.reference(q, k, v, spec="elu")
+    with pytest.raises(SpecError, match="causal spec"):
+        families.attention_with_state(q, k, v, spec=Spec("elu"))

@@ -97,6 +97,39 @@ def arguments(spec: Spec, **given: Any) -> dict[str, Any]:
     return {name: value for name, value in given.items() if name in family.arguments}
 
 
+# the fields of a Spec that the keyword APIs below take, in _spec_of's order
+_FIELDS = (
+    "feature_map",
+    "causal",
+    "eps",
+    "normalize",
+    "scale",
+    "decay",
+    "delta_rule",
+    "qk_l2norm",
+    "family",
+)
+
+
+def _spec_of(spec: Spec | None, fields: tuple[Any, ...], **forced: Any) -> Spec:
+    """`spec` itself, or the Spec of the fields given as keywords (_FIELDS' values, `forced`
+    over them); TypeError for a spec that is no Spec, or one given beside fields that are
+    not their defaults."""
+    if spec is None:
+        return Spec(**dict(zip(_FIELDS, fields, strict=True)) | forced)
+    if not isinstance(spec, Spec):
+        raise TypeError(f"spec must be a linattn_verify.Spec, not {type(spec).__name__}")
+    defaults = Spec("elu")
+    given = [
+        name
+        for name, value in zip(_FIELDS, fields, strict=True)
+        if value != getattr(defaults, name)
+    ]
+    if given:
+        raise TypeError(f"give the spec or its fields, not both: {', '.join(given)} beside spec")
+    return spec
+
+
 def reference(
     q: Any,
     k: Any,
@@ -116,6 +149,7 @@ def reference(
     qk_l2norm: bool = False,
     beta: Any = None,
     family: str | None = None,
+    spec: Spec | None = None,
     **more: Any,
 ) -> np.ndarray:
     """Exact attention output (B, H, Nq, dv) as float64, within one ulp of the true value.
@@ -127,10 +161,11 @@ def reference(
     log-gates g, (B, H, N) for "gates" and (B, H, N, d) for "channel-gates". delta_rule
     and qk_l2norm are the spec's too (specs.DELTA_SOURCE: feature_map "identity", causal,
     normalize=False), with beta (B, H, N); family: a family chosen by name (Spec.family),
-    `more` its arguments (Family.arguments: the IPLR rule's a and b).
+    `more` its arguments (Family.arguments: the IPLR rule's a and b). Or `spec`, a Spec,
+    in place of its fields.
     """
-    fields = (feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
-    spec = Spec(*fields, family=family)
+    fields = (feature_map, causal, eps, normalize, scale, decay, delta_rule, qk_l2norm, family)
+    spec = _spec_of(spec, fields)
     chosen = family_of(spec)
     values = chosen.pack(spec, arguments(spec, gamma=gamma, g=g, beta=beta, **more))
     return exact(validate(q, k, v, spec, projection, values), spec, engine)
@@ -156,16 +191,17 @@ def attention(
     qk_l2norm: bool = False,
     beta: torch.Tensor | None = None,
     family: str | None = None,
+    spec: Spec | None = None,
     **more: Any,
 ) -> torch.Tensor:
     """Attention of any spec in a built-in `form` (None: the family's choice; forms_of).
 
     q, k: (B, H, N, d), v: (B, H, N, dv); any floating dtype, any strides, CPU or CUDA;
     projection W (m, d) for the Performer maps. Returns (B, H, Nq, dv) in q's dtype. The
-    spec's fields as reference's; a decay's gamma or g, the delta rule's beta and g.
+    spec's fields as reference's, or `spec`; a decay's gamma or g, the delta rule's beta and g.
     """
-    fields = (feature_map, causal, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
-    spec = Spec(*fields, family=family)
+    fields = (feature_map, causal, eps, normalize, scale, decay, delta_rule, qk_l2norm, family)
+    spec = _spec_of(spec, fields)
     chosen = family_of(spec)
     given = arguments(spec, gamma=gamma, g=g, beta=beta, **more)
     return chosen.attention(q, k, v, spec, form, projection, chunk_size, given)
@@ -191,14 +227,17 @@ def attention_with_state(
     qk_l2norm: bool = False,
     beta: torch.Tensor | None = None,
     family: str | None = None,
+    spec: Spec | None = None,
     **more: Any,
 ) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     (None: nothing before), in `form`: (output, the state after the last token), the state's
     layout the family's (implementations/forms.py's (S, z), S alone unnormalised; the delta
-    rule's S (B, H, d, dv))."""
-    fields = (feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
-    spec = Spec(*fields, family=family)
+    rule's S (B, H, d, dv)). The spec's fields as reference's (causal), or `spec`."""
+    fields = (feature_map, False, eps, normalize, scale, decay, delta_rule, qk_l2norm, family)
+    spec = _spec_of(spec, fields, causal=True)
+    if not spec.causal:
+        raise SpecError(f"a state is carried by a causal spec, not {spec}")
     chosen = family_of(spec)
     given = arguments(spec, gamma=gamma, g=g, beta=beta, **more)
     return chosen.attention_with_state(
@@ -218,13 +257,10 @@ def attention_varlen(
     itself only (empty ones allowed); without cu_seqlens, attention() itself."""
     if cu_seqlens is None:
         return attention(q, k, v, **options)
-    fields = ("feature_map", "causal", "eps", "normalize", "scale", "decay", "delta_rule")
     defaults = Spec("elu")
-    spec = Spec(
-        **{name: options.pop(name, getattr(defaults, name)) for name in fields},
-        qk_l2norm=options.pop("qk_l2norm", False),
-        family=options.pop("family", None),
-    )
+    given_spec = options.pop("spec", None)
+    fields = tuple(options.pop(name, getattr(defaults, name)) for name in _FIELDS)
+    spec = _spec_of(given_spec, fields)
     family = family_of(spec)
     form, projection = options.pop("form", None), options.pop("projection", None)
     chunk_size = options.pop("chunk_size", DEFAULT_CHUNK)
