@@ -45,7 +45,8 @@ class StateGradients:
 class ArgumentNotes:
     """How the report's sweeps draw a family's arguments, under `key` in its JSON (families
     that draw theirs alike share one key): `title` names them; `accuracy`, `long` and
-    `scaling` say how each sweep draws them; `long_note` is the long section's sentence.
+    `scaling` say how each sweep draws them; `long_note` is the long section's sentence;
+    applies(spec): whether they are the arguments of `spec`.
     The report fills in {longest}, {full_longest} (and {longest_power}, {full_longest_power},
     as powers of 2): the N its long section stops a stepwise family at."""
 
@@ -55,6 +56,7 @@ class ArgumentNotes:
     long: str
     scaling: str
     long_note: str
+    applies: Callable[[Spec], bool] = lambda spec: True
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ class Family:
     long section.
     state_gradients: its own model of the state-gradient check (StateGradients; None: the
     model of checks/state_gradient.py, the normaliser's and the final state's terms).
-    notes: how the report's sweeps draw its arguments (ArgumentNotes; None: it has none).
+    notes: how the report's sweeps draw its arguments (ArgumentNotes, one per key, each for
+    the specs it `applies` to: a gated delta rule's gates are drawn as a decay's).
     """
 
     name: str
@@ -163,4 +166,4 @@ class Family:
     forgets: Callable[[Spec], bool] = lambda spec: False
     quadratic: bool = False
     state_gradients: StateGradients | None = None
-    notes: ArgumentNotes | None = None
+    notes: tuple[ArgumentNotes, ...] = ()

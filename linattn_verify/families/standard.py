@@ -23,6 +23,7 @@ from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
+from .decayed.notes import DECAY_NOTES
 from .protocol import ArgumentNotes, Family
 
 
@@ -120,29 +121,13 @@ def _long_arguments(spec: Spec, k: torch.Tensor, rates: torch.Tensor, seed: int,
     return k, decay
 
 
-# how the report's sweeps draw a decay (report/notes.py)
-DECAY_NOTES = ArgumentNotes(
-    key="decay",
-    title="The decay",
-    accuracy="cases.Case.decay of Case(B, H, N, d, dv, dtype, seed=seed): gamma_h = "
-    "exp(-2^-h / 16), or log-gates (1 / 16) ln U, U ~ U(0, 1] (channel gates: key channel "
-    "m's rate times 2^(1 - m mod 4))",
-    long="checks/long_context.py's (Family.long_arguments), head 0: an effective memory of "
-    "2^12 tokens",
-    scaling="families.default_arguments, as vet's scaling check: gamma = exp(-1 / 16) per "
-    "head, or log-gates -1 / 16 every token",
-    long_note=" A decayed spec's decay is that of the long-context check's first head "
-    "(an effective memory of 2^12 tokens).",
-)
-
-
 def _family(
     name: str,
     source: str,
     claims,
     arguments: tuple[str, ...],
     quadratic: bool = False,
-    notes: ArgumentNotes | None = None,
+    notes: tuple[ArgumentNotes, ...] = (),
 ) -> Family:
     """A family of this module: the same horizontal modules, its own specs and arguments."""
     return Family(
@@ -194,14 +179,14 @@ CHANNEL_GATED = _family(
     DECAY_SOURCES["channel-gates"],
     lambda spec: spec.decay == "channel-gates",
     ("g",),
-    notes=DECAY_NOTES,
+    notes=(DECAY_NOTES,),
 )
 DECAYED = _family(
     "scalar decay and gates",
     f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
     lambda spec: spec.decay in ("constant", "gates"),
     ("gamma", "g"),
-    notes=DECAY_NOTES,
+    notes=(DECAY_NOTES,),
 )
 KERNELISED = _family(
     "kernelised",

@@ -229,7 +229,7 @@ def _arguments(plan: Plan, section: str) -> dict[str, str]:
     """How `section`'s sweep draws the arguments of the families of the plan's specs that
     have them (Family.notes; in the JSON only for a report that has such a spec: a plain
     report's sweep, which --compare matches, is as it was)."""
-    has = {notes.key for spec, _ in plan.groups if (notes := family_of(spec).notes)}
+    has = {n.key for spec, _ in plan.groups for n in family_of(spec).notes if n.applies(spec)}
     return {key: filled(getattr(notes, section)) for key, notes in NOTES.items() if key in has}
 
 

@@ -8,7 +8,7 @@ from ..families.protocol import ArgumentNotes
 from .long import DELTA_FULL_LONGEST, DELTA_LONGEST, power_of_2
 
 NOTES: dict[str, ArgumentNotes] = dict(
-    sorted({family.notes.key: family.notes for family in FAMILIES if family.notes}.items())
+    sorted({notes.key: notes for family in FAMILIES for notes in family.notes}.items())
 )
 
 

@@ -12,6 +12,7 @@ from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs, decay_values
 from ...reference.certified import Certified
 from ...specs import DELTA_SOURCE, Spec, SpecError
+from ..decayed.notes import DECAY_NOTES
 from ..protocol import ArgumentNotes, Family, StateGradients
 from .bound import delta_scale_and_bound, delta_state_bound
 from .certified_gradients import certified_delta_gradients
@@ -165,5 +166,5 @@ DELTA = Family(
         roundings=delta_roundings,
         golden_with_state=golden_delta_with_state,
     ),
-    notes=NOTES,
+    notes=(DECAY_NOTES, NOTES),
 )
