@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
+from .option import checked
 from .regimes import REGIMES
 from .run_options import OPTIONS, RUN
 from .specs import SpecError
 from .under_test import Implementation, from_options
-from .under_test.claim import SOURCE, checked
+from .under_test.claim import SOURCE
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -17,7 +17,8 @@ from .checks.long_context import (
     lengths,
     memory_problem,
 )
-from .under_test.claim import CLAIM, Option
+from .option import Option
+from .under_test.claim import CLAIM
 
 
 def _long_problem(longest: int, label: str) -> str | None:

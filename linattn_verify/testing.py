@@ -15,10 +15,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
+from .option import checked
 from .run_options import OPTIONS, RUN
 from .strategies import DTYPES
 from .under_test import resolve
-from .under_test.claim import CLAIM, checked
+from .under_test.claim import CLAIM
 from .vet import VetOptions, VetReport, vet_in_process
 
 

@@ -14,11 +14,12 @@ import pytest
 
 from linattn_verify import pytest_plugin
 from linattn_verify.cli import build_parser, main
+from linattn_verify.option import Option, checked, words
 from linattn_verify.run_options import OPTIONS, RUN
 from linattn_verify.specs import SpecError
 from linattn_verify.testing import assert_linear_attention
 from linattn_verify.under_test import from_options, resolve
-from linattn_verify.under_test.claim import CLAIM, Option, checked, words
+from linattn_verify.under_test.claim import CLAIM
 from tests.zoo.correct import elu_einsum
 
 # what each entry point takes besides the options: vet's own (what to run, how to report)

@@ -14,10 +14,11 @@ import torch
 
 from ..adapters import ADAPTERS
 from ..jsonable import dumps
+from ..option import Option
 from ..regimes import REGIMES
 from ..specs import FEATURE_MAPS, SpecError
 from ..under_test import Implementation, from_options
-from ..under_test.claim import CLAIM, SOURCE, Option
+from ..under_test.claim import CLAIM, SOURCE
 
 PROG = "python -m linattn_verify"
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -69,7 +70,7 @@ def add_implementation(parser: argparse.ArgumentParser, positional: bool) -> Non
 
 
 def add(group: Any, options: Sequence[Option]) -> None:
-    """The arguments of these under_test.claim.Option records."""
+    """The arguments of these option.Option records."""
     for option in options:
         group.add_argument(option.flag, **option.arguments())
 

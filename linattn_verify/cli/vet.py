@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from ..checks.long_context import SMALLEST_LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..environment import environment
+from ..option import checked, words
 from ..run_options import RUN
 from ..target import load_target
 from ..under_test import Implementation
-from ..under_test.claim import checked, words
 from ..vet import VetOptions, vet
 from ..vet.runner import DEFAULT_TIMEOUT
 from . import options

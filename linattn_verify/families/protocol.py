@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..inputs import AttentionInputs
+from ..option import Option
 from ..reference.certified import Certified
 from ..specs import Spec
 
@@ -121,6 +122,8 @@ class Family:
     long section.
     state_gradients: its own model of the state-gradient check (StateGradients; None: the
     model of checks/state_gradient.py, the normaliser's and the final state's terms).
+    options: its own options in the claim's grammar (option.Option: the command line's
+    flags, pytest's options, keywords), beside the spec's shared ones (under_test/claim.py).
     notes: how the report's sweeps draw its arguments (ArgumentNotes, one per key, each for
     the specs it `applies` to: a gated delta rule's gates are drawn as a decay's).
     """
@@ -167,3 +170,4 @@ class Family:
     quadratic: bool = False
     state_gradients: StateGradients | None = None
     notes: tuple[ArgumentNotes, ...] = ()
+    options: tuple[Option, ...] = ()

@@ -5,14 +5,13 @@ the reproduce commands' words all come from these records."""
 
 from __future__ import annotations
 
-import types
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
-from ..families.registry import NAMED, family_of
+from ..families.registry import FAMILIES, NAMED, family_of
 from ..implementations.forms import DEFAULT_CHUNK, FORMS
-from ..specs import DECAYS, FEATURE_MAPS, QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from ..option import Option
+from ..specs import DECAYS, FEATURE_MAPS, RSQRT_D, Spec
 
 LAYOUTS = ("bhnd", "bnhd")
 # the carried state fn takes and returns with --state (docs/contract.md, "Carried state"):
@@ -23,107 +22,6 @@ DECLARED = "declared"  # --state without a layout: an adapter's or a built-in fo
 COSTS = ("linear", "quadratic")
 TRITON_BACKENDS = ("interpret",)  # --triton: Triton's interpreter on CPU tensors
 SPEC_FIELDS = tuple(f.name for f in fields(Spec))  # the options that make up the spec
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option. name: its keyword (and dest); flag: its command-line spelling, for a
-    bool the flag that sets it to `not default`; type: its Python type (float admits an
-    int); choices: the strings it admits; const: its value when the flag is given alone;
-    check(value, label): a further problem with a value, or None."""
-
-    name: str
-    flag: str
-    type: Any
-    default: Any
-    help: str
-    choices: tuple[str, ...] = ()
-    metavar: str | None = None
-    const: str | None = None
-    check: Callable[[Any, str], str | None] | None = None
-
-    def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of argparse's add_argument and pytest's addoption: values stay
-        text, which `checked` parses (one error message for every entry point)."""
-        kwargs = {"dest": self.name, "default": self.default, "help": self.help}
-        if self.type is bool:
-            return kwargs | {"action": "store_false" if self.default else "store_true"}
-        if self.metavar or self.choices:
-            kwargs["metavar"] = self.metavar or "{" + ",".join(self.choices) + "}"
-        return kwargs | ({"nargs": "?", "const": self.const} if self.const else {})
-
-    def words(self, value: Any) -> list[str]:
-        """The command-line words that give `value` (none for the default)."""
-        if value == self.default:
-            return []
-        return [self.flag] if self.type is bool or value == self.const else [self.flag, str(value)]
-
-    def parse(self, text: str) -> Any:
-        """The value a command line's text gives (itself when a string is admitted)."""
-        if not self.admits(text):
-            for kind in (int, float):
-                if kind in _types(self.type):
-                    try:
-                        return kind(text)
-                    except ValueError:
-                        break
-        return text  # when not admitted, `problem` names it
-
-    def admits(self, value: Any) -> bool:
-        """Whether `value` is of the option's type (a string: one of its choices)."""
-        kinds = _types(self.type)
-        if isinstance(value, str):
-            return (
-                value in self.choices or value == self.const or (not self.choices and str in kinds)
-            )
-        if isinstance(value, bool):  # an int to Python, not a number here
-            return bool in kinds
-        if value is None:
-            return type(None) in kinds
-        return (isinstance(value, int) and int in kinds) or (
-            isinstance(value, int | float) and float in kinds
-        )
-
-    def problem(self, value: Any, label: str) -> str | None:
-        """What is wrong with `value` (label: how the caller spells the option), or None."""
-        if not self.admits(value):
-            names = {bool: "True or False", int: "an integer", float: "a number"}
-            what = [names[k] for k in _types(self.type) if k in names]
-            if self.choices:
-                one = "one of " * (len(self.choices) > 1) + ", ".join(self.choices)
-                what.append(one)
-            return f"{label} must be {' or '.join(what)}, got {value!r}"
-        return self.check(value, label) if self.check else None
-
-
-def checked(
-    options: Iterable[Option], given: Mapping[str, Any], from_text: bool = False
-) -> dict[str, Any]:
-    """Each option's value in `given`, its default when absent or None; text from a command
-    line (from_text) parsed. SpecError names the first that does not fit, by its flag when
-    from_text, else by its keyword. A default is not checked."""
-    values = {}
-    for option in options:
-        value = given.get(option.name)
-        if value is None:
-            value = option.default
-        elif from_text and isinstance(value, str):
-            value = option.parse(value)
-        if value != option.default or type(value) is not type(option.default):
-            label = option.flag if from_text else option.name
-            if problem := option.problem(value, label):
-                raise SpecError(problem)
-        values[option.name] = value
-    return values
-
-
-def words(options: Iterable[Option], values: Mapping[str, Any]) -> list[str]:
-    """The command-line words that give `values` (absent ones: the defaults)."""
-    return [w for o in options for w in o.words(values.get(o.name, o.default))]
-
-
-def _types(annotation: Any) -> tuple[Any, ...]:
-    return annotation.__args__ if isinstance(annotation, types.UnionType) else (annotation,)
 
 
 def default_cost(spec: Spec, form: str | None = None) -> str:
@@ -193,19 +91,7 @@ CLAIM = (
            "its float32 products are TF32 by design (tf32: inputs rounded to a 10-bit "
            "mantissa): float32 outputs are bounded and budgeted in TF32's unit, 2^-11",
            choices=("tf32",)),
-    Option("delta_rule", "--delta-rule", bool, False,
-           "the state follows the delta rule (DeltaNet; with --decay gates Gated DeltaNet, "
-           "with --decay channel-gates KDA): fn(q, k, v, beta=(B, H, N)[, g=...]), S_t = (I - "
-           "beta_t k_t k_t^T) diag(exp(g_t)) S_(t-1) + beta_t k_t v_t^T, o_t = C S_t^T q_t; "
-           "with --causal --feature-map identity --no-normalize"),
-    Option("qk_l2norm", "--qk-l2norm", bool, False,
-           f"with --delta-rule: fn normalises q and k itself, x / sqrt(|x|^2 + "
-           f"{QK_L2NORM_EPS:g}) (fla's use_qk_l2norm_in_kernel); without it k is used as given"),
-    Option("value_heads", "--value-heads", int, 1,
-           "with --delta-rule: fn also takes G times as many value heads as query and key "
-           "heads (fla's grouped value heads, HV = G H): v, beta, g and the output of HV "
-           "heads, head hv reading q and k of head hv // G; every other check calls it with "
-           "HV = H (default 1: not declared)", metavar="G"),
+    *(option for family in FAMILIES for option in family.options),
     Option("family", "--family", str | None, None,
            "the spec family it computes, by name, where the options above do not state it: "
            + (", ".join(NAMED) or "none yet") + " (docs/architecture.md, 'Families')",

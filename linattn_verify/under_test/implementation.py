@@ -21,10 +21,11 @@ from ..adapters import ADAPTERS
 from ..cases import Case
 from ..families import family_of
 from ..implementations.forms import DEFAULT_CHUNK
+from ..option import words
 from ..specs import RSQRT_D, Spec, SpecError
 from ..target import load_target
 from . import builtin
-from .claim import CLAIM, DECLARED, SOURCE, SPEC_FIELDS, default_cost, words
+from .claim import CLAIM, DECLARED, SOURCE, SPEC_FIELDS, default_cost
 from .guard_bands import OutOfBounds, guarded
 from .names import importable_name
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..adapters import ADAPTERS
+from ..option import checked
 from ..specs import Spec, SpecError
 from ..target import split_target
 from .builtin import form_of, state_of
@@ -21,7 +22,6 @@ from .claim import (
     SOURCE,
     SPEC_FIELDS,
     STATE_LAYOUTS,
-    checked,
     default_cost,
     state_layout,
 )

@@ -28,6 +28,7 @@ from .inputs import (
     pack_delta,
     validate_delta,
 )
+from .options import OPTIONS
 from .reference import (
     MP_MAX_STEPS,
     arb_delta,
@@ -167,4 +168,5 @@ DELTA = Family(
         golden_with_state=golden_delta_with_state,
     ),
     notes=(DECAY_NOTES, NOTES),
+    options=OPTIONS,
 )
