@@ -19,11 +19,12 @@ from ..reference import exact_attention
 from ..reference.arb import arb_decimal, arb_denominator_signs
 from ..reference.certified import Certified
 from ..reference.certified_engine import certified_attention
-from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
+from .kernelised import certified_gradients as kernelised_gradients
 from .protocol import Family
+from .softmax import certified_gradients as softmax_gradients
 
 
 def _spec_options(spec: Spec) -> dict[str, Any]:
@@ -105,12 +106,14 @@ def _exact_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
     return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
 
 
-def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
-    return (*certified_gradients(x, spec, g), roundings(x, spec))
+def _certified_gradients(gradients):
+    """Family.certified_gradients from a folder's certified_gradients(x, spec, g)."""
+    return lambda x, spec, g: (*gradients(x, spec, g), roundings(x, spec))
 
 
-def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Family:
-    """A family of this module: the same horizontal modules, its own specs and arguments."""
+def _family(name: str, source: str, claims, arguments: tuple[str, ...], gradients) -> Family:
+    """A family of this module: the same horizontal modules, its own specs and arguments;
+    gradients: its folder's certified_gradients."""
     return Family(
         name=name,
         folder=None,
@@ -136,7 +139,7 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         golden=golden.golden_attention,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
         exact_gradients=_exact_gradients,
-        certified_gradients=_certified_gradients,
+        certified_gradients=_certified_gradients(gradients),
         long_arguments=lambda spec, k, decay, seed: (k, decay),
         sums_memory=True,
         kinds=(),
@@ -146,23 +149,30 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
 
 
 SOFTMAX = _family(
-    "softmax", FEATURE_MAPS["softmax"].source, lambda spec: not spec.info.kernelised, ()
+    "softmax",
+    FEATURE_MAPS["softmax"].source,
+    lambda spec: not spec.info.kernelised,
+    (),
+    softmax_gradients.certified_gradients,
 )
 CHANNEL_GATED = _family(
     "channel gates",
     DECAY_SOURCES["channel-gates"],
     lambda spec: spec.decay == "channel-gates",
     ("g",),
+    kernelised_gradients.certified_gradients,
 )
 DECAYED = _family(
     "scalar decay and gates",
     f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
     lambda spec: spec.decay in ("constant", "gates"),
     ("gamma", "g"),
+    kernelised_gradients.certified_gradients,
 )
 KERNELISED = _family(
     "kernelised",
     "Katharopoulos et al. 2020, eq. 2-6: sim(q, k) = phi(q) . phi(k)",
     lambda spec: True,
     (),
+    kernelised_gradients.certified_gradients,
 )
