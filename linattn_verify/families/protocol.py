@@ -20,6 +20,7 @@ import torch
 
 from ..inputs import AttentionInputs
 from ..reference.certified import Certified
+from ..reference.similarity import Similarity
 from ..specs import Spec
 
 
@@ -75,6 +76,9 @@ class Family:
     per_token(spec): whether its packed argument is given per token (sliced along N with
     q's tokens, axis 2), so that a check that changes or packs tokens changes or packs it
     too; by default the spec's own answer (Spec.per_token: gates, the delta rule's beta).
+    similarity: its hooks into reference/'s shared engines (reference.Similarity: mp, arb,
+    certified, state), for the callers of those engines (the arb fallback's settle_rows,
+    arb_denominator_signs, the state gradients); None: a family with engines of its own.
     """
 
     name: str
@@ -115,3 +119,4 @@ class Family:
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
     per_token: Callable[[Spec], bool] = field(default=lambda spec: spec.per_token)
+    similarity: Similarity | None = None

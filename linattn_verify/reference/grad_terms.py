@@ -44,10 +44,11 @@ def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
 
 def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
     """Row i of a channel-gated spec over its keys js: A_ij = c sum_m phi(q_i)_m phi(k_j)_m
-    W_ijm (W_ijm = exp(G_im - G_jm), formed as mp._channel_gated forms it) and M(A_ij); the
-    weights c W_ijm (lists over m) that turn b_ij into e_ijm and their magnitudes c W_ijm
-    (1 + M(ln W)); and the terms A_ijm = c phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over
-    m), b_ij times which are dL/dG's p_ijm, with their magnitudes."""
+    W_ijm (W_ijm = exp(G_im - G_jm), formed as families/channel_gates/reference.py's
+    _channel_gated forms it) and M(A_ij); the weights c W_ijm (lists over m) that turn b_ij
+    into e_ijm and their magnitudes c W_ijm (1 + M(ln W)); and the terms A_ijm = c
+    phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over m), b_ij times which are dL/dG's p_ijm,
+    with their magnitudes."""
     mp = mpmath.mp
     (ups, downs), spreads = gated
     spread = spreads[i]
