@@ -14,6 +14,7 @@ import numpy as np
 from flint import arb, arb_mat, ctx, fmpq
 
 from ..inputs import AttentionInputs
+from .common import head_decay
 
 CAUSAL_BLOCK = 64  # rows per block of the causal linear form: 64x64 arb products are cheap
 
@@ -47,9 +48,7 @@ class Head:
 
     @classmethod
     def of(cls, x: AttentionInputs, b: int, h: int) -> Head:
-        decay = None
-        if x.decay is not None:
-            decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+        decay = head_decay(x, b, h)
         big_m = max(x.q.shape[2], x.k.shape[2])
         return cls(x.q[b, h], x.k[b, h], x.v[b, h], x.projection, big_m, decay)
 

@@ -22,7 +22,7 @@ from .certified import (
     _finish,
     gamma64,
 )
-from .common import ReferenceAccuracyError
+from .common import ReferenceAccuracyError, head_decay
 from .similarity import Similarity
 
 
@@ -44,9 +44,7 @@ def certified_attention(
     for b in range(b_):
         for h in range(h_):
             q, k, v = x.q[b, h], x.k[b, h], x.v[b, h]
-            decay = None
-            if x.decay is not None:
-                decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+            decay = head_decay(x, b, h)
             outs = (values, bound, scale)
             similarity.certified(q, k, v, x.projection, decay, spec, outs, (b, h))
     result = Certified(values, bound, scale)

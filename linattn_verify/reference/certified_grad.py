@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .certified import SUBNORMAL
-from .common import ReferenceAccuracyError
+from .common import ReferenceAccuracyError, head_decay
 from .grad import _check_g_out, gradient_names
 
 Arrays = dict[str, np.ndarray]
@@ -56,9 +56,7 @@ def certified_gradients(
         for b in range(x.shape[0]):
             heads.append([])
             for h in range(x.shape[1]):
-                decay = None
-                if x.decay is not None:
-                    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+                decay = head_decay(x, b, h)
                 qkv = (x.q[b, h], x.k[b, h], x.v[b, h])
                 heads[b].append(head(*qkv, ga[b, h], decay, x.projection, spec))
     names = gradient_names(spec)

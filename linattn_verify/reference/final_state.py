@@ -39,7 +39,7 @@ import numpy as np
 
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
-from .common import MAX_PREC, ReferenceAccuracyError
+from .common import MAX_PREC, ReferenceAccuracyError, head_decay
 from .grad import agree
 from .grad_maps import Kernel
 from .mp import DEFAULT_PREC, channel_prefix, decay_weights, nearest
@@ -157,7 +157,7 @@ def _decays(x: AttentionInputs, spec: Spec, b: int, h: int, n: int, f: int):
         prefix, spread = channel_prefix(x.decay[b, h].tolist())
         last = [[mp.exp(e - t) for e, t in zip(prefix[-1], row, strict=True)] for row in prefix]
         return last, [spread] * n, [mp.exp(t) for t in prefix[-1]]
-    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+    decay = head_decay(x, b, h)
     weights, spreads = decay_weights(decay, n - 1, spec.decay)
     if spec.decay == "constant":
         into = mp.mpf(float(decay)) ** n

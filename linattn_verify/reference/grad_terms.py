@@ -11,6 +11,7 @@ import mpmath
 
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec
+from .common import head_decay
 from .grad_maps import Kernel
 from .mp import channel_factors, channel_prefix, decay_weights
 
@@ -22,7 +23,7 @@ def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int
     c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
     if spec.decay is None:
         return [c] * n_keys, [c] * n_keys
-    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+    decay = head_decay(x, b, h)
     weights, spreads = decay_weights(decay, i, spec.decay)  # spread: 1 + M(ln w_ij)
     return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
 

@@ -15,6 +15,7 @@ from ...inputs import AttentionInputs
 from ...reference.balls import Head
 from ...reference.certified import _finish
 from ...reference.certified_decay import decayed_sums
+from ...reference.common import head_decay
 from ...reference.mp import decay_weights as mp_decay_weights
 from ...reference.mp import sim_rows
 from ...reference.similarity import Similarity
@@ -25,7 +26,7 @@ from ..kernelised import reference as kernelised
 def mp_rows(x: AttentionInputs, spec: Spec, b: int, h: int, keys: list, w: list | None):
     """Similarity.mp: c w_ij sim(q_i, k_j), the magnitudes times w_ij c (1 + |ln w_ij|)."""
     plain = sim_rows(x, spec, keys, w)
-    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+    decay = head_decay(x, b, h)
 
     def row(i: int, qi: list, c) -> tuple[list, list]:
         sims, mags = plain(i, qi)
