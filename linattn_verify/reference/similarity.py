@@ -27,7 +27,11 @@ class Similarity:
     w_(N-1, j) phi(k_j), the final state's rows (state.py);
     from_start(head, spec, f): W_im, the weight from before the first token to token i, per
     feature channel m of f; causal_sims(head, spec, fq, fk): (s_ij, w_ij) whose products are
-    the causal weighted similarities before the scale (state.py's state gradients).
+    the causal weighted similarities before the scale (state.py's state gradients);
+    final_weights(x, spec, b, h, n, f): (w_(N-1, j, m) per key and feature, 1 + M(ln w)
+    per key, W_(N-1, m) per feature) in mpmath at the working precision, and
+    final_gates(spec): None without log-gates, else rows(dg, dg_m) -> dL_S/dg and its
+    magnitudes as float64 arrays from the per-feature sums (final_state.py).
     The state's hooks are None for a family without a state (softmax).
     """
 
@@ -38,3 +42,5 @@ class Similarity:
     state_keys: Callable[..., list[list[Any]]] | None = None
     from_start: Callable[..., list[list[Any]]] | None = None
     causal_sims: Callable[..., tuple[list, list]] | None = None
+    final_weights: Callable[..., tuple[list, list, list]] | None = None
+    final_gates: Callable[..., Callable[..., tuple[Any, Any]] | None] | None = None

@@ -14,6 +14,7 @@ from flint import arb, arb_mat
 
 from ...inputs import AttentionInputs
 from ...reference.balls import Head, features, masked
+from ...reference.final_state import floats
 from ...reference.mp import channel_factors, channel_prefix, key_features
 from ...reference.mp import features as mp_features
 from ...reference.similarity import Similarity
@@ -104,6 +105,20 @@ def causal_sims(head: Head, spec: Spec, fq, fk) -> tuple[list, list]:
     return sims, [[arb(1)] * n] * n
 
 
+def final_weights(x: AttentionInputs, spec: Spec, b: int, h: int, n: int, f: int):
+    """Similarity.final_weights: exp(G_(N-1)m - G_jm) per key and feature,
+    channel_prefix's bound for every key, and exp(G_(N-1)m) per feature."""
+    mp = mpmath.mp
+    prefix, spread = channel_prefix(x.decay[b, h].tolist())
+    last = [[mp.exp(e - t) for e, t in zip(prefix[-1], row, strict=True)] for row in prefix]
+    return last, [spread] * n, [mp.exp(t) for t in prefix[-1]]
+
+
+def final_gates(spec: Spec):
+    """Similarity.final_gates: dL_S/dg per token and channel."""
+    return lambda dg, dg_m: (floats(dg), floats(dg_m))
+
+
 CHANNEL_GATES = Similarity(
     mp=mp_rows,
     arb=arb_sims,
@@ -112,4 +127,6 @@ CHANNEL_GATES = Similarity(
     state_keys=state_keys,
     from_start=from_start,
     causal_sims=causal_sims,
+    final_weights=final_weights,
+    final_gates=final_gates,
 )

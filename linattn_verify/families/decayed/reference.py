@@ -9,6 +9,8 @@ imports an implementation.
 
 from __future__ import annotations
 
+import mpmath
+import numpy as np
 from flint import arb, arb_mat
 
 from ...inputs import AttentionInputs
@@ -16,6 +18,7 @@ from ...reference.balls import Head
 from ...reference.certified import _finish
 from ...reference.certified_decay import decayed_sums
 from ...reference.common import head_decay
+from ...reference.final_state import floats
 from ...reference.mp import decay_weights as mp_decay_weights
 from ...reference.mp import sim_rows
 from ...reference.similarity import Similarity
@@ -101,6 +104,31 @@ def causal_sims(head: Head, spec: Spec, fq, fk) -> tuple[list, list]:
     return (arb_mat(fq) * arb_mat(fk).transpose()).tolist(), weights
 
 
+def final_weights(x: AttentionInputs, spec: Spec, b: int, h: int, n: int, f: int):
+    """Similarity.final_weights: w_(N-1, j) (mp.decay_weights), the largest 1 + M(ln w)
+    for every key, and W_(N-1) = gamma^N or exp(G_(N-1)), the same for every feature."""
+    mp = mpmath.mp
+    decay = head_decay(x, b, h)
+    weights, spreads = mp_decay_weights(decay, n - 1, spec.decay)
+    if spec.decay == "constant":
+        into = mp.mpf(float(decay)) ** n
+    else:
+        into = mp.exp(mp.fsum(mp.mpf(t) for t in decay))
+    return [[w] * f for w in weights], [max(spreads)] * n, [into] * f
+
+
+def final_gates(spec: Spec):
+    """Similarity.final_gates: dL_S/dg per token, the sum over the features, for gates;
+    None for a constant decay (gamma is held fixed)."""
+    return _token_gates if spec.decay == "gates" else None
+
+
+def _token_gates(dg: list, dg_m: list) -> tuple[np.ndarray, np.ndarray]:
+    mp = mpmath.mp
+    dg, dg_m = [[mp.fsum(row)] for row in dg], [[mp.fsum(row)] for row in dg_m]
+    return floats(dg)[:, 0], floats(dg_m)[:, 0]
+
+
 DECAYED = Similarity(
     mp=mp_rows,
     arb=arb_sims,
@@ -109,4 +137,6 @@ DECAYED = Similarity(
     state_keys=state_keys,
     from_start=from_start,
     causal_sims=causal_sims,
+    final_weights=final_weights,
+    final_gates=final_gates,
 )

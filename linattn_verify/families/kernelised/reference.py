@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 
+import mpmath
 import numpy as np
 from flint import arb, arb_mat
 
+from ...inputs import AttentionInputs
 from ...reference.balls import Head, direct_sims, features
 from ...reference.certified import SAFETY, SMALL, Features, depth, float_features, streamed_sums
 from ...reference.certified_engine import plain_head
@@ -61,6 +63,17 @@ def causal_sims(head: Head, spec: Spec, fq, fk) -> tuple[list, list]:
     return (arb_mat(fq) * arb_mat(fk).transpose()).tolist(), weights
 
 
+def final_weights(x: AttentionInputs, spec: Spec, b: int, h: int, n: int, f: int):
+    """Similarity.final_weights: 1 for every key, feature and token."""
+    mp = mpmath.mp
+    return [[mp.one] * f] * n, [mp.one] * n, [mp.one] * f
+
+
+def final_gates(spec: Spec) -> None:
+    """Similarity.final_gates: no log-gates."""
+    return None
+
+
 KERNELISED = Similarity(
     mp=scaled_rows,
     arb=arb_sims,
@@ -69,6 +82,8 @@ KERNELISED = Similarity(
     state_keys=state_keys,
     from_start=from_start,
     causal_sims=causal_sims,
+    final_weights=final_weights,
+    final_gates=final_gates,
 )
 
 
