@@ -89,6 +89,7 @@ def _one(engine: str, n: int, name: str, causal: bool) -> dict:
     import numpy as np
     import torch
 
+    from linattn_verify.families import family_of
     from linattn_verify.reference import certified_attention
     from linattn_verify.reference.arb import arb_attention
     from linattn_verify.reference.mp import mp_attention
@@ -99,7 +100,7 @@ def _one(engine: str, n: int, name: str, causal: bool) -> dict:
         before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
     start = time.perf_counter()
     if engine == "certified":
-        got = certified_attention(x, spec)
+        got = certified_attention(x, spec, family_of(spec).similarity)
         with np.errstate(invalid="ignore", divide="ignore"):
             share = float(np.nanmax(got.bound / got.scale))
         extra = {"max_bound_share": share, "recomputed_rows": got.recomputed}
@@ -107,7 +108,7 @@ def _one(engine: str, n: int, name: str, causal: bool) -> dict:
         _float64_pass(x, spec)
         extra = {}
     else:
-        (arb_attention if engine == "arb" else mp_attention)(x, spec)
+        (arb_attention if engine == "arb" else mp_attention)(x, spec, family_of(spec).similarity)
         extra = {}
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before

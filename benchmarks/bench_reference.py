@@ -16,6 +16,7 @@ import numpy as np
 from timing import median_seconds
 
 from linattn_verify.families import validate
+from linattn_verify.families.kernelised.reference import KERNELISED
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 from linattn_verify.specs import Spec
@@ -38,7 +39,9 @@ def main() -> None:
     for causal in (False, True):
         spec = Spec("elu", causal=causal)
         x = _inputs(TARGET_N, spec)
-        arb_s = median_seconds(lambda x=x, spec=spec: arb_attention(x, spec), 3, warmup=False)
+        arb_s = median_seconds(
+            lambda x=x, spec=spec: arb_attention(x, spec, KERNELISED), 3, warmup=False
+        )
         mp_points = []
         for n in MP_NS:
             xs = _inputs(n, spec)
@@ -46,7 +49,7 @@ def main() -> None:
                 (
                     n,
                     median_seconds(
-                        lambda xs=xs, spec=spec: mp_attention(xs, spec), 1, warmup=False
+                        lambda xs=xs, spec=spec: mp_attention(xs, spec, KERNELISED), 1, warmup=False
                     ),
                 )
             )

@@ -10,7 +10,7 @@ import pytest
 from flint import arb
 
 from linattn_verify.accuracy.bound import scale_and_bound
-from linattn_verify.families import exact, validate
+from linattn_verify.families import exact, family_of, validate
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.reference import CERTIFIED_SHARE, certified_attention, certified_engine
 from linattn_verify.reference import certified as engine
@@ -50,7 +50,7 @@ def _inputs(kind: str, name: str, causal: bool, seed: int, n: int = 37, d: int =
 @pytest.mark.parametrize(("name", "causal"), SPECS)
 def test_the_certified_bound_holds_against_arb(small_chunks, kind, name, causal):
     x, spec = _inputs(kind, name, causal, seed=len(kind) + 3 * causal)
-    got = certified_attention(x, spec)
+    got = certified_attention(x, spec, family_of(spec).similarity)
     ref = exact(x, spec, "arb")
     assert np.array_equal(np.isnan(got.values), np.isnan(ref))
     defined = ~np.isnan(ref)
@@ -64,7 +64,7 @@ def test_the_certified_bound_holds_against_arb(small_chunks, kind, name, causal)
 @pytest.mark.parametrize(("name", "causal"), SPECS)
 def test_typical_inputs_are_certified_without_arb(small_chunks, name, causal):
     x, spec = _inputs("normal", name, causal, seed=11, n=70)
-    got = certified_attention(x, spec)
+    got = certified_attention(x, spec, family_of(spec).similarity)
     assert got.recomputed == 0
     assert np.nanmax(got.bound / got.scale) < CERTIFIED_SHARE
 
@@ -72,7 +72,7 @@ def test_typical_inputs_are_certified_without_arb(small_chunks, name, causal):
 def test_rows_it_cannot_certify_are_settled_by_arb(monkeypatch):
     x, spec = _inputs("normal", "elu", True, seed=5)
     monkeypatch.setattr(certified_engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
-    got = certified_attention(x, spec)
+    got = certified_attention(x, spec, family_of(spec).similarity)
     assert got.recomputed == 37 * 2
     assert np.array_equal(got.values, exact(x, spec, "arb"))
 
@@ -82,19 +82,23 @@ def test_rows_not_named_keep_their_float64_values_within_their_bounds(monkeypatc
     their (finite) bounds of the exact ones, but for a row whose bound is infinite."""
     x, spec = _inputs("normal", "elu", True, seed=5)
     monkeypatch.setattr(certified_engine, "CERTIFIED_SHARE", 1e-300)  # nothing is certified
-    plain = certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
+    plain = certified_attention(
+        x, spec, family_of(spec).similarity, settle=np.zeros(x.shape[:3], dtype=bool)
+    )
     assert plain.recomputed == 0 and np.isfinite(plain.bound).all()
     ref = exact(x, spec, "arb")
     assert np.all(np.abs(plain.values - ref) <= plain.bound)
     named = np.zeros(x.shape[:3], dtype=bool)
     named[0, 1, [3, 30]] = True
-    got = certified_attention(x, spec, settle=named)
+    got = certified_attention(x, spec, family_of(spec).similarity, settle=named)
     assert got.recomputed == 2
     assert np.array_equal(got.values[named], ref[named])
     assert np.array_equal(got.values[~named], plain.values[~named])
     x, spec = _inputs("normal", "performer-trig", True, seed=5)
     x.k[0, 0, 7] *= 60  # e^(|k'|^2 / 2) overflows float64: head (0, 0) loses its bounds
-    lost = certified_attention(x, spec, settle=np.zeros(x.shape[:3], dtype=bool))
+    lost = certified_attention(
+        x, spec, family_of(spec).similarity, settle=np.zeros(x.shape[:3], dtype=bool)
+    )
     assert (
         lost.recomputed == x.shape[2]
     )  # every row of that head (its NaN products), none of the other's

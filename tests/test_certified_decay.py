@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from linattn_verify.families import exact, validate
+from linattn_verify.families import exact, family_of, validate
 from linattn_verify.reference import CERTIFIED_SHARE, certified_attention
 from linattn_verify.reference import certified as engine
 from linattn_verify.reference import certified_decay as decayed
@@ -84,7 +84,7 @@ def _holds(x, spec: Spec) -> engine.Certified:
     infinity where the exact value overflows float64 (performer-trig's exp(|x'|^2 / 2)
     unnormalised), within its bound (and within CERTIFIED_SHARE s, or arb's own rounding)
     everywhere else."""
-    got = certified_attention(x, spec)
+    got = certified_attention(x, spec, family_of(spec).similarity)
     ref = exact(x, spec, "arb")
     assert np.array_equal(np.isnan(got.values), np.isnan(ref))
     assert np.array_equal(got.values[np.isinf(ref)], ref[np.isinf(ref)])
@@ -120,7 +120,9 @@ def test_typical_decayed_inputs_are_certified_without_arb(
     small_chunks, name, decay, norm, scale, eps
 ):
     spec = Spec(name, causal=True, eps=eps, normalize=norm, scale=scale, decay=decay)
-    got = certified_attention(_inputs("normal", spec, seed=11, n=70, d=8), spec)
+    got = certified_attention(
+        _inputs("normal", spec, seed=11, n=70, d=8), spec, family_of(spec).similarity
+    )
     assert got.recomputed == 0
     assert np.all(got.bound <= CERTIFIED_SHARE * got.scale)
 
@@ -159,13 +161,17 @@ def test_numpy_log_is_within_the_assumed_ulps():
 def test_the_delta_rule_has_its_own_engine():
     spec = Spec("identity", causal=True, normalize=False, delta_rule=True)
     with pytest.raises(SpecError, match="its certified engine and references are its family"):
-        certified_attention(_inputs("normal", Spec("identity", causal=True), seed=0), spec)
+        certified_attention(
+            _inputs("normal", Spec("identity", causal=True), seed=0),
+            spec,
+            family_of(spec).similarity,
+        )
 
 
 def _within(x, spec: Spec) -> None:
     """Every defined element within its bound of arb's value (no share: these are at the
     edge of float64's range, where arb settles rows)."""
-    got, ref = certified_attention(x, spec), exact(x, spec, "arb")
+    got, ref = certified_attention(x, spec, family_of(spec).similarity), exact(x, spec, "arb")
     defined = np.isfinite(ref)
     assert np.all(np.abs(got.values - ref)[defined] <= got.bound[defined])
 

@@ -25,6 +25,7 @@ from linattn_verify.families import (
     golden_attention,
     validate,
 )
+from linattn_verify.families.channel_gates.reference import CHANNEL_GATES
 from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from linattn_verify.reference.arb import arb_attention
@@ -79,7 +80,10 @@ def test_exact_engines_and_state_match_a_float64_recurrence(spec: Spec, rate: fl
     q, k, v, g = _case("float64", rate)
     x = validate(q, k, v, spec, None, g)
     out, s, z = (t.numpy() for t in _recurrence(q, k, v, g, spec))
-    exact_mp, exact_arb = mp_attention(x, spec), arb_attention(x, spec)
+    exact_mp, exact_arb = (
+        mp_attention(x, spec, CHANNEL_GATES),
+        arb_attention(x, spec, CHANNEL_GATES),
+    )
     np.testing.assert_array_equal(exact_arb, exact_mp)  # both faithfully rounded: equal
     u = UNIT_ROUNDOFF["float64"]
     scale, bound = scale_and_bound(x, spec, exact_mp, u)
@@ -99,7 +103,7 @@ def test_golden_and_built_in_forms_within_the_bound(spec: Spec):
             q, k, v, g = _case(dtype, rate)
             x = validate(q, k, v, spec, None, g)
             u = UNIT_ROUNDOFF[dtype]
-            scale, bound = scale_and_bound(x, spec, arb_attention(x, spec), u)
+            scale, bound = scale_and_bound(x, spec, arb_attention(x, spec, CHANNEL_GATES), u)
             s_bound, z_bound = state_bound(x, spec, u)
             exact_s, exact_z = exact_state(x, spec)
             outs = {"golden": golden_attention(q, k, v, spec, None, "quadratic", g)}
@@ -109,7 +113,7 @@ def test_golden_and_built_in_forms_within_the_bound(spec: Spec):
                 assert np.all(np.abs(s.double().numpy() - exact_s) <= s_bound), form
                 if spec.normalize:
                     assert np.all(np.abs(z.double().numpy() - exact_z) <= z_bound), form
-            exact = arb_attention(x, spec)
+            exact = arb_attention(x, spec, CHANNEL_GATES)
             for form, out in outs.items():
                 err = error_units(out.double().numpy(), exact, scale, u)
                 assert np.all(err <= bound), (form, dtype, rate, np.max(err / bound))
@@ -157,7 +161,9 @@ def test_state_gradients_match_autograd_of_the_recurrence(spec: Spec):
     x = validate(q, k, v.detach(), spec, None, g)
     initial = (s0.detach().numpy(), z0.detach().numpy()) if spec.normalize else None
     g_z_given = g_z.numpy() if spec.normalize else None
-    exact = exact_state_gradients(x, spec, g_out.numpy(), g_s.numpy(), g_z_given, initial)
+    exact = exact_state_gradients(
+        x, spec, g_out.numpy(), g_s.numpy(), g_z_given, initial, similarity=CHANNEL_GATES
+    )
     normalised = (g_z_given, initial, exact) if spec.normalize else None
     u, tiny = UNIT_ROUNDOFF["float64"], SMALLEST_SUBNORMAL["float64"]
     bounds = state_gradient_bound(x, spec, g_out.numpy(), g_s.numpy(), u, tiny, normalised)

@@ -10,7 +10,7 @@ import torch
 
 from linattn_verify.accuracy.gradient import allowance
 from linattn_verify.cases import Case
-from linattn_verify.families import validate
+from linattn_verify.families import family_of, validate
 from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.reference.final_state import final_state_gradients
 from linattn_verify.reference.grad import roundings
@@ -54,6 +54,7 @@ def test_final_state_gradients_match_autograd(spec: Spec):
     exact, mags = final_state_gradients(
         x, spec, g_s.numpy(), g_z.numpy() if spec.normalize else None,
         (s0.numpy(), z0.numpy() if spec.normalize else None),
+        similarity=family_of(spec).similarity,
     )  # fmt: skip
     assert set(exact) == ({"k", "g"} if spec.gated else {"k"})
     # autograd's float64 backward within the gradient bound gamma_n M (accuracy/gradient.py)

@@ -10,7 +10,7 @@ import pytest
 
 from linattn_verify.accuracy.verdict import judge
 from linattn_verify.checks import long_context as lc
-from linattn_verify.families import exact, validate
+from linattn_verify.families import exact, family_of, validate
 from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.reference import certified_engine as engine
 from linattn_verify.specs import RSQRT_D, Spec
@@ -45,7 +45,9 @@ def test_only_the_rows_judged_by_their_value_are_settled(fresh):
     exact_values = exact(x, SPEC, "arb")
     err = np.abs(ref - exact_values)
     share = SHARE * kept.scale
-    before = engine.certified_attention(x, SPEC, settle=np.zeros(x.shape[:3], dtype=bool))
+    before = engine.certified_attention(
+        x, SPEC, family_of(SPEC).similarity, settle=np.zeros(x.shape[:3], dtype=bool)
+    )
     assert (before.bound[~unjudged] > share[~unjudged]).any(axis=-1).sum() > 1
     assert np.all(kept.bound[~unjudged] <= share[~unjudged])  # those went to arb
     assert np.all(err[~unjudged] <= kept.bound[~unjudged])
@@ -54,7 +56,7 @@ def test_only_the_rows_judged_by_their_value_are_settled(fresh):
     assert (kept.bound[unjudged] > share[unjudged]).any()
     assert np.all(err[unjudged] <= kept.bound[unjudged])
     out = decayed_attention(q, k, v, SPEC, "chunked", w, decay=decay)[0]
-    full = engine.certified_attention(x, SPEC)
+    full = engine.certified_attention(x, SPEC, family_of(SPEC).similarity)
     got, want = (judge(out, x, SPEC, r, golden, None, resolvable) for r in (ref, full.values))
     assert got.passed and want.passed
     assert got.budget == want.budget and got.bound_violations == want.bound_violations == 0

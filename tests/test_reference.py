@@ -13,7 +13,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 import linattn_verify as lv
-from linattn_verify.families import exact, validate
+from linattn_verify.families import exact, family_of, validate
+from linattn_verify.families.kernelised.reference import KERNELISED
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
 
@@ -102,8 +103,8 @@ def test_mp_engine_agrees_with_itself_at_double_precision(name):
     q, k, v = rng.standard_normal((3, 1, 1, 7, 3)) * 2
     spec = lv.Spec(name, causal=True)
     x = validate(np.abs(q), k, v, spec, _w(name, 3))
-    low = mp_attention(x, spec, prec=113)
-    high = mp_attention(x, spec, prec=226)
+    low = mp_attention(x, spec, family_of(spec).similarity, prec=113)
+    high = mp_attention(x, spec, family_of(spec).similarity, prec=226)
     assert np.nanmax(_ulps(low, high)) <= 1
 
 
@@ -143,7 +144,10 @@ def test_arb_engine_agrees_with_mpmath(case):
     name, causal, eps, q, k, v, w = case
     spec = lv.Spec(name, causal=causal, eps=eps)
     x = validate(q, k, v, spec, w)
-    mp_out, arb_out = mp_attention(x, spec), arb_attention(x, spec)
+    mp_out, arb_out = (
+        mp_attention(x, spec, family_of(spec).similarity),
+        arb_attention(x, spec, family_of(spec).similarity),
+    )
     note(f"mp {mp_out.ravel()[:6]}, arb {arb_out.ravel()[:6]}")
     np.testing.assert_array_equal(np.isnan(mp_out), np.isnan(arb_out))
     # each engine returns one of the two doubles around the exact value: at most 1 apart
@@ -156,10 +160,12 @@ def test_arb_causal_blocks_agree_with_mpmath_on_a_long_sequence():
     q, k, v = rng.standard_normal((3, 1, 1, 150, 4))
     spec = lv.Spec("elu", causal=True)
     x = validate(q, k, v, spec)
-    out = arb_attention(x, spec)
+    out = arb_attention(x, spec, family_of(spec).similarity)
     for i in [0, 63, 64, 127, 128, 149]:  # causal row i == non-causal on keys 0..i
         xi = validate(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], lv.Spec("elu"))
-        np.testing.assert_array_equal(out[:, :, i : i + 1], mp_attention(xi, lv.Spec("elu")))
+        np.testing.assert_array_equal(
+            out[:, :, i : i + 1], mp_attention(xi, lv.Spec("elu"), KERNELISED)
+        )
 
 
 @pytest.mark.parametrize("engine", ["mp", "arb"])

@@ -11,7 +11,8 @@ import torch
 from linattn_verify.accuracy.state_bounds import state_gradient_bound
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS, not_applicable
-from linattn_verify.families import attention_with_state, exact_state, validate
+from linattn_verify.families import attention_with_state, exact_state, family_of, validate
+from linattn_verify.families.kernelised.reference import KERNELISED
 from linattn_verify.reference.state import exact_state_gradients
 from linattn_verify.specs import Spec, SpecError
 from linattn_verify.under_test import DECLARED, resolve
@@ -44,7 +45,9 @@ def test_exact_state_gradients_match_the_closed_form():
     s0, g_state = gen.standard_normal((2, B, H, D, DV))
     spec = Spec("identity", True, normalize=False, scale=0.5, decay="gates")
     x = validate(q, k, v, spec, None, g)
-    ds0, _, dv, _, _ = exact_state_gradients(x, spec, g_out, g_state)
+    ds0, _, dv, _, _ = exact_state_gradients(
+        x, spec, g_out, g_state, similarity=family_of(spec).similarity
+    )
     want_s, want_v = _closed_form(q, k, v, g, s0, g_out, g_state, 0.5)
     np.testing.assert_allclose(ds0, want_s, rtol=CLOSED_FORM_RTOL)
     np.testing.assert_allclose(dv, want_v, rtol=CLOSED_FORM_RTOL)
@@ -78,7 +81,9 @@ def test_normalised_exact_state_gradients_match_the_closed_form():
     z0, g_z = 1 + gen.random((B, H, D)), gen.standard_normal((B, H, D))
     spec = Spec("identity", True, scale=0.5, decay="gates")
     x = validate(q, k, v, spec, None, g)
-    got = exact_state_gradients(x, spec, g_out, g_state, g_z, (s0, z0))
+    got = exact_state_gradients(
+        x, spec, g_out, g_state, g_z, (s0, z0), similarity=family_of(spec).similarity
+    )
     want_s, want_z, den, out = _normalised_closed_form(q, k, v, g, s0, z0, g_out, g_state, g_z, 0.5)
     for have, want in ((got.s0, want_s), (got.z0, want_z), (got.den, den), (got.out, out)):
         np.testing.assert_allclose(have, want, rtol=CLOSED_FORM_RTOL)
@@ -87,7 +92,13 @@ def test_normalised_exact_state_gradients_match_the_closed_form():
 def test_a_normalised_spec_needs_its_initial_state():
     x = validate(*np.ones((3, 1, 1, 2, 2)), Spec("elu", True))
     with pytest.raises(SpecError, match="initial"):
-        exact_state_gradients(x, Spec("elu", True), np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)))
+        exact_state_gradients(
+            x,
+            Spec("elu", True),
+            np.ones((1, 1, 2, 2)),
+            np.ones((1, 1, 2, 2)),
+            similarity=KERNELISED,
+        )
 
 
 @pytest.mark.parametrize("decay", [None, "constant", "gates"])
@@ -106,7 +117,9 @@ def test_float64_autograd_of_the_built_in_is_within_the_bound(decay):
                                   normalize=False, decay=decay, **kwargs)  # fmt: skip
     ((out * g_out).sum() + (s * g_state).sum()).backward()
     x = validate(q, k, v, spec, None, values)
-    ds0 = exact_state_gradients(x, spec, g_out.numpy(), g_state.numpy()).s0
+    ds0 = exact_state_gradients(
+        x, spec, g_out.numpy(), g_state.numpy(), similarity=family_of(spec).similarity
+    ).s0
     bound = state_gradient_bound(x, spec, g_out.numpy(), g_state.numpy(), 2.0**-53)[0]
     error = np.abs(s0.grad.numpy() - ds0)
     assert np.all(error <= bound) and np.all(np.isfinite(bound))
@@ -133,7 +146,15 @@ def test_normalised_float64_autograd_of_the_built_in_is_within_the_bound(feature
                                        decay=decay, scale="d^-0.5", **kwargs)  # fmt: skip
     ((out * g_out).sum() + (s * g_state).sum() + (z * g_z).sum()).backward()
     given = (exact_s.numpy(), exact_z.numpy())
-    exact = exact_state_gradients(x, spec, g_out.numpy(), g_state.numpy(), g_z.numpy(), given)
+    exact = exact_state_gradients(
+        x,
+        spec,
+        g_out.numpy(),
+        g_state.numpy(),
+        g_z.numpy(),
+        given,
+        similarity=family_of(spec).similarity,
+    )
     bounds = state_gradient_bound(x, spec, g_out.numpy(), g_state.numpy(), 2.0**-53, 0.0,
                                   (g_z.numpy(), given, exact))  # fmt: skip
     for got, want, bound in ((s0.grad, exact.s0, bounds[0]), (z0.grad, exact.z0, bounds[1])):

@@ -18,16 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from flint import arb, arb_mat
 
-from ..reference.balls import (
-    Head,
-    balls,
-    channel_gated,
-    decay_weights,
-    direct_sims,
-    features,
-    kernel_sums,
-    masked,
-)
+from ..families.channel_gates.reference import channel_gated
+from ..families.decayed.reference import decay_weights
+from ..reference.balls import Head, balls, direct_sims, features, kernel_sums, masked
 from ..rounding import C_LIB, gamma
 from ..specs import RSQRT_D, Spec
 from .decay_errors import _decay_errors

@@ -382,7 +382,9 @@ def _standard(draw: Draw, n: int, model: str):
     with feature_model(model):
         bounds = {draw.dtype: scale_and_bound(x, spec, ref.values, u, tiny, lam=lam)}
         judged = _judged_rows(ref, resolvable, bounds[draw.dtype][1], draw.dtype)
-        if settle_rows(x, spec, ref, judged):  # the bound's |out| is the settled value
+        if settle_rows(
+            x, spec, ref, judged, family_of(spec).similarity
+        ):  # the bound's |out| is the settled value
             bounds = {draw.dtype: scale_and_bound(x, spec, ref.values, u, tiny, lam=lam)}
     return ref.values, golden, bounds, resolvable
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..cases import Case
+from ..families import family_of
 from ..reference.arb import arb_denominator_signs
 from ..under_test import Implementation
 from .compare import Tolerance, mismatch
@@ -29,7 +30,7 @@ def positivity(impl: Implementation, case: Case) -> Outcome:
     and every exact denominator is positive (a spec that violates that fails by nature)."""
     spec = impl.spec
     (q, k, v, w, decay), x = inputs_of(case, spec)
-    signs = arb_denominator_signs(x, spec)
+    signs = arb_denominator_signs(x, spec, family_of(spec).similarity)
     out = as_array(impl(q, k, v, w, decay))
     demanded = np.broadcast_to((signs > 0)[..., None], out.shape)
     if not spec.info.positive:  # a signed kernel's output may leave the dtype's range:

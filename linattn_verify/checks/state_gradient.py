@@ -124,10 +124,18 @@ def state_gradient(impl: Implementation, case: Case) -> Outcome:
         initial = _initial(impl, case, x, own)
         given = [as_array(t) for t in initial]
         exact = exact_state_gradients(
-            x, spec, as_array(g_out), arrays[0], g_z, given if spec.normalize else None
+            x,
+            spec,
+            as_array(g_out),
+            arrays[0],
+            g_z,
+            given if spec.normalize else None,
+            similarity=family_of(spec).similarity,
         )
         initial_parts = (given[0], given[1] if spec.normalize else None)
-        keys_and_gates = final_state_gradients(x, spec, arrays[0], g_z, initial_parts)
+        keys_and_gates = final_state_gradients(
+            x, spec, arrays[0], g_z, initial_parts, similarity=family_of(spec).similarity
+        )
     except ReferenceAccuracyError as err:
         return Outcome(True, f"not judged: {err}")
     normalised = (g_z, given, exact) if spec.normalize else None

@@ -21,6 +21,7 @@ import torch
 from ..inputs import AttentionInputs
 from ..option import Option
 from ..reference.certified import Certified
+from ..reference.similarity import Similarity
 from ..specs import Spec
 
 
@@ -126,6 +127,9 @@ class Family:
     flags, pytest's options, keywords), beside the spec's shared ones (under_test/claim.py).
     notes: how the report's sweeps draw its arguments (ArgumentNotes, one per key, each for
     the specs it `applies` to: a gated delta rule's gates are drawn as a decay's).
+    similarity: its hooks into reference/'s shared engines (reference.Similarity: mp, arb,
+    certified, state), for the callers of those engines (the arb fallback's settle_rows,
+    arb_denominator_signs, the state gradients); None: a family with engines of its own.
     """
 
     name: str
@@ -171,3 +175,4 @@ class Family:
     state_gradients: StateGradients | None = None
     notes: tuple[ArgumentNotes, ...] = ()
     options: tuple[Option, ...] = ()
+    similarity: Similarity | None = None

@@ -19,12 +19,18 @@ from ..reference import exact_attention
 from ..reference.arb import arb_decimal, arb_denominator_signs
 from ..reference.certified import Certified
 from ..reference.certified_engine import certified_attention
-from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
+from ..reference.similarity import Similarity
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
+from .channel_gates import reference as channel_gates_reference
+from .decayed import reference as decayed_reference
 from .decayed.notes import DECAY_NOTES
+from .kernelised import certified_gradients as kernelised_gradients
+from .kernelised import reference as kernelised_reference
 from .protocol import ArgumentNotes, Family
+from .softmax import certified_gradients as softmax_gradients
+from .softmax import reference as softmax_reference
 
 
 def _spec_options(spec: Spec) -> dict[str, Any]:
@@ -78,10 +84,6 @@ def _attention_varlen(q, k, v, spec: Spec, cu_seqlens, form, projection, chunk_s
     )
 
 
-def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:
-    return certified_attention(x, spec, settle=settle)
-
-
 def _argument_names(spec: Spec) -> tuple[str, ...]:
     return () if spec.decay is None else (DECAY_ARGUMENTS[spec.decay],)
 
@@ -97,17 +99,37 @@ def _case_arguments(case: Case, spec: Spec) -> tuple[torch.Tensor | None, ...]:
     return (*case.tensors(), case.decay(spec.decay))
 
 
-def _exact_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
-    """The gradients and their magnitudes (reference/grad.py), or why L is undefined (an
-    exact denominator of a normalised spec is 0)."""
-    if spec.normalize and (zero := arb_denominator_signs(x, spec) == 0).any():
-        at = tuple(int(t) for t in np.argwhere(zero)[0])
-        return f"the exact denominator of row (b, h, i) = {at} is 0"
-    return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
+def _references(similarity: Similarity) -> dict[str, Any]:
+    """The reference hooks of a family whose engines are reference/'s, with its folder's
+    similarities (families/<name>/reference.py)."""
+
+    def exact(x: AttentionInputs, spec: Spec, engine: str = "auto") -> np.ndarray:
+        return exact_attention(x, spec, similarity, engine)
+
+    def certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:
+        return certified_attention(x, spec, similarity, settle)
+
+    def exact_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
+        """The gradients and their magnitudes (reference/grad.py), or why L is undefined
+        (an exact denominator of a normalised spec is 0)."""
+        if spec.normalize and (zero := arb_denominator_signs(x, spec, similarity) == 0).any():
+            at = tuple(int(t) for t in np.argwhere(zero)[0])
+            return f"the exact denominator of row (b, h, i) = {at} is 0"
+        return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
+
+    return dict(
+        exact=exact,
+        certified=certified,
+        exact_state=lambda x, spec: exact_state(x, spec, similarity),
+        exact_gradients=exact_gradients,
+        exact_decimal=lambda x, spec, digits: arb_decimal(x, spec, digits, similarity),
+        similarity=similarity,
+    )
 
 
-def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
-    return (*certified_gradients(x, spec, g), roundings(x, spec))
+def _certified_gradients(gradients):
+    """Family.certified_gradients from a folder's certified_gradients(x, spec, g)."""
+    return lambda x, spec, g: (*gradients(x, spec, g), roundings(x, spec))
 
 
 def _long_arguments(spec: Spec, k: torch.Tensor, rates: torch.Tensor, seed: int, dtype):
@@ -126,10 +148,13 @@ def _family(
     source: str,
     claims,
     arguments: tuple[str, ...],
+    similarity,
+    gradients,
     quadratic: bool = False,
     notes: tuple[ArgumentNotes, ...] = (),
 ) -> Family:
-    """A family of this module: the same horizontal modules, its own specs and arguments."""
+    """A family of this module: the same horizontal modules, its own specs and arguments;
+    similarity and gradients: its folder's similarities and certified_gradients."""
     return Family(
         name=name,
         folder=None,
@@ -147,23 +172,19 @@ def _family(
         attention=_attention,
         attention_with_state=_attention_with_state,
         attention_varlen=_attention_varlen,
-        exact=exact_attention,
-        certified=_certified,
-        exact_state=exact_state,
         golden_forms=golden.golden_forms,
         long_form=golden.long_form,
         golden=golden.golden_attention,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
-        exact_gradients=_exact_gradients,
-        certified_gradients=_certified_gradients,
+        certified_gradients=_certified_gradients(gradients),
         long_arguments=_long_arguments,
         sums_memory=True,
         kinds=(),
-        exact_decimal=arb_decimal,
         stepwise=False,
         forgets=lambda spec: spec.decay is not None,
         quadratic=quadratic,
         notes=notes,
+        **_references(similarity),
     )
 
 
@@ -172,6 +193,8 @@ SOFTMAX = _family(
     FEATURE_MAPS["softmax"].source,
     lambda spec: not spec.info.kernelised,
     (),
+    softmax_reference.SOFTMAX,
+    softmax_gradients.certified_gradients,
     quadratic=True,
 )
 CHANNEL_GATED = _family(
@@ -179,6 +202,8 @@ CHANNEL_GATED = _family(
     DECAY_SOURCES["channel-gates"],
     lambda spec: spec.decay == "channel-gates",
     ("g",),
+    channel_gates_reference.CHANNEL_GATES,
+    kernelised_gradients.certified_gradients,
     notes=(DECAY_NOTES,),
 )
 DECAYED = _family(
@@ -186,6 +211,8 @@ DECAYED = _family(
     f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
     lambda spec: spec.decay in ("constant", "gates"),
     ("gamma", "g"),
+    decayed_reference.DECAYED,
+    kernelised_gradients.certified_gradients,
     notes=(DECAY_NOTES,),
 )
 KERNELISED = _family(
@@ -193,4 +220,6 @@ KERNELISED = _family(
     "Katharopoulos et al. 2020, eq. 2-6: sim(q, k) = phi(q) . phi(k)",
     lambda spec: True,
     (),
+    kernelised_reference.KERNELISED,
+    kernelised_gradients.certified_gradients,
 )

@@ -21,35 +21,28 @@ from flint import arb, arb_mat
 
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec
-from .balls import (
-    Head,
-    balls,
-    channel_gated,
-    decay_weights,
-    direct_sims,
-    features,
-    kernel_sums,
-    masked,
-    working_precision,
-)
+from .balls import Head, balls, features, kernel_sums, masked, working_precision
 from .common import MAX_PREC, ReferenceAccuracyError, refine
+from .similarity import Similarity
 
 DEFAULT_PREC = 128
 QUADRATIC_ROW_BLOCK = 256  # query rows per block of the quadratic form (bounds memory)
 FAITHFUL_RADIUS = 2.0**-62  # a ball this narrow (relative) rounds to within one ulp
 
 
-def weighted_sums(head: Head, spec: Spec, rows: list[int], x: list[list[arb]], linear: bool):
+def weighted_sums(
+    head: Head, spec: Spec, rows: list[int], x: list[list[arb]], linear: bool, sim: Similarity
+):
     """sum_j scale w_ij sim(q_i, k_j) x_j for the query rows `rows` (all rows when
-    `linear`), w_ij the decay (1 without one: the linear form is for those)."""
+    `linear`: the linear form, which the family's sim.linear chose), w_ij sim(q_i, k_j)
+    the family's (sim.arb)."""
     if spec.scale != 1.0:
         d = head.q.shape[1]
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
-        sums = weighted_sums(head, replace(spec, scale=1.0), rows, x, linear)
+        sums = weighted_sums(head, replace(spec, scale=1.0), rows, x, linear, sim)
         return [[c * t for t in r] for r in sums]
-    name = spec.feature_map
-    if linear and spec.decay is None:
-        nq, nk = head.q.shape[0], head.k.shape[0]
+    if linear:
+        name, nq, nk = spec.feature_map, head.q.shape[0], head.k.shape[0]
         fq = features(head.q, range(nq), head, name)
         fk = features(head.k, range(nk), head, name)
         return kernel_sums(fq, fk, x, spec.causal)
@@ -57,30 +50,9 @@ def weighted_sums(head: Head, spec: Spec, rows: list[int], x: list[list[arb]], l
     xm = arb_mat(x)
     for start in range(0, len(rows), QUADRATIC_ROW_BLOCK):
         block = rows[start : start + QUADRATIC_ROW_BLOCK]
-        if spec.info.kernelised and name != "taylor":
-            fq = features(head.q[block], block, head, name)
-            fk = features(head.k, range(head.k.shape[0]), head, name)
-            if spec.decay == "channel-gates":  # (phi(Q) . B)(phi(K) / B)^T, GLA sec. 4.1
-                every = features(head.q, range(head.q.shape[0]), head, name)
-                up, fk = channel_gated(every, fk, head)
-                fq = [up[i] for i in block]
-            sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
-        else:
-            sims = direct_sims(head, block, name)
-        if spec.decay in ("constant", "gates"):
-            weights = decay_weights(head, block, spec.decay)
-            sims = [[a * b for a, b in zip(r, w, strict=True)] for r, w in zip(sims, weights)]
+        sims = sim.arb(head, spec, block)
         out.extend((arb_mat(masked(sims, block, spec.causal)) * xm).tolist())
     return out
-
-
-def prefers_linear(spec: Spec, head: Head) -> bool:
-    """The linear form when the spec has features and they are fewer than the keys."""
-    info = spec.info
-    if not info.kernelised or spec.decay is not None:
-        return False
-    m = None if head.w is None else head.w.shape[0]
-    return info.feature_dim(head.q.shape[1], m) < head.k.shape[0]
 
 
 def rounded(ball: arb) -> float | None:
@@ -112,20 +84,23 @@ def _quotients(num_den: list[list[arb]], spec: Spec) -> list[list[float | None]]
 def arb_attention(
     x: AttentionInputs,
     spec: Spec,
+    similarity: Similarity,
     prec: int = DEFAULT_PREC,
     max_prec: int = MAX_PREC,
     pending: dict[tuple[int, int], list[int]] | None = None,
 ) -> np.ndarray:
     """Exact attention (B, H, Nq, dv), each element within one ulp of float64 (see module);
-    only the rows `pending` of the heads it names, if given (NaN elsewhere)."""
+    only the rows `pending` of the heads it names, if given (NaN elsewhere); the
+    similarities by the family's `similarity`."""
     nq = x.q.shape[2]
 
     def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
         head = Head.of(x, b, h)
-        linear = len(rows) == nq and p == prec and prefers_linear(spec, head)
+        linear = len(rows) == nq and p == prec and similarity.linear(spec, head)
         with working_precision(p):
             vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
-            quot = _quotients(weighted_sums(head, spec, rows, vals, linear), spec)
+            sums = weighted_sums(head, spec, rows, vals, linear, similarity)
+            quot = _quotients(sums, spec)
         done = np.array([all(t is not None for t in row) for row in quot])
         values = np.array([[math.nan if t is None else t for t in row] for row in quot])
         return values, done
@@ -134,7 +109,11 @@ def arb_attention(
 
 
 def arb_denominator_signs(
-    x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
+    x: AttentionInputs,
+    spec: Spec,
+    similarity: Similarity,
+    prec: int = DEFAULT_PREC,
+    max_prec: int = MAX_PREC,
 ) -> np.ndarray:
     """The sign (-1, 0 or 1) of eps + sum_j sim(q_i, k_j), exactly, (B, H, Nq): 0 only where
     the denominator is exactly zero (relu rows with no positive similarity)."""
@@ -143,9 +122,10 @@ def arb_denominator_signs(
 
     def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
         head = Head.of(ones, b, h)
-        linear = len(rows) == nq and p == prec and prefers_linear(spec, head)
+        linear = len(rows) == nq and p == prec and similarity.linear(spec, head)
         with working_precision(p):
-            dens = [r[0] + spec.eps for r in weighted_sums(head, spec, rows, balls(head.v), linear)]
+            sums = weighted_sums(head, spec, rows, balls(head.v), linear, similarity)
+            dens = [r[0] + spec.eps for r in sums]
             signs = [0 if t.is_zero() else 1 if t > 0 else -1 if t < 0 else None for t in dens]
         done = np.array([s is not None for s in signs])
         return np.array([[math.nan if s is None else s] for s in signs]), done
@@ -154,7 +134,7 @@ def arb_denominator_signs(
 
 
 def arb_decimal(
-    x: AttentionInputs, spec: Spec, digits: int, max_prec: int = MAX_PREC
+    x: AttentionInputs, spec: Spec, digits: int, similarity: Similarity, max_prec: int = MAX_PREC
 ) -> np.ndarray:
     """Exact attention as decimal strings of `digits` significant digits, correctly rounded
     (both ends of each ball round to the same string), (B, H, Nq, dv); "nan" where the value
@@ -168,7 +148,7 @@ def arb_decimal(
             while True:
                 with working_precision(prec):
                     vals = balls(np.concatenate([head.v, np.ones((head.v.shape[0], 1))], 1))
-                    sums = weighted_sums(head, spec, list(range(nq)), vals, False)
+                    sums = weighted_sums(head, spec, list(range(nq)), vals, False, similarity)
                     rows = [_decimal_row(row, spec, digits) for row in sums]
                 if all(r is not None for r in rows) or prec > max_prec:
                     break

@@ -14,6 +14,7 @@ import numpy as np
 from flint import arb, arb_mat, ctx, fmpq
 
 from ..inputs import AttentionInputs
+from .common import head_decay
 
 CAUSAL_BLOCK = 64  # rows per block of the causal linear form: 64x64 arb products are cheap
 
@@ -47,9 +48,7 @@ class Head:
 
     @classmethod
     def of(cls, x: AttentionInputs, b: int, h: int) -> Head:
-        decay = None
-        if x.decay is not None:
-            decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+        decay = head_decay(x, b, h)
         big_m = max(x.q.shape[2], x.k.shape[2])
         return cls(x.q[b, h], x.k[b, h], x.v[b, h], x.projection, big_m, decay)
 
@@ -104,44 +103,6 @@ def features(x: np.ndarray, positions: range, head: Head, name: str) -> list[lis
             out.append([s * scale for s, _ in sc] + [c * scale for _, c in sc])
         return out
     raise AssertionError(name)
-
-
-def decay_weights(head: Head, rows: list[int], kind: str) -> list[list[arb]]:
-    """w_ij for the query rows `rows` and every key j <= i (0 beyond), exactly at the working
-    precision: gamma^(i - j) ("constant") or exp(g_(j+1) + ... + g_i) = exp(G_i) / exp(G_j),
-    G the prefix sums of the log-gates ("gates"; specs.DECAY_SOURCES)."""
-    nk, zero = head.k.shape[0], arb(0)
-    if kind == "constant":
-        powers = [arb(1)]
-        for _ in range(nk - 1):
-            powers.append(powers[-1] * arb(float(head.decay)))
-        return [[powers[i - j] if j <= i else zero for j in range(nk)] for i in rows]
-    total, growth = arb(0), []
-    for g in head.decay.tolist():
-        total += g
-        growth.append(total.exp())
-    return [[growth[i] / growth[j] if j <= i else zero for j in range(nk)] for i in rows]
-
-
-def channel_growth(head: Head) -> list[list[arb]]:
-    """exp(G_tm) (N, d) for a channel-gated head, G the prefix sums of its log-gates per
-    channel (specs.DECAY_SOURCES): w_ijm = exp(G_im) / exp(G_jm), exact at the working
-    precision (a ball's exponent has no range to leave)."""
-    totals, out = [arb(0)] * head.decay.shape[1], []
-    for row in head.decay.tolist():
-        totals = [a + g for a, g in zip(totals, row, strict=True)]
-        out.append([t.exp() for t in totals])
-    return out
-
-
-def channel_gated(fq: list[list[arb]], fk: list[list[arb]], head: Head) -> tuple[list, list]:
-    """(fq_im exp(G_im), fk_jm / exp(G_jm)): the features whose products, over keys j <= i,
-    are a channel-gated spec's weighted similarities (GLA's parallel form, Yang et al.
-    2024, sec. 4.1: (Q . B)(K / B)^T)."""
-    growth = channel_growth(head)
-    up = [[f * e for f, e in zip(r, g, strict=True)] for r, g in zip(fq, growth, strict=True)]
-    down = [[f / e for f, e in zip(r, g, strict=True)] for r, g in zip(fk, growth, strict=True)]
-    return up, down
 
 
 def direct_sims(head: Head, rows: list[int], name: str) -> list[list[arb]]:

@@ -3,17 +3,16 @@ L = sum(out * G) in float64 at matmul speed, each element with a rigorous bound 
 error, and the magnitudes M that reference/grad.py's gradient_magnitudes defines (an
 upper bound M' on them where M is not a chain sum).
 
-Covered: every spec but the delta rule's (certified_delta_grad.py). The kernelised ones
-(every feature map: elu, relu, identity, cosFormer, Taylor, the Performer maps; normalised
-or not, causal or not, any eps, scale and decay), O(N): their gradients are decayed
-linear-attention sums themselves, each run as a chain of certified_decay.decayed_sums
-forward or on the reversed sequence (certified_grad_features.py derives them, their bounds
-and the magnitudes; certified_grad_maps.py the per-map step through J_phi^T). Softmax,
-O(N^2 d) in dense blocks of query rows (certified_grad_softmax.py): it has no feature map
-to carry a state.
+The heads run here; each head's gradients are its family's (the `head` hook): the
+kernelised specs' (and the decays' built on them), O(N), in
+families/kernelised/certified_gradients.py; softmax's, O(N^2 d) in dense blocks of query
+rows, in families/softmax/certified_gradients.py. A family of its own state update (the
+delta rule's) has its own.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -21,12 +20,13 @@ from threadpoolctl import threadpool_limits
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .certified import SUBNORMAL
-from .certified_grad_features import feature_head
-from .certified_grad_softmax import softmax_head
-from .common import ReferenceAccuracyError
+from .common import ReferenceAccuracyError, head_decay
 from .grad import _check_g_out, gradient_names
 
 Arrays = dict[str, np.ndarray]
+# head(q, k, v, g_out, decay, w, spec): one head's (grads, bounds, magnitudes), decay the
+# head's gamma or log-gates (None without one), w the Performer maps' projection
+Head = Callable[..., tuple[Arrays, Arrays, Arrays]]
 
 
 def covered(spec: Spec) -> bool:
@@ -36,13 +36,13 @@ def covered(spec: Spec) -> bool:
 
 
 def certified_gradients(
-    x: AttentionInputs, spec: Spec, g_out: np.ndarray
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, head: Head
 ) -> tuple[Arrays, Arrays, Arrays]:
     """(grads, bounds, magnitudes), each {name: array} for grad.gradient_names(spec) (q, k,
     v, and g for gates and channel gates, their shapes as exact_gradients'): the gradients
     of L = sum(out * g_out) in float64, a rigorous bound on each one's error, and the
-    magnitudes M of grad.gradient_magnitudes (M' where certified_grad_features.py says).
-    SpecError for a spec `covered` refuses."""
+    magnitudes M of grad.gradient_magnitudes (M' where the family's module says), each
+    head by `head` (the family's). SpecError for a spec `covered` refuses."""
     if not covered(spec):
         raise SpecError(
             f"certified gradients cover the specs that sum their similarities; {spec}'s "
@@ -56,14 +56,9 @@ def certified_gradients(
         for b in range(x.shape[0]):
             heads.append([])
             for h in range(x.shape[1]):
-                decay = None
-                if x.decay is not None:
-                    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+                decay = head_decay(x, b, h)
                 qkv = (x.q[b, h], x.k[b, h], x.v[b, h])
-                if spec.info.kernelised:
-                    heads[b].append(feature_head(*qkv, ga[b, h], decay, x.projection, spec))
-                else:
-                    heads[b].append(softmax_head(*qkv, ga[b, h], spec))
+                heads[b].append(head(*qkv, ga[b, h], decay, x.projection, spec))
     names = gradient_names(spec)
     return tuple(
         {name: np.array([[head[part][name] for head in row] for row in heads]) for name in names}

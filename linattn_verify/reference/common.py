@@ -26,6 +26,14 @@ def allowed_keys(i: int, n_keys: int, causal: bool) -> range:
     return range(min(i + 1, n_keys) if causal else n_keys)
 
 
+def head_decay(x: AttentionInputs, b: int, h: int) -> np.ndarray | None:
+    """Head (b, h)'s decay: gamma (0-d, per head) or its log-gates ((N,) or (N, d) for
+    channel gates), None without one (inputs.AttentionInputs.decay)."""
+    if x.decay is None:
+        return None
+    return x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+
+
 # settle(b, h, rows, prec) -> (values (len(rows), dv), done (len(rows),) bool)
 Settle = Callable[[int, int, list[int], int], tuple[np.ndarray, np.ndarray]]
 

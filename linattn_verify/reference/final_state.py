@@ -42,7 +42,8 @@ from ..specs import Spec, SpecError
 from .common import MAX_PREC, ReferenceAccuracyError
 from .grad import agree
 from .grad_maps import Kernel
-from .mp import DEFAULT_PREC, channel_prefix, decay_weights, nearest
+from .mp import DEFAULT_PREC, nearest
+from .similarity import Similarity
 
 
 def final_state_gradients(
@@ -52,11 +53,14 @@ def final_state_gradients(
     g_z: np.ndarray | None,
     initial: tuple[np.ndarray, np.ndarray | None],
     max_prec: int = MAX_PREC,
+    *,
+    similarity: Similarity,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """({"k": dL_S/dk (B, H, N, d)} and, for gates, "g": dL_S/dg ((B, H, N), or (B, H, N,
     d) for channel gates), faithfully rounded; the same keys' magnitudes) for the final
     state's loss (module docstring). g_state (B, H, F, dv), g_z (B, H, F) when normalised;
-    initial = (S_0, z_0 or None), float64, taken exactly."""
+    initial = (S_0, z_0 or None), float64, taken exactly. The weights and the log-gates'
+    gradients by the family's `similarity` (final_weights, final_gates)."""
     if spec.no_state:
         raise SpecError(f"final-state gradients are for causal kernelised specs, not {spec}")
     b_, h_ = x.q.shape[:2]
@@ -66,7 +70,7 @@ def final_state_gradients(
         for h in range(h_):
             head = (g_state[b, h], None if g_z is None else g_z[b, h], initial[0][b, h])
             z0 = None if initial[1] is None else initial[1][b, h]
-            value, mag = _refined(x, spec, b, h, (*head, z0), max_prec)
+            value, mag = _refined(x, spec, b, h, (*head, z0), max_prec, similarity)
             for name in value:
                 values.setdefault(name, []).append(value[name])
                 mags.setdefault(name, []).append(mag[name])
@@ -77,15 +81,15 @@ def final_state_gradients(
     )
 
 
-def _refined(x, spec: Spec, b: int, h: int, given: tuple, max_prec: int):
+def _refined(x, spec: Spec, b: int, h: int, given: tuple, max_prec: int, sim: Similarity):
     """Head (b, h): the values at p and 2p, p = DEFAULT_PREC, ..., each element accepted
     once two agree; the magnitudes of the first."""
-    low, mags = _head(x, spec, b, h, given, DEFAULT_PREC)
+    low, mags = _head(x, spec, b, h, given, DEFAULT_PREC, sim)
     out = {name: np.full(t.shape, np.nan) for name, t in low.items()}
     done = {name: np.zeros(t.shape, dtype=bool) for name, t in low.items()}
     p = DEFAULT_PREC
     while 2 * p <= max_prec:
-        high, _ = _head(x, spec, b, h, given, 2 * p)
+        high, _ = _head(x, spec, b, h, given, 2 * p, sim)
         for name in out:
             new = ~done[name] & agree(low[name], high[name])
             out[name][new] = high[name][new]
@@ -99,7 +103,7 @@ def _refined(x, spec: Spec, b: int, h: int, given: tuple, max_prec: int):
     )
 
 
-def _head(x: AttentionInputs, spec: Spec, b: int, h: int, given: tuple, prec: int):
+def _head(x: AttentionInputs, spec: Spec, b: int, h: int, given: tuple, prec: int, sim):
     """({name: values}, {name: magnitudes}) of head (b, h) at `prec` bits."""
     g_s, g_z, s0, z0 = given
     with mpmath.workprec(prec):
@@ -109,7 +113,7 @@ def _head(x: AttentionInputs, spec: Spec, b: int, h: int, given: tuple, prec: in
         side = _Side(spec, ks, x.projection)
         f = len(side.f[0])
         n = len(ks)
-        last, spreads, into = _decays(x, spec, b, h, n, f)
+        last, spreads, into = sim.final_weights(x, spec, b, h, n, f)
         rows = [[mp.mpf(t) for t in row] for row in g_s.tolist()]
         cols_z = [mp.zero] * f if g_z is None else [mp.mpf(t) for t in g_z.tolist()]
         dk, dk_m, p, p_m = [], [], [], []
@@ -126,8 +130,8 @@ def _head(x: AttentionInputs, spec: Spec, b: int, h: int, given: tuple, prec: in
             dk_m.append(grad_m)
             p.append([a * t for a, t in zip(side.f[j], u, strict=True)])
             p_m.append([a * t for a, t in zip(side.fm[j], um, strict=True)])
-        values, mags = {"k": _floats(dk)}, {"k": _floats(dk_m)}
-        if spec.gated:
+        values, mags = {"k": floats(dk)}, {"k": floats(dk_m)}
+        if (gate_rows := sim.final_gates(spec)) is not None:
             z0s = [mp.zero] * f if z0 is None else [mp.mpf(t) for t in z0.tolist()]
             s0s = [[mp.mpf(t) for t in row] for row in s0.tolist()]
             carried = [
@@ -139,31 +143,8 @@ def _head(x: AttentionInputs, spec: Spec, b: int, h: int, given: tuple, prec: in
                 for s_row, g_row, z, gz in zip(s0s, rows, z0s, cols_z, strict=True)
             ]
             dg, dg_m = _gate_gradients(p, p_m, into, carried, carried_m, spreads[0])
-            if spec.decay == "gates":
-                dg, dg_m = [[mp.fsum(row)] for row in dg], [[mp.fsum(row)] for row in dg_m]
-            values["g"], mags["g"] = _floats(dg), _floats(dg_m)
-            if spec.decay == "gates":
-                values["g"], mags["g"] = values["g"][:, 0], mags["g"][:, 0]
+            values["g"], mags["g"] = gate_rows(dg, dg_m)
     return values, mags
-
-
-def _decays(x: AttentionInputs, spec: Spec, b: int, h: int, n: int, f: int):
-    """(w_(N-1, j, m) per key and feature, 1 + M(ln w) per key (the largest, the same for
-    every key), W_(N-1, m) per feature) at the working precision."""
-    mp = mpmath.mp
-    if spec.decay is None:
-        return [[mp.one] * f] * n, [mp.one] * n, [mp.one] * f
-    if spec.decay == "channel-gates":
-        prefix, spread = channel_prefix(x.decay[b, h].tolist())
-        last = [[mp.exp(e - t) for e, t in zip(prefix[-1], row, strict=True)] for row in prefix]
-        return last, [spread] * n, [mp.exp(t) for t in prefix[-1]]
-    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
-    weights, spreads = decay_weights(decay, n - 1, spec.decay)
-    if spec.decay == "constant":
-        into = mp.mpf(float(decay)) ** n
-    else:
-        into = mp.exp(mp.fsum(mp.mpf(t) for t in decay))
-    return [[w] * f for w in weights], [max(spreads)] * n, [into] * f
 
 
 def _gate_gradients(p, p_m, into, carried, carried_m, spread):
@@ -192,7 +173,8 @@ def _gate_gradients(p, p_m, into, carried, carried_m, spread):
     return dg, dg_m
 
 
-def _floats(rows: list) -> np.ndarray:
+def floats(rows: list) -> np.ndarray:
+    """Rows of mpf as a float64 array (each rounded to nearest)."""
     return np.array([[nearest(t) for t in row] for row in rows])
 
 

@@ -11,6 +11,7 @@ import mpmath
 
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec
+from .common import head_decay
 from .grad_maps import Kernel
 from .mp import channel_factors, channel_prefix, decay_weights
 
@@ -22,7 +23,7 @@ def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int
     c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
     if spec.decay is None:
         return [c] * n_keys, [c] * n_keys
-    decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
+    decay = head_decay(x, b, h)
     weights, spreads = decay_weights(decay, i, spec.decay)  # spread: 1 + M(ln w_ij)
     return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
 
@@ -44,10 +45,11 @@ def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
 
 def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
     """Row i of a channel-gated spec over its keys js: A_ij = c sum_m phi(q_i)_m phi(k_j)_m
-    W_ijm (W_ijm = exp(G_im - G_jm), formed as mp._channel_gated forms it) and M(A_ij); the
-    weights c W_ijm (lists over m) that turn b_ij into e_ijm and their magnitudes c W_ijm
-    (1 + M(ln W)); and the terms A_ijm = c phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over
-    m), b_ij times which are dL/dG's p_ijm, with their magnitudes."""
+    W_ijm (W_ijm = exp(G_im - G_jm), formed as families/channel_gates/reference.py's
+    _channel_gated forms it) and M(A_ij); the weights c W_ijm (lists over m) that turn b_ij
+    into e_ijm and their magnitudes c W_ijm (1 + M(ln W)); and the terms A_ijm = c
+    phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over m), b_ij times which are dL/dG's p_ijm,
+    with their magnitudes."""
     mp = mpmath.mp
     (ups, downs), spreads = gated
     spread = spreads[i]

@@ -21,6 +21,7 @@ from mpmath.libmp import to_float
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec
 from .common import MAX_PREC, allowed_keys, refine
+from .similarity import Similarity
 
 DEFAULT_PREC = 113  # IEEE binary128's significand: the first precision
 # Scalar operations on the longest path besides the sums: the d^(1/4) and sqrt(d) scalings,
@@ -141,15 +142,54 @@ def channel_factors(prefix: list) -> tuple[list, list]:
     ]
 
 
-def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
+def sim_rows(x: AttentionInputs, spec: Spec, keys: list, w: list | None):
+    """row(i, qi) -> (sim(q_i, k_j), _magnitudes' bound) for every key j of a head, from
+    the map's formula (`similarities`) at the working precision, before any scale or
+    weight; keys and w: the head's keys and the projection as mpf rows."""
+    key_feats = key_features(spec, keys, w)
+    big_m = max(x.q.shape[2], len(keys))
+
+    def row(i: int, qi: list) -> tuple[list, list]:
+        fq = None if key_feats is None else features(qi, w, spec.feature_map)
+        sims = similarities(qi, fq, i, keys, key_feats, spec, big_m)
+        return sims, _magnitudes(qi, fq, keys, key_feats, sims, spec)
+
+    return row
+
+
+def key_features(spec: Spec, keys: list, w: list | None) -> list | None:
+    """phi(k_j) of every key for the maps that `similarities` takes as features (else
+    None)."""
+    if spec.feature_map in ("elu", "relu", "identity") or spec.info.needs_projection:
+        return [features(kj, w, spec.feature_map) for kj in keys]
+    return None
+
+
+def scaled_rows(x: AttentionInputs, spec: Spec, b: int, h: int, keys: list, w: list | None):
+    """Similarity.mp without weights: sim_rows times the scale c (softmax, kernelised)."""
+    plain = sim_rows(x, spec, keys, w)
+
+    def row(i: int, qi: list, c) -> tuple[list, list]:
+        sims, mags = plain(i, qi)
+        if c != 1:
+            sims, mags = [s * c for s in sims], [a * c for a in mags]
+        return sims, mags
+
+    return row
+
+
+def _head_rows(
+    x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int, similarity: Similarity
+):
     """Rows `rows` of head (b, h) at `prec` bits: (output, error estimate), both float64.
 
     The estimate is n 2^-prec (sum_j |a_j| |v_j| + |out| sum_j |a_j|) / |den| with n the
     number of roundings on any path to an output (Higham's gamma_n to first order: the sum
     over Nk keys, a dot product over d for an exponent and another for |x'|^2, one over the
-    features, and SCALAR_OPS scalar operations) and |a_j| the magnitudes of `_magnitudes`
-    (times the decay and 1 + |ln w|, whose prefix sums err in proportion); it grows with
-    the cancellation in the sums. Unnormalised: the numerator and its estimate alone.
+    features, and SCALAR_OPS scalar operations) and |a_j| the magnitudes of the family's
+    rows (similarity.mp: `_magnitudes` times the decay and 1 + |ln w|, whose prefix sums
+    err in proportion); it grows with the cancellation in the sums. Unnormalised: the
+    numerator and its estimate alone.
     """
     out = np.empty((len(rows), x.v.shape[3]))
     err = np.empty_like(out)
@@ -158,33 +198,14 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
         keys = [[mp.mpf(t) for t in row] for row in x.k[b, h].tolist()]
         vals = [[mp.mpf(t) for t in row] for row in x.v[b, h].tolist()]
         w = None if x.projection is None else [[mp.mpf(t) for t in r] for r in x.projection]
-        key_feats = None
-        if spec.feature_map in ("elu", "relu", "identity") or spec.info.needs_projection:
-            key_feats = [features(kj, w, spec.feature_map) for kj in keys]
+        row_sims = similarity.mp(x, spec, b, h, keys, w)
         n_features = 2 * len(w) if w else 2 * x.q.shape[3] + 1
         n_roundings = len(keys) + 2 * x.q.shape[3] + n_features + SCALAR_OPS
         rounding = mp.mpf(2) ** -prec * n_roundings
-        if spec.decay == "channel-gates":
-            prefix, spread = channel_prefix(x.decay[b, h].tolist())
-            factors = channel_factors(prefix)
         for r, i in enumerate(rows):
             qi = [mp.mpf(t) for t in x.q[b, h, i].tolist()]
-            fq = None if key_feats is None else features(qi, w, spec.feature_map)
             c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
-            if spec.decay == "channel-gates":  # each feature m times exp(G_im - G_jm)
-                sims, mags = _channel_gated(fq, key_feats, factors, i)
-                sims, mags = [s * c for s in sims], [a * c * spread for a in mags]
-            else:
-                big_m = max(x.q.shape[2], len(keys))
-                sims = similarities(qi, fq, i, keys, key_feats, spec, big_m)
-                mags = _magnitudes(qi, fq, keys, key_feats, sims, spec)
-            if spec.decay in ("constant", "gates"):
-                decay = x.decay[h] if x.decay.ndim == 1 else x.decay[b, h]
-                wts, logs = decay_weights(decay, i, spec.decay)
-                sims = [s * t * c for s, t in zip(sims, wts)]
-                mags = [a * t * c * e for a, t, e in zip(mags, wts, logs)]
-            elif c != 1 and spec.decay is None:
-                sims, mags = [s * c for s in sims], [a * c for a in mags]
+            sims, mags = row_sims(i, qi, c)
             js = allowed_keys(i, len(keys), spec.causal)
             den = mp.fsum(sims[j] for j in js) + spec.eps
             den_err = rounding * mp.fsum(mags[j] for j in js)
@@ -201,23 +222,6 @@ def _head_rows(x: AttentionInputs, spec: Spec, b: int, h: int, rows, prec: int):
     return out, err
 
 
-def _channel_gated(fq: list, key_feats: list, factors: tuple, i: int) -> tuple[list, list]:
-    """(sim_ij, |phi(q_i)| . |phi(k_j)| weighted alike) for keys j <= i (0 beyond) of a
-    channel-gated spec: sum_m phi(q_i)_m phi(k_j)_m exp(G_im) exp(-G_jm) (channel_factors)."""
-    mp = mpmath.mp
-    ups, downs = factors
-    sims, mags = [], []
-    for j, fk in enumerate(key_feats):
-        if j > i:
-            sims.append(mp.zero)
-            mags.append(mp.zero)
-            continue
-        wq = [f * a * z for f, a, z in zip(fq, ups[i], downs[j], strict=True)]
-        sims.append(mp.fdot(wq, fk))
-        mags.append(mp.fdot([abs(t) for t in wq], [abs(t) for t in fk]))
-    return sims, mags
-
-
 def _settled(low: np.ndarray, high: np.ndarray, high_err: np.ndarray) -> np.ndarray:
     """Rows whose elements at p and 2p are within one ulp of each other (an exact value on
     a rounding boundary may round either way at any precision) and whose error estimate
@@ -230,17 +234,22 @@ def _settled(low: np.ndarray, high: np.ndarray, high_err: np.ndarray) -> np.ndar
 
 
 def mp_attention(
-    x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
+    x: AttentionInputs,
+    spec: Spec,
+    similarity: Similarity,
+    prec: int = DEFAULT_PREC,
+    max_prec: int = MAX_PREC,
 ) -> np.ndarray:
-    """Exact attention (B, H, Nq, dv) in float64 by the literal definition in mpmath."""
+    """Exact attention (B, H, Nq, dv) in float64 by the literal definition in mpmath, the
+    similarities by the family's `similarity` (similarity.py)."""
     previous: dict[tuple[int, int, int], np.ndarray] = {}  # (b, h, row) -> value at p
 
     def settle(b: int, h: int, rows: list[int], p: int) -> tuple[np.ndarray, np.ndarray]:
         if p == prec:
-            low, _ = _head_rows(x, spec, b, h, rows, p)
+            low, _ = _head_rows(x, spec, b, h, rows, p, similarity)
         else:
             low = np.array([previous[b, h, i] for i in rows])
-        high, high_err = _head_rows(x, spec, b, h, rows, 2 * p)
+        high, high_err = _head_rows(x, spec, b, h, rows, 2 * p, similarity)
         previous.update(((b, h, i), row) for i, row in zip(rows, high))
         return high, _settled(low, high, high_err)
 

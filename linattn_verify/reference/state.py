@@ -16,48 +16,37 @@ from flint import arb, arb_mat
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec, SpecError, summing
 from .arb import DEFAULT_PREC, rounded
-from .balls import (
-    Head,
-    balls,
-    channel_gated,
-    channel_growth,
-    decay_weights,
-    features,
-    masked,
-    working_precision,
-)
+from .balls import Head, balls, features, working_precision
 from .common import MAX_PREC, ReferenceAccuracyError
+from .similarity import Similarity
 
 
-def _head_state(head: Head, spec: Spec, prec: int) -> list[list[float | None]]:
+def _head_state(head: Head, spec: Spec, prec: int, sim: Similarity) -> list[list[float | None]]:
     """[S | z] (F, dv + 1) of one head at `prec` bits, None where not yet resolved."""
     n = head.k.shape[0]
     with working_precision(prec):
         rows = features(head.k, range(n), head, spec.feature_map)
-        if spec.decay == "channel-gates":  # phi(k_j)_m exp(G_(N-1)m - G_jm)
-            last = channel_growth(head)[-1]
-            _, rows = channel_gated(rows, rows, head)
-            rows = [[t * e for t, e in zip(row, last, strict=True)] for row in rows]
-        elif spec.decay is not None:
-            last = decay_weights(head, [n - 1], spec.decay)[0]
-            rows = [[t * w for t in row] for row, w in zip(rows, last, strict=True)]
-        fk = arb_mat(rows)
+        fk = arb_mat(sim.state_keys(head, spec, rows))
         right = arb_mat([[*row, arb(1)] for row in balls(head.v)])
         sums = (fk.transpose() * right).tolist()
     return [[rounded(t) for t in row] for row in sums]
 
 
 def exact_state(
-    x: AttentionInputs, spec: Spec, prec: int = DEFAULT_PREC, max_prec: int = MAX_PREC
+    x: AttentionInputs,
+    spec: Spec,
+    similarity: Similarity,
+    prec: int = DEFAULT_PREC,
+    max_prec: int = MAX_PREC,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(S (B, H, F, dv), z (B, H, F)) over every key of x, in float64 (a kernelised spec's;
-    families.exact_state takes every family's)."""
+    """(S (B, H, F, dv), z (B, H, F)) over every key of x, in float64, the weights by the
+    family's `similarity` (a kernelised spec's; families.exact_state takes every family's)."""
     summing(spec, "exact states")
     if no_state := Spec(spec.feature_map, causal=True).no_state:  # the state after every key
         raise SpecError(no_state)
-    b_, h_ = x.k.shape[:2]
+    (b_, h_), sim = x.k.shape[:2], similarity
     heads = [
-        np.array(_resolved(lambda p, b=b, h=h: (_head_state(Head.of(x, b, h), spec, p),),
+        np.array(_resolved(lambda p, b=b, h=h: (_head_state(Head.of(x, b, h), spec, p, sim),),
                            f"the state of head ({b}, {h})", prec, max_prec)[0])
         for b in range(b_)
         for h in range(h_)
@@ -88,6 +77,8 @@ def exact_state_gradients(
     initial: tuple[np.ndarray, np.ndarray] | None = None,
     prec: int = DEFAULT_PREC,
     max_prec: int = MAX_PREC,
+    *,
+    similarity: Similarity,
 ) -> StateGradients:
     """For a causal spec continuing an initial state, and the loss L = sum(out * g_out) +
     sum(S_N * g_state) (+ sum(z_N * g_z) when normalised; S_N, z_N the final state):
@@ -102,7 +93,7 @@ def exact_state_gradients(
     cotangent, fla's dht, flows into dh0), dL/dz_0 = -sum_i c W_i phi(q_i) (g_out_i .
     out_i) / D_i + W_(N-1) g_z, and dL_S/dv_j = w_(N-1, j) g_state^T phi(k_j). Unnormalised
     the gradients do not depend on the initial state; normalised, `initial` = (S_0, z_0) is
-    required (float64, taken exactly)."""
+    required (float64, taken exactly). The weights by the family's `similarity`."""
     if spec.no_state:
         raise SpecError(f"exact state gradients are for causal kernelised specs, not {spec}")
     if spec.normalize and (initial is None or g_z is None):
@@ -114,7 +105,8 @@ def exact_state_gradients(
             given = None if not spec.normalize else (initial[0][b, h], initial[1][b, h], g_z[b, h])
             heads.append(_resolved(
                 lambda p, b=b, h=h, given=given: _head_state_gradients(
-                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], given, p, (b, h)
+                    Head.of(x, b, h), spec, g_out[b, h], g_state[b, h], given, p, (b, h),
+                    similarity,
                 ),
                 f"the state gradients of head ({b}, {h})", prec, max_prec,
             ))  # fmt: skip
@@ -140,7 +132,9 @@ def _resolved(compute, what: str, prec: int, max_prec: int) -> tuple:
     raise ReferenceAccuracyError(f"{what} is not resolved at {max_prec} bits")
 
 
-def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: int, at):
+def _head_state_gradients(
+    head: Head, spec: Spec, g_out, g_state, given, prec: int, at, sim: Similarity
+):
     """One head at `prec` bits, None where not yet resolved: (dL/dS_0, dL_S/dv), then
     normalised (dL/dz_0, eps + D_i, out_i) as columns; given: (S_0, z_0, g_z) of a
     normalised spec; at: the head's (b, h), for messages."""
@@ -149,7 +143,7 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: i
         c = arb(d).rsqrt() if spec.scale == RSQRT_D else arb(spec.scale)
         fq = features(head.q, range(n), head, spec.feature_map)
         fk = features(head.k, range(n), head, spec.feature_map)
-        into = _from_start(head, spec, len(fk[0]))  # W_im
+        into = sim.from_start(head, spec, len(fk[0]))  # W_im
         last = [[end / t for end, t in zip(into[-1], row, strict=True)] for row in into]
         left = arb_mat([[c * e * t for e, t in zip(into[i], fq[i])] for i in range(n)])
         keys = arb_mat([[e * t for e, t in zip(last[j], fk[j])] for j in range(n)])
@@ -159,13 +153,7 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: i
             ds = left.transpose() * arb_mat(balls(g_out)) + carried
             return tuple(_rounded(m) for m in (ds, dv))
         s0, z0, g_z = given
-        if spec.decay == "channel-gates":
-            up, down = channel_gated(fq, fk, head)
-            sims = masked((arb_mat(up) * arb_mat(down).transpose()).tolist(), range(n), True)
-            weights = [[arb(1)] * n] * n
-        else:
-            weights = _causal_weights(head, spec)
-            sims = (arb_mat(fq) * arb_mat(fk).transpose()).tolist()
+        sims, weights = sim.causal_sims(head, spec, fq, fk)
         sim = arb_mat([[c * s * w for s, w in zip(r, wr)] for r, wr in zip(sims, weights)])
         vz = arb_mat([[*row, arb(1)] for row in balls(head.v)])
         s0z = arb_mat([[*row, arb(z)] for row, z in zip(balls(s0), z0.tolist())])
@@ -188,31 +176,3 @@ def _head_state_gradients(head: Head, spec: Spec, g_out, g_state, given, prec: i
 
 def _rounded(m: arb_mat) -> list[list[float | None]]:
     return [[rounded(t) for t in row] for row in m.tolist()]
-
-
-def _causal_weights(head: Head, spec: Spec) -> list[list[arb]]:
-    """w_ij for every row i and key j <= i (0 beyond): the decay, or 1 without one."""
-    n = head.q.shape[0]
-    if spec.decay is not None:
-        return decay_weights(head, list(range(n)), spec.decay)
-    return [[arb(1) if j <= i else arb(0) for j in range(n)] for i in range(n)]
-
-
-def _from_start(head: Head, spec: Spec, f: int) -> list[list[arb]]:
-    """W_im: the decay from before the first token to token i, per feature channel m of f
-    (1 without a decay; one value for every channel but with channel gates, exp(G_im))."""
-    n = head.q.shape[0]
-    if spec.decay is None:
-        return [[arb(1)] * f] * n
-    if spec.decay == "channel-gates":
-        return channel_growth(head)
-    if spec.decay == "constant":
-        gamma, out = arb(float(head.decay)), []
-        for _ in range(n):
-            out.append((out[-1] if out else arb(1)) * gamma)
-        return [[t] * f for t in out]
-    total, out = arb(0), []
-    for g in head.decay.tolist():
-        total += g
-        out.append(total.exp())
-    return [[t] * f for t in out]

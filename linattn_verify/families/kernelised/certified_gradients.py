@@ -3,7 +3,7 @@ not, causal or not, any eps, scale and decay; not the delta rule): dL/dq, dL/dk,
 (and dL/dg of the log-gates) of L = sum(out * G) in float64, O(N), each element with a
 rigorous bound on its error, and an upper bound M' on the magnitude M of
 reference/grad.py's gradient_magnitudes. The per-map part (the features, their magnitudes,
-J_phi^T) is certified_grad_maps.py's; certified_grad.py runs the heads.
+J_phi^T) is certified_gradient_maps.py's; reference/certified_grad.py runs the heads.
 
 Definitions (grad.py's module docstring): a_ij = phi(q_i) . phi(k_j), A_ij = c w_ij a_ij,
 D_i = eps + sum_(j<=i) A_ij, out_i = sum_j A_ij v_j / D_i, b_ij = G_i . (v_j - out_i) / D_i
@@ -14,7 +14,7 @@ certified._finish), so c cancels everywhere but in eps / c:
     dv_j       = sum_(i>=j) w_ij a_ij Gt_i,                        Gt_i = G_i / Dt_i,
     dphi(q)_i  = (sum_(j<=i) w_ij (G_i . v_j - tbar_i) phi(k_j)) / Dt_i,  tbar_i = G_i . out_i,
     dphi(k)_j  = sum_(i>=j) w_ij (v_j . Gt_i - h_i) phi(q_i),      h_i = tbar_i / Dt_i,
-    dq_i = J_phi(q_i)^T dphi(q)_i, dk_j = J_phi(k_j)^T dphi(k)_j  (certified_grad_maps.py),
+    dq_i = J_phi(q_i)^T dphi(q)_i, dk_j = J_phi(k_j)^T dphi(k)_j  (certified_gradient_maps.py),
     dL/dG_s = phi(q_s) . dphi(q)_s - phi(k_s) . dphi(k)_s   (sum_j p_sj - sum_i p_is with
     p_ij = b_ij A_ij, grad.py), dL/dg_t = sum_(s>=t) dL/dG_s, dL/dg_0 = 0;
 
@@ -56,7 +56,7 @@ plus its bound (|a_ij| <= (|phi^(q_i)| + psi) . (|phi^(k_j)| + psi)); and sum_j 
   scales.
 - dphi(k): P_k's bound + its psi_q columns' magnitude bound + E_k^up (E_k's computed sum
   plus its bound >= sum_i w_ij (|v_j| . xi_i + eta_i) |phi(q_i)|).
-- dq, dk: certified_grad_maps.py's J^T and its bound.
+- dq, dk: certified_gradient_maps.py's J^T and its bound.
 - dL/dg: each computed x^_s = fl(phi^(q_s) . dphi^(q)_s - phi^(k_s) . dphi^(k)_s) is
   within e_s = (|phi^(q_s)| + psi) . E_dq,s + psi . |dphi^(q)_s| + (the same for k) +
   gamma_(F+1) (|phi^(q_s)| . |dphi^(q)_s| + |phi^(k_s)| . |dphi^(k)_s|) + 4 F SUBNORMAL (a
@@ -74,7 +74,7 @@ signed ones cancel in D_i; unnormalised M(b_ij) = |G_i| . |v_j| and M' = M): M'(
 alpha_i |G_i| . |v_j| + beta_i with alpha_i = (1 + M(D_i) / |D_i|) / |D_i|,
 beta_i = (M(tbar_i) + |tbar_i| M(D_i) / |D_i|) / |D_i|, M(D_i) = eps + c sum_j sigma_ij
 w_ij M(a_ij), M(a_ij) = phiM(q_i) . phiM(k_j) (grad.py's; phiM = |phi| but for the Performer
-maps, certified_grad_maps.py), M(tbar_i) = (c |G_i| . sum_j sigma_ij w_ij M(a_ij) |v_j| +
+maps, certified_gradient_maps.py), M(tbar_i) = (c |G_i| . sum_j sigma_ij w_ij M(a_ij) |v_j| +
 |tbar_i| M(D_i)) / |D_i|, sigma_ij = 1 + M(ln w_ij): 1 without a decay, 1 + (i - j) |ln
 gamma| for a constant one, 1 + 2 sum_(t<=i) |g_t| for gates, 1 + 2 max_m sum_(t<=i) |g_tm|
 for channel gates; |D_i| is taken as its lower bound c slack_i and |tbar_i| as |tbar^_i| +
@@ -84,7 +84,7 @@ M'(dphi(k)_j) alike over i, M'(dv_j) = c sum_i w_ij (sigma_ij M(a_ij) + a+_ij M(
 |D_i|) |G_i| / |D_i| with a+_ij = (|phi^(q_i)| + psi) . (|phi^(k_j)| + psi) >= |a_ij|
 (grad.py's, but for a+ in place of |a|: equal to the last bits for elementwise features),
 M'(dq) through
-|J^T| (certified_grad_maps.py), and M'(dg_t) = sum_(s>=t) (phiM(q_s) . M'(dphi(q)_s) +
+|J^T| (certified_gradient_maps.py), and M'(dg_t) = sum_(s>=t) (phiM(q_s) . M'(dphi(q)_s) +
 phiM(k_s) . M'(dphi(k)_s)) (per channel for channel gates), chain sums of non-negative terms
 in float64 (relative error about rho): _abs_sums, and for a constant decay
 _constant_abs_sums by chunks of CHUNK rows (in-chunk pairs directly, earlier keys through
@@ -115,13 +115,27 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..specs import RSQRT_D, Spec
-from . import certified_decay as cd  # CHUNK, GROUP read at each call (tests shrink them)
-from .certified import LIB, SAFETY, SUBNORMAL, U64, Features, _finish, _rounding, gamma64
-from .certified_decay import Factors, chain, decayed_sums
-from .certified_grad_maps import MapRows
+from ...inputs import AttentionInputs
+from ...reference import certified_decay as cd  # CHUNK, GROUP read at each call (tests shrink them)
+from ...reference import certified_grad
+from ...reference.certified import (
+    SAFETY,
+    SUBNORMAL,
+    Features,
+    gamma64,
+)
+from ...reference.certified_decay import Factors, chain, decayed_sums
+from ...reference.certified_quotients import _quotient, _quotient_terms, _scaled, _scaled_terms
+from ...specs import Spec
+from .certified_gradient_maps import MapRows
 
 Arrays = dict[str, np.ndarray]
+
+
+def certified_gradients(x: AttentionInputs, spec: Spec, g_out: np.ndarray):
+    """reference/certified_grad.py's (grads, bounds, magnitudes M') of a kernelised spec
+    (decayed or channel-gated too), each head by feature_head."""
+    return certified_grad.certified_gradients(x, spec, g_out, feature_head)
 
 
 def feature_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
@@ -285,85 +299,6 @@ def _total_run(left: Features, right: Features, cols, spec: Spec):
         if stop > n_r
     ]
     return tuple(np.concatenate(p) for p in zip(*kept, strict=True))
-
-
-def _scaled_terms(g_out, spec: Spec, d: int):
-    """_quotient_terms' tuple for an unnormalised spec: D = 1 (no row unresolved), Gt^ =
-    fl(c^ G) within xi, tbar = h = 0 (module docstring)."""
-    n = g_out.shape[0]
-    c, c_rel = spec.scale_for(d), LIB if spec.scale == RSQRT_D else 0.0
-    gt = c * g_out
-    yy = (np.abs(gt) + SUBNORMAL) * (1 + 2 * U64)
-    xi = (yy * (U64 + c_rel / (1 - c_rel)) + SUBNORMAL) * SAFETY
-    ones, nothing, none = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
-    return ones, nothing, none, none, ones, ones, gt, xi, nothing, nothing, nothing, nothing
-
-
-def _quotient_terms(value, total, mag, g_out, spec: Spec, d: int, eps=None, eps_rel=0.0):
-    """The forward's out^ and Dt^ (e_D) from its sums, and the quotient rule's inputs with
-    their bounds (module docstring: Gt^ within xi, tbar^ within tau, h^ within eta), 0 on
-    rows whose denominator is not resolved (0/0 ones too): (den, e_den, zero, lost,
-    safe_den, safe_slack, gt, xi, tbar, tau, h, eta). eps: spec.eps, or one per row within
-    eps_rel of its value (softmax's shifted one)."""
-    dv = g_out.shape[1]
-    eps = spec.eps if eps is None else eps
-    out, e_out, _ = _finish(value, total, mag, eps, eps_rel, spec, d)
-    den, e_den = _denominator(value, total, spec, d, eps, eps_rel)
-    with np.errstate(invalid="ignore"):
-        slack = np.abs(den) - e_den
-    zero = (den == 0) & (e_den == 0) & spec.info.positive  # 0/0 rows
-    lost = ~(slack > 0)  # rows whose denominator is not resolved (0/0 ones too)
-    safe_den = np.where(lost, 1.0, den)
-    safe_slack = np.where(lost, 1.0, slack)
-    rel_d = np.where(lost, 0.0, e_den / safe_slack)[:, None]
-    out_ok = np.where(lost[:, None], 0.0, out)
-    e_out_ok = np.where(lost[:, None], 0.0, e_out)
-
-    ag = np.abs(g_out)
-    gt = g_out / safe_den[:, None]
-    yy = (np.abs(gt) + SUBNORMAL) * (1 + 2 * U64)
-    xi = (yy * (U64 + rel_d) + SUBNORMAL) * SAFETY
-    tbar = np.sum(g_out * out_ok, axis=1)
-    tau = np.sum(ag * e_out_ok, axis=1) + gamma64(dv + 1) * np.sum(ag * np.abs(out_ok), axis=1)
-    tau = (tau + 2 * dv * SUBNORMAL) * SAFETY
-    h = tbar / safe_den
-    hh = (np.abs(h) + SUBNORMAL) * (1 + 2 * U64)
-    eta = (hh * U64 + tau / safe_slack + hh * rel_d[:, 0] + SUBNORMAL) * SAFETY
-    gt[lost], xi[lost], tbar[lost], tau[lost], h[lost], eta[lost] = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    return den, e_den, zero, lost, safe_den, safe_slack, gt, xi, tbar, tau, h, eta
-
-
-def _denominator(value, total, spec: Spec, d: int, eps, eps_rel: float):
-    """(Dt^ = S^ + eps / c, a bound on its error) as certified._finish forms them (eps
-    within eps_rel of its value)."""
-    c, c_rel = spec.scale_for(d), LIB if spec.scale == RSQRT_D else 0.0
-    eps_c = eps / c if c != 1.0 else eps
-    eps_rel = (1 + eps_rel) * (1 + U64) / (1 - c_rel) - 1 if c != 1.0 else eps_rel
-    den = value[:, -1] + eps_c
-    err = total[:, -1] + np.abs(eps_c) * eps_rel * SAFETY + U64 * np.abs(den)
-    return den, err
-
-
-def _quotient(num, e_num, den, e_den, slack):
-    """(fl(num / den), its bound) for num within e_num, den within e_den (slack = |den| -
-    e_den > 0), as certified._finish bounds out."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = num / den[:, None]
-        bound = (e_num + np.abs(out) * (1 + U64) * e_den[:, None]) * (
-            (1 + U64) * SAFETY / slack[:, None]
-        )
-        bound += _rounding(out, bound)
-    bound[~np.isfinite(bound) | ~np.isfinite(out)] = np.inf
-    return out, bound
-
-
-def _scaled(num, e_num, spec: Spec, d: int):
-    """(fl(c^ num), its bound) for num within e_num, as certified._finish scales an
-    unnormalised out."""
-    pad = np.zeros((num.shape[0], 1))
-    value, total = np.concatenate([num, pad], 1), np.concatenate([e_num, pad], 1)
-    out, bound, _ = _finish(value, total, np.abs(value), 0.0, 0.0, spec, d)
-    return out, bound
 
 
 def _magnitudes(features, v, g_out, decay, spec: Spec, c: float, forward):

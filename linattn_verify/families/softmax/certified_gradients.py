@@ -25,12 +25,12 @@ delta) products; gradual underflow: half a SUBNORMAL a result below 2^-1022):
   exponential's LIB, underflow);
 - the forward's sums N = a' v and S = sum_j a': |a'^| |v| gamma_(Nk+2) plus E_a |v| (and
   E_a for S); out^, Dt^ and the quotient rule's Gt^ (xi), tbar^ (tau), h^ (eta) as
-  certified_grad_features._quotient_terms forms and bounds them, eps' within LIB + u;
+  certified_quotients._quotient_terms forms and bounds them, eps' within LIB + u;
 - y^_ij = fl(fl(Gt^_i . v_j) - h^_i) within e_y = xi_i . |v_j| + gamma_(dv+1) (|Gt^_i| .
   |v_j| + |h^_i|) + eta_i + (2 dv + 1) SUBNORMAL; U^ = fl(a'^ y^) within e_U = (a'^ + E_a)
   e_y + E_a |y^| + u |U^| + SUBNORMAL (exactly 0 where j is not used);
 - dq^ = fl(c_d^ fl(U^ K)): the sum within gamma_Nk |U^| |K| + e_U |K| + Nk SUBNORMAL,
-  then the product by c_d^ (relative LIB) as certified_grad_maps._times_c bounds it; dk^ =
+  then the product by c_d^ (relative LIB) as certified_quotients._times_c bounds it; dk^ =
   fl(c_d^ sum over the row blocks of U^T Q) alike with gamma_(Nq + blocks) (and its
   (Nq + blocks) SUBNORMAL for products that underflow); dv^ = sum over
   the blocks of a'^T Gt^ within gamma_(Nq + blocks) a'^T |Gt^| + E_a^T |Gt^| + (a'^ +
@@ -53,17 +53,25 @@ import math
 
 import numpy as np
 
-from ..specs import Spec
-from .certified import LIB, SAFETY, SUBNORMAL, U64, _exp_features, gamma64
-from .certified_grad_features import _quotient_terms
-from .certified_grad_maps import _times_c
+from ...inputs import AttentionInputs
+from ...reference import certified_grad
+from ...reference.certified import LIB, SAFETY, SUBNORMAL, U64, _exp_features, gamma64
+from ...reference.certified_quotients import _quotient_terms, _times_c
+from ...specs import Spec
 
 Arrays = dict[str, np.ndarray]
 ROWS = 256  # query rows per dense block (a few N x ROWS float64 matrices at once)
 
 
-def softmax_head(q, k, v, g_out, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
-    """One head's (grads, bounds, magnitudes) of a softmax spec (module docstring)."""
+def certified_gradients(x: AttentionInputs, spec: Spec, g_out: np.ndarray):
+    """reference/certified_grad.py's (grads, bounds, magnitudes) of a softmax spec, each
+    head by softmax_head."""
+    return certified_grad.certified_gradients(x, spec, g_out, softmax_head)
+
+
+def softmax_head(q, k, v, g_out, decay, w, spec: Spec) -> tuple[Arrays, Arrays, Arrays]:
+    """One head's (grads, bounds, magnitudes) of a softmax spec (module docstring); decay
+    and w are None (certified_grad.Head's signature)."""
     nq, d = q.shape
     nk, dv = v.shape
     c_d = d**-0.5

@@ -1,4 +1,4 @@
-"""The per-map part of the certified gradients at length (certified_grad_features.py): for
+"""The per-map part of the certified gradients at length (certified_gradients.py): for
 one side's rows x (queries or keys) the features phi(x) with their error bounds psi
 (certified.float_features), magnitudes phiM >= grad.py's M(phi) (Kernel._feature_mags) up
 to the last bits, and the step through J_phi^T: dL/dx_i = J_phi(x_i)^T y_i for y_i =
@@ -55,7 +55,7 @@ does, M' = c (|W_F|^T (M'(dphi) * P(phiM)) + |xs^| (M'(dphi) . phiM)).
 
 Large x makes the Performer features overflow or underflow, an elu row's exp underflow:
 their bounds are then infinite, or the denominators they feed not resolved
-(certified_grad_features.py settles those rows).
+(certified_gradients.py settles those rows).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .certified import (
+from ...reference.certified import (
     LIB,
     SAFETY,
     SUBNORMAL,
@@ -76,6 +76,7 @@ from .certified import (
     float_features,
     gamma64,
 )
+from ...reference.certified_quotients import _times_c
 
 ELEMENTWISE = ("elu", "relu", "identity")
 PROJECTED = ("performer-positive", "performer-hyperbolic", "performer-trig")
@@ -147,19 +148,6 @@ def _scaled_error(xs: np.ndarray) -> np.ndarray:
     """e_x: |xs^ - x'| for xs^ = fl(x c^), c^ within LIB of d^(-1/4)."""
     rel_x = (1 + LIB) * (1 + U64) - 1
     return rel_x / (1 - rel_x) * np.abs(xs) + SUBNORMAL
-
-
-def _times_c(c: float, inner: np.ndarray, e_inner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(fl(c^ inner^), its bound) for c^ (a power of d) within LIB of c, inner^ within
-    e_inner."""
-    r_c = LIB / (1 - LIB)
-    with np.errstate(over="ignore", invalid="ignore"):
-        grad = c * inner
-        bound = c * (1 + r_c) * e_inner + r_c * c * np.abs(inner)
-        bound += U64 * (1 + U64) * np.abs(grad) + SUBNORMAL
-        bound *= SAFETY
-    bound[~np.isfinite(bound) | ~np.isfinite(grad)] = np.inf
-    return grad, bound
 
 
 def _product(a, e_a, b, e_b) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,62 @@
+"""Softmax attention's part of the shared exact engines (reference/similarity.py): sim(q,
+k) = exp(q . k / sqrt(d)) (Vaswani et al. 2017, eq. 1) times the scale, no weights, no
+state: mpmath's rows (mp.scaled_rows), arb's from the logits (balls.direct_sims), never the
+linear form, and the certified engine's quadratic sums. None imports an implementation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...reference.balls import Head, direct_sims
+from ...reference.certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
+from ...reference.certified_engine import plain_head
+from ...reference.mp import scaled_rows
+from ...reference.similarity import Similarity
+from ...specs import Spec
+
+
+def arb_sims(head: Head, spec: Spec, rows: list[int]):
+    """sim(q_i, k_j) for the query rows `rows` and every key (balls.direct_sims)."""
+    return direct_sims(head, rows, spec.feature_map)
+
+
+def certified_head(q, k, v, w, decay, spec: Spec, outs, at) -> None:
+    """Similarity.certified: certified_engine.plain_head with softmax's sums."""
+    plain_head(q, k, v, w, spec, outs, at, _sums)
+
+
+def _sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
+    """plain_head's sums: _softmax_sums' blocks (exact features: never lost)."""
+    yield from _softmax_sums(q, k, v, spec.causal, spec.eps)
+
+
+SOFTMAX = Similarity(
+    mp=scaled_rows, arb=arb_sims, linear=lambda spec, head: False, certified=certified_head
+)
+
+
+def _softmax_sums(q, k, v, causal: bool, eps: float):
+    """The quadratic form of softmax, exp(q.k / sqrt(d) - row max), in blocks of rows; the
+    max shifts eps too (exp(-max) eps, within LIB + u of its value)."""
+    nq, nk, d = q.shape[0], k.shape[0], q.shape[1]
+    cols = np.concatenate([v, np.abs(v), np.ones((nk, 1))], 1)
+    dv = v.shape[1]
+    c = d**-0.5
+    for start in range(0, nq, 256):
+        rows = np.arange(start, min(start + 256, nq))
+        logits = (q[rows] @ k.T) * c
+        err = (gamma64(d + 1) + LIB + U64) * (np.abs(q[rows]) @ np.abs(k).T) * c * SAFETY
+        if causal:
+            logits = np.where(np.arange(nk) <= rows[:, None], logits, -np.inf)
+        top = logits.max(axis=1, keepdims=True)
+        arg = logits - top
+        weights = np.exp(arg)
+        rel = np.expm1(err + U64 * np.abs(np.where(weights > 0, arg, 0.0)))
+        rel = (rel * (1 + U64) + LIB) * SAFETY
+        both = weights @ cols
+        errors = (rel * weights + UNDERFLOW) @ cols[:, dv:]
+        value, magnitude = both[:, [*range(dv), 2 * dv]], both[:, dv:]
+        shifted_eps = eps * np.exp(-top)  # the exponential and the product
+        sums = (value, magnitude, errors, nk + 2, nk + 2, shifted_eps, LIB + U64, 1.0)
+        yield start, rows[-1] + 1, sums

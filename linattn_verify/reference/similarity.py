@@ -1,0 +1,46 @@
+"""A family's part of the shared exact engines (mp.py, arb.py, certified_engine.py,
+state.py): how its weighted similarities A_ij = c w_ij sim(q_i, k_j) are evaluated in each.
+The family's reference module builds one (families/<name>/reference.py) and passes it in,
+so that the engines never ask which family a spec is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Similarity:
+    """A family's hooks into the shared engines.
+
+    mp(x, spec, b, h, keys, w): at mpmath's working precision, for head (b, h) with its
+    keys and projection as mpf rows, row(i, qi, c) -> (A_ij, a bound on |A_ij| and on what
+    its evaluation cancels, mp.py's error estimate) for every key j, c the scale;
+    arb(head, spec, rows): w_ij sim(q_i, k_j) for the query rows `rows` and every key (0
+    for j > i where w_ij is), arb balls at the working precision, before the scale;
+    linear(spec, head): whether arb's linear form phi(Q)(phi(K)^T [V, 1]) suits the head
+    (kernelised maps with fewer features than keys and no weights);
+    certified(q, k, v, w, decay, spec, outs, at): one head of the certified engine into
+    outs (values, bound, scale) at (b, h), decay the head's gamma or log-gates (or None);
+    state_keys(head, spec, fk): the key features weighted to the last token,
+    w_(N-1, j) phi(k_j), the final state's rows (state.py);
+    from_start(head, spec, f): W_im, the weight from before the first token to token i, per
+    feature channel m of f; causal_sims(head, spec, fq, fk): (s_ij, w_ij) whose products are
+    the causal weighted similarities before the scale (state.py's state gradients);
+    final_weights(x, spec, b, h, n, f): (w_(N-1, j, m) per key and feature, 1 + M(ln w)
+    per key, W_(N-1, m) per feature) in mpmath at the working precision, and
+    final_gates(spec): None without log-gates, else rows(dg, dg_m) -> dL_S/dg and its
+    magnitudes as float64 arrays from the per-feature sums (final_state.py).
+    The state's hooks are None for a family without a state (softmax).
+    """
+
+    mp: Callable[..., Callable[..., tuple[list, list]]]
+    arb: Callable[..., list[list[Any]]]
+    linear: Callable[..., bool]
+    certified: Callable[..., None]
+    state_keys: Callable[..., list[list[Any]]] | None = None
+    from_start: Callable[..., list[list[Any]]] | None = None
+    causal_sims: Callable[..., tuple[list, list]] | None = None
+    final_weights: Callable[..., tuple[list, list, list]] | None = None
+    final_gates: Callable[..., Callable[..., tuple[Any, Any]] | None] | None = None
