@@ -73,12 +73,14 @@ def _float64_pass(x, spec) -> None:
     """The spec's plain float64 chunked form (implementations/decayed.py), no bounds."""
     import torch
 
-    from linattn_verify.implementations.decayed import decayed_attention
+    from linattn_verify.families.channel_gates.forms import gated_attention
+    from linattn_verify.families.decayed.forms import decayed_attention
 
     q, k, v = (torch.from_numpy(t) for t in (x.q, x.k, x.v))
     decay = None if x.decay is None else torch.from_numpy(x.decay)
     size = 16 if spec.decay == "channel-gates" else 64
-    decayed_attention(q, k, v, spec, "chunked", None, size, decay)
+    attend = gated_attention if spec.decay == "channel-gates" else decayed_attention
+    attend(q, k, v, spec, "chunked", None, size, decay)
 
 
 def _one(engine: str, n: int, name: str, causal: bool) -> dict:

@@ -31,7 +31,8 @@ from timing import median_seconds
 
 import linattn_verify as lv
 from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
-from linattn_verify.implementations import native, sample_projection_torch
+from linattn_verify.families.kernelised import native
+from linattn_verify.implementations import sample_projection_torch
 from linattn_verify.scaling import measure_cost
 from linattn_verify.under_test import Implementation, ImplementationFailure, resolve
 

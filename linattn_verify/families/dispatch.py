@@ -79,6 +79,8 @@ def long_form(spec: Spec) -> str:
 def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None) -> torch.Tensor:
     """The golden form `form` (None: the first of golden_forms) of `spec`'s family; decay as
     inputs.validate takes it (Family.pack)."""
+    if not isinstance(spec, Spec):
+        raise SpecError(f"spec must be a linattn_verify.Spec, got {type(spec).__name__}")
     return family_of(spec).golden(q, k, v, spec, projection, form or golden_forms(spec)[0], decay)
 
 

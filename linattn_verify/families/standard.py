@@ -1,8 +1,8 @@
 """The families whose modules still sit in the horizontal packages, behind the same
 protocol: kernelised attention (scale, eps, normalisation), the scalar decays (a constant
 gamma per head, or log-gates per token), channel gates, and softmax. Their references are
-reference/'s engines, their forms implementations/forms.py's, their golden form
-implementations/golden.py's and their bound accuracy/bound.py's, each until its folder lands
+reference/'s engines, their forms and golden forms their folders' (families/<f>/forms.py,
+golden.py) and their bound accuracy/bound.py's, each until its folder lands
 (docs/architecture.md, "Families")."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from ..cases import Case, constant_decay
-from ..implementations import forms, golden
 from ..inputs import AttentionInputs, decay_values, validate
 from ..reference import exact_attention
 from ..reference.arb import arb_decimal, arb_denominator_signs
@@ -23,58 +22,19 @@ from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
+from .channel_gates import forms as channel_gates_forms
+from .channel_gates import golden as channel_gates_golden
+from .channel_gates.quadratic import weights as channel_gates_weights
+from .decayed import forms as decayed_forms
+from .decayed import golden as decayed_golden
+from .decayed.quadratic import weights as decayed_weights
+from .kernelised import forms as kernelised_forms
+from .kernelised import golden as kernelised_golden
+from .kernelised.quadratic import weights as kernelised_weights
 from .protocol import Family
-
-
-def _spec_options(spec: Spec) -> dict[str, Any]:
-    """The keywords of implementations/forms.py that say what `spec` is."""
-    fields = ("feature_map", "eps", "normalize", "scale", "decay")
-    return {name: getattr(spec, name) for name in fields}
-
-
-def _attention(q, k, v, spec: Spec, form, projection, chunk_size, arguments) -> torch.Tensor:
-    options = _spec_options(spec) | arguments
-    return forms.attention(
-        q,
-        k,
-        v,
-        causal=spec.causal,
-        form=form,
-        projection=projection,
-        chunk_size=chunk_size,
-        **options,
-    )
-
-
-def _attention_with_state(
-    q, k, v, spec: Spec, form, projection, chunk_size, initial_state, arguments
-):
-    options = _spec_options(spec) | arguments
-    return forms.attention_with_state(
-        q,
-        k,
-        v,
-        projection=projection,
-        form=form,
-        chunk_size=chunk_size,
-        initial_state=initial_state,
-        **options,
-    )
-
-
-def _attention_varlen(q, k, v, spec: Spec, cu_seqlens, form, projection, chunk_size, arguments):
-    options = _spec_options(spec) | arguments
-    return forms.attention_varlen(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        causal=spec.causal,
-        form=form,
-        projection=projection,
-        chunk_size=chunk_size,
-        **options,
-    )
+from .softmax import forms as softmax_forms
+from .softmax import golden as softmax_golden
+from .softmax.quadratic import weights as softmax_weights
 
 
 def _certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) -> Certified:
@@ -109,8 +69,12 @@ def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
     return (*certified_gradients(x, spec, g), roundings(x, spec))
 
 
-def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Family:
-    """A family of this module: the same horizontal modules, its own specs and arguments."""
+def _family(
+    name: str, source: str, claims, arguments: tuple[str, ...], forms, golden, weights
+) -> Family:
+    """A family of this module: the same horizontal modules, its own specs and arguments,
+    its folder's forms (forms: an object with forms_of, attention, attention_with_state and
+    attention_varlen), golden forms (golden_forms, long_form, golden_attention) and weights."""
     return Family(
         name=name,
         folder=None,
@@ -125,15 +89,16 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         case_arguments=_case_arguments,
         default_arguments=lambda spec, q: constant_decay(spec.decay, q),
         forms=forms.forms_of,
-        attention=_attention,
-        attention_with_state=_attention_with_state,
-        attention_varlen=_attention_varlen,
+        attention=forms.attention,
+        attention_with_state=forms.attention_with_state,
+        attention_varlen=forms.attention_varlen,
         exact=exact_attention,
         certified=_certified,
         exact_state=exact_state,
         golden_forms=golden.golden_forms,
         long_form=golden.long_form,
         golden=golden.golden_attention,
+        weights=weights,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
         exact_gradients=_exact_gradients,
         certified_gradients=_certified_gradients,
@@ -146,23 +111,38 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
 
 
 SOFTMAX = _family(
-    "softmax", FEATURE_MAPS["softmax"].source, lambda spec: not spec.info.kernelised, ()
+    "softmax",
+    FEATURE_MAPS["softmax"].source,
+    lambda spec: not spec.info.kernelised,
+    (),
+    softmax_forms,
+    softmax_golden,
+    softmax_weights,
 )
 CHANNEL_GATED = _family(
     "channel gates",
     DECAY_SOURCES["channel-gates"],
     lambda spec: spec.decay == "channel-gates",
     ("g",),
+    channel_gates_forms.FORMS,  # forms_of: kernelised attention's
+    channel_gates_golden,
+    channel_gates_weights,
 )
 DECAYED = _family(
     "scalar decay and gates",
     f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
     lambda spec: spec.decay in ("constant", "gates"),
     ("gamma", "g"),
+    decayed_forms.FORMS,  # forms_of: kernelised attention's
+    decayed_golden,
+    decayed_weights,
 )
 KERNELISED = _family(
     "kernelised",
     "Katharopoulos et al. 2020, eq. 2-6: sim(q, k) = phi(q) . phi(k)",
     lambda spec: True,
     (),
+    kernelised_forms,
+    kernelised_golden,
+    kernelised_weights,
 )
