@@ -197,7 +197,7 @@ def attention_with_state(
 ) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     (None: nothing before), in `form`: (output, the state after the last token), the state's
-    layout the family's (implementations/forms.py's (S, z), S alone unnormalised; the delta
+    layout the family's (families/kernelised/forms.py's (S, z), S alone unnormalised; the delta
     rule's S (B, H, d, dv))."""
     fields = (feature_map, True, eps, normalize, scale, decay, None, delta_rule, qk_l2norm)
     spec = Spec(*fields, family=family)

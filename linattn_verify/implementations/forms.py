@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -61,9 +62,9 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def defined(spec: Spec, causal: bool) -> Spec:
-    """The spec the forms evaluate: its map, eps, normalisation, scale and decay, causal as
-    given (not how a kernel rounds: no dot_precision)."""
-    return Spec(spec.feature_map, causal, spec.eps, spec.normalize, spec.scale, spec.decay)
+    """The spec the forms evaluate (a spec that sums its similarities): its defining fields
+    (not how a kernel rounds: no dot_precision), causal as given."""
+    return replace(spec.defining, causal=causal)
 
 
 def varlen(

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...implementations.forms import FORMS
 from ...implementations.golden import Weights
 from ...inputs import check_decay
 from ...specs import Spec, SpecError
@@ -51,7 +52,6 @@ from .features import (
 )
 from .quadratic import quadratic_form, weights
 
-DECAYED_FORMS = ("quadratic", "linear", "recurrent", "chunked")
 # State: (S, z) of a normalised spec, S alone otherwise
 State = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -81,12 +81,10 @@ def scaled_attention(
     decayed: Decay | None = None,
 ) -> tuple[torch.Tensor, State | None]:
     """(out (B, H, N, dv) in q's dtype, the state after the last token for the causal
-    forms, else None) of `spec` in `form` (DECAYED_FORMS), continuing initial_state;
+    forms, else None) of `spec` in `form` (FORMS), continuing initial_state;
     decayed: the pieces of the decay whose values `decay` holds (None: no decay)."""
-    if form not in DECAYED_FORMS:
-        raise SpecError(f"unknown form {form!r}; forms: {', '.join(DECAYED_FORMS)}")
-    if form != "quadratic" and not spec.info.kernelised:
-        raise SpecError(f"{spec.feature_map} has no finite feature map: only form='quadratic'")
+    if form not in FORMS:
+        raise SpecError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
     if spec.info.needs_projection and projection is None:
         raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
     if decayed is not None and check_decay(decay, spec, tuple(q.shape)) is None:
