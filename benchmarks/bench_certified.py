@@ -14,7 +14,7 @@ the resident set before), the largest certified bound as a share of the element'
 and the rows it handed to arb. Plain specs: the arb engine timed at N = 2^10 and 2^12 and
 extrapolated linearly (its cost is N d^2 in the linear form), mpmath at N = 16, 32 and
 extrapolated as N^2. Other specs: the plain float64 pass, the suite's chunked form
-(implementations/decayed.py, torch float64: chunks of 64 tokens, 16 for channel gates,
+(families/kernelised/scaled.py, torch float64: chunks of 64 tokens, 16 for channel gates,
 its faster size), same inputs, no bounds, and its peak memory likewise.
 One BLAS and one torch thread. Prints Markdown.
 """
@@ -70,15 +70,17 @@ def _inputs(n: int, name: str, causal: bool):
 
 
 def _float64_pass(x, spec) -> None:
-    """The spec's plain float64 chunked form (implementations/decayed.py), no bounds."""
+    """The spec's plain float64 chunked form (families/kernelised/scaled.py), no bounds."""
     import torch
 
-    from linattn_verify.implementations.decayed import decayed_attention
+    from linattn_verify.families.channel_gates.forms import gated_attention
+    from linattn_verify.families.decayed.forms import decayed_attention
 
     q, k, v = (torch.from_numpy(t) for t in (x.q, x.k, x.v))
     decay = None if x.decay is None else torch.from_numpy(x.decay)
     size = 16 if spec.decay == "channel-gates" else 64
-    decayed_attention(q, k, v, spec, "chunked", None, size, decay)
+    attend = gated_attention if spec.decay == "channel-gates" else decayed_attention
+    attend(q, k, v, spec, "chunked", None, size, decay)
 
 
 def _one(engine: str, n: int, name: str, causal: bool) -> dict:

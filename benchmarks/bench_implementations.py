@@ -12,7 +12,7 @@ alive at once during our call (a dispatch mode that tracks every tensor an op cr
 it is freed). Then each installed CPU adapter against the built-in form of the spec it
 claims (same causality, eps and projection): its time over ours. An adapter whose call
 takes longer than PEER_CAP_SECONDS (a Python loop over tokens) is not timed at larger N.
-The header names whether the elu features came from the C kernel (implementations/native.c)
+The header names whether the elu features came from the C kernel (families/kernelised/native.c)
 and whether torch gave large tensors huge pages (THP_MEM_ALLOC_ENABLE=1 in the
 environment): on a virtual machine whose page faults are slow, the first touch of a fresh
 64 MiB output costs as much as the attention (README).
@@ -31,7 +31,8 @@ from timing import median_seconds
 
 import linattn_verify as lv
 from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
-from linattn_verify.implementations import native, sample_projection_torch
+from linattn_verify.families.kernelised import native
+from linattn_verify.implementations import sample_projection_torch
 from linattn_verify.scaling import measure_cost
 from linattn_verify.under_test import Implementation, ImplementationFailure, resolve
 

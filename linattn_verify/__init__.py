@@ -2,7 +2,8 @@
 
 from . import accuracy, implementations
 from .families import attention, reference
-from .implementations import CausalStream, sample_projection_torch
+from .families.kernelised.forms import CausalStream
+from .implementations import sample_projection_torch
 from .inputs import UNIT_ROUNDOFF
 from .reference import ReferenceAccuracyError
 from .sampling import SAMPLERS, sample_projection

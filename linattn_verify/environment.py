@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .implementations import native
+from .families.kernelised import native
 
 PACKAGES = ("linattn-verify", "torch", "numpy", "scipy", "mpmath", "python-flint", "hypothesis")
 

@@ -18,8 +18,7 @@ from linattn_verify.accuracy import (
     judge,
     scale_and_bound,
 )
-from linattn_verify.families import case_arguments, exact, validate
-from linattn_verify.implementations import golden_attention
+from linattn_verify.families import case_arguments, exact, golden_attention, validate
 from linattn_verify.inputs import UNIT_ROUNDOFF
 
 ALL = list(lv.FEATURE_MAPS)
@@ -114,7 +113,7 @@ def test_where_the_denominator_cancels_the_budget_grows_with_its_error():
     (amplification) there."""
     from linattn_verify.accuracy.verdict import amplification
     from linattn_verify.cases import Case
-    from linattn_verify.implementations.decayed import decayed_attention
+    from linattn_verify.families.decayed.forms import decayed_attention
 
     spec = lv.Spec("identity", causal=True, decay="gates")
     case = Case(2, 3, 65, 5, 4, "float32", "normal", 1.0, 7)

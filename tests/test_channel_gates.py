@@ -25,8 +25,8 @@ from linattn_verify.families import (
     golden_attention,
     validate,
 )
+from linattn_verify.families.channel_gates.forms import gated_attention
 from linattn_verify.families.channel_gates.reference import CHANNEL_GATES
-from linattn_verify.implementations.decayed import decayed_attention
 from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from linattn_verify.reference.arb import arb_attention
 from linattn_verify.reference.mp import mp_attention
@@ -108,7 +108,7 @@ def test_golden_and_built_in_forms_within_the_bound(spec: Spec):
             exact_s, exact_z = exact_state(x, spec)
             outs = {"golden": golden_attention(q, k, v, spec, None, "quadratic", g)}
             for form in ("recurrent", "chunked"):
-                out, (s, z) = decayed_attention(q, k, v, spec, form, None, 4, g)
+                out, (s, z) = gated_attention(q, k, v, spec, form, None, 4, g)
                 outs[form] = out
                 assert np.all(np.abs(s.double().numpy() - exact_s) <= s_bound), form
                 if spec.normalize:

@@ -11,9 +11,15 @@ import torch
 import linattn_verify as lv
 from linattn_verify.accuracy import judge
 from linattn_verify.accuracy.state_bounds import state_bound
-from linattn_verify.families import attention_with_state, exact, exact_state, forms_of, validate
-from linattn_verify.implementations import golden_attention
-from linattn_verify.implementations.decayed import decayed_attention
+from linattn_verify.families import (
+    attention_with_state,
+    exact,
+    exact_state,
+    forms_of,
+    golden_attention,
+    validate,
+)
+from linattn_verify.families.decayed.forms import decayed_attention
 from linattn_verify.specs import RSQRT_D
 from linattn_verify.stats import rate_not_applicable
 

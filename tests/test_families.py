@@ -12,9 +12,9 @@ import torch
 
 from linattn_verify import attention, families
 from linattn_verify.families import FAMILIES, Family, family_of
+from linattn_verify.families.kernelised.forms import forms_of
+from linattn_verify.families.kernelised.golden import golden_attention
 from linattn_verify.families.registry import NAMED
-from linattn_verify.implementations import golden_attention
-from linattn_verify.implementations.forms import forms_of
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 DELTA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)

@@ -11,7 +11,8 @@ import torch
 from linattn_verify.accuracy.gradient import allowance
 from linattn_verify.cases import Case
 from linattn_verify.families import family_of, validate
-from linattn_verify.implementations.decayed import decayed_attention
+from linattn_verify.families.channel_gates.forms import gated_attention
+from linattn_verify.families.decayed.forms import decayed_attention
 from linattn_verify.reference.final_state import final_state_gradients
 from linattn_verify.reference.grad import roundings
 from linattn_verify.specs import Spec
@@ -47,7 +48,8 @@ def test_final_state_gradients_match_autograd(spec: Spec):
         decay = decay.clone().requires_grad_(True)
         leaves.append(decay)
     state = (s0, z0 if spec.normalize else None)
-    _, (s, z) = decayed_attention(q, k_leaf, v, spec, "recurrent", w, 4, decay, state)
+    attend = gated_attention if spec.decay == "channel-gates" else decayed_attention
+    _, (s, z) = attend(q, k_leaf, v, spec, "recurrent", w, 4, decay, state)
     loss = (s * g_s).sum() + (spec.normalize and (z * g_z).sum())
     autograd = [t.numpy() for t in torch.autograd.grad(loss, leaves)]
     x = validate(q, k, v, spec, w, None if decay is None else decay.detach())

@@ -12,8 +12,8 @@ import torch
 
 import linattn_verify as lv
 from linattn_verify.accuracy import judge
-from linattn_verify.families import exact, validate
-from linattn_verify.implementations import forms, golden_attention
+from linattn_verify.families import exact, golden_attention, validate
+from linattn_verify.families.kernelised import forms
 
 KERNELISED = [n for n, fm in lv.FEATURE_MAPS.items() if fm.kernelised]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.families import golden_forms, long_form
-from linattn_verify.implementations import GOLDEN_FORMS, golden, golden_attention
+from linattn_verify.families import golden_attention, golden_forms, long_form
+from linattn_verify.families.channel_gates import golden as channel_gates_golden
+from linattn_verify.families.kernelised import golden
+from linattn_verify.implementations import GOLDEN_FORMS
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.sampling import sample_projection
 from linattn_verify.specs import FEATURE_MAPS, RSQRT_D, Spec, SpecError
@@ -647,7 +649,12 @@ DECAYED_SPECS = with_eps(
 # per-token decay rates: weak; moderate; strong (factors more than 15 tokens apart underflow
 # float64, a block of 4 still factored); and strong enough that a block of 4 spans more than
 # FACTORED_SPAN: its channel gates weighed factor by factor
-RATES = {"weak": 0.01, "moderate": 1.0, "underflow": 50.0, "pairwise": golden.FACTORED_SPAN}
+RATES = {
+    "weak": 0.01,
+    "moderate": 1.0,
+    "underflow": 50.0,
+    "pairwise": channel_gates_golden.FACTORED_SPAN,
+}
 # the two forms err by ~(F + N) u64 of the scale (2e-15 at most seen here); 1e-12 leaves
 # the float64 prefix sums of strong decays (|G| up to ~5e3 here) |G| u64 in an exponent
 FORMS_AGREE = 1e-12

@@ -11,7 +11,7 @@ import pytest
 from linattn_verify.accuracy.verdict import judge
 from linattn_verify.checks import long_context as lc
 from linattn_verify.families import exact, family_of, validate
-from linattn_verify.implementations.decayed import decayed_attention
+from linattn_verify.families.decayed.forms import decayed_attention
 from linattn_verify.reference import certified_engine as engine
 from linattn_verify.specs import RSQRT_D, Spec
 

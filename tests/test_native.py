@@ -12,9 +12,9 @@ import torch
 
 import linattn_verify as lv
 from linattn_verify.accuracy import judge
-from linattn_verify.families import exact, validate
-from linattn_verify.implementations import forms, golden_attention, native
-from linattn_verify.implementations.features import ELU_SHIFT_BELOW, plain_features
+from linattn_verify.families import exact, golden_attention, validate
+from linattn_verify.families.kernelised import forms, native
+from linattn_verify.families.kernelised.features import ELU_SHIFT_BELOW, plain_features
 from linattn_verify.rounding import C_LIB
 
 needs_kernel = pytest.mark.skipif(

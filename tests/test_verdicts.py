@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from linattn_verify.accuracy import BUDGET_FLOOR, Judgement, attainable_floor
 from linattn_verify.accuracy.bound import feature_model
 from linattn_verify.cases import Case
-from linattn_verify.families import validate
-from linattn_verify.implementations import features, golden_attention
+from linattn_verify.families import golden_attention, validate
+from linattn_verify.families.kernelised import features
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.regimes import ELU_ROW_FLOOR, REGIMES, regime_of
 from linattn_verify.specs import Spec

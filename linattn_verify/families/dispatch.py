@@ -79,6 +79,8 @@ def long_form(spec: Spec) -> str:
 def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None) -> torch.Tensor:
     """The golden form `form` (None: the first of golden_forms) of `spec`'s family; decay as
     inputs.validate takes it (Family.pack)."""
+    if not isinstance(spec, Spec):
+        raise SpecError(f"spec must be a linattn_verify.Spec, got {type(spec).__name__}")
     return family_of(spec).golden(q, k, v, spec, projection, form or golden_forms(spec)[0], decay)
 
 
@@ -232,7 +234,7 @@ def attention_with_state(
 ) -> tuple[torch.Tensor, Any]:
     """Causal attention of a sequence that continues the one whose state is initial_state
     (None: nothing before), in `form`: (output, the state after the last token), the state's
-    layout the family's (implementations/forms.py's (S, z), S alone unnormalised; the delta
+    layout the family's (families/kernelised/forms.py's (S, z), S alone unnormalised; the delta
     rule's S (B, H, d, dv)). The spec's fields as reference's (causal), or `spec`."""
     fields = (feature_map, False, eps, normalize, scale, decay, delta_rule, qk_l2norm, family)
     spec = _spec_of(spec, fields, causal=True)

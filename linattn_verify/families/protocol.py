@@ -112,6 +112,8 @@ class Family:
     n tokens is the first n rows of the bound at the longest N.
     scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
     model (None: accuracy/bound.py's, which the families without a folder share).
+    weights(q, k, spec, w, decay): the quadratic form's weights of its golden form, the
+    decay's w_ij in them (implementations.golden.Weights; None: it has none).
     per_token(spec): whether its packed argument is given per token (sliced along N with
     q's tokens, axis 2), so that a check that changes or packs tokens changes or packs it
     too; by default the spec's own answer (Spec.per_token: gates, the delta rule's beta).
@@ -169,6 +171,7 @@ class Family:
     formula: Callable[[Spec], str] | None = None
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
+    weights: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None
     per_token: Callable[[Spec], bool] = field(default=lambda spec: spec.per_token)
     forgets: Callable[[Spec], bool] = lambda spec: False
     quadratic: bool = False

@@ -1,8 +1,8 @@
 """The families whose modules still sit in the horizontal packages, behind the same
 protocol: kernelised attention (scale, eps, normalisation), the scalar decays (a constant
 gamma per head, or log-gates per token), channel gates, and softmax. Their references are
-reference/'s engines, their forms implementations/forms.py's, their golden form
-implementations/golden.py's and their bound accuracy/bound.py's, each until its folder lands
+reference/'s engines, their forms and golden forms their folders' (families/<f>/forms.py,
+golden.py) and their bound accuracy/bound.py's, each until its folder lands
 (docs/architecture.md, "Families")."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from ..cases import Case, constant_decay, rated_decay
-from ..implementations import forms, golden
 from ..inputs import AttentionInputs, decay_values, validate
 from ..reference import exact_attention
 from ..reference.arb import arb_decimal, arb_denominator_signs
@@ -23,65 +22,26 @@ from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.similarity import Similarity
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
+from .channel_gates import forms as channel_gates_forms
+from .channel_gates import golden as channel_gates_golden
 from .channel_gates import reference as channel_gates_reference
+from .channel_gates.quadratic import weights as channel_gates_weights
+from .decayed import forms as decayed_forms
+from .decayed import golden as decayed_golden
 from .decayed import reference as decayed_reference
 from .decayed.notes import DECAY_NOTES
+from .decayed.quadratic import weights as decayed_weights
 from .kernelised import certified_gradients as kernelised_gradients
+from .kernelised import forms as kernelised_forms
+from .kernelised import golden as kernelised_golden
 from .kernelised import reference as kernelised_reference
+from .kernelised.quadratic import weights as kernelised_weights
 from .protocol import ArgumentNotes, Family
 from .softmax import certified_gradients as softmax_gradients
+from .softmax import forms as softmax_forms
+from .softmax import golden as softmax_golden
 from .softmax import reference as softmax_reference
-
-
-def _spec_options(spec: Spec) -> dict[str, Any]:
-    """The keywords of implementations/forms.py that say what `spec` is."""
-    fields = ("feature_map", "eps", "normalize", "scale", "decay")
-    return {name: getattr(spec, name) for name in fields}
-
-
-def _attention(q, k, v, spec: Spec, form, projection, chunk_size, arguments) -> torch.Tensor:
-    options = _spec_options(spec) | arguments
-    return forms.attention(
-        q,
-        k,
-        v,
-        causal=spec.causal,
-        form=form,
-        projection=projection,
-        chunk_size=chunk_size,
-        **options,
-    )
-
-
-def _attention_with_state(
-    q, k, v, spec: Spec, form, projection, chunk_size, initial_state, arguments
-):
-    options = _spec_options(spec) | arguments
-    return forms.attention_with_state(
-        q,
-        k,
-        v,
-        projection=projection,
-        form=form,
-        chunk_size=chunk_size,
-        initial_state=initial_state,
-        **options,
-    )
-
-
-def _attention_varlen(q, k, v, spec: Spec, cu_seqlens, form, projection, chunk_size, arguments):
-    options = _spec_options(spec) | arguments
-    return forms.attention_varlen(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        causal=spec.causal,
-        form=form,
-        projection=projection,
-        chunk_size=chunk_size,
-        **options,
-    )
+from .softmax.quadratic import weights as softmax_weights
 
 
 def _argument_names(spec: Spec) -> tuple[str, ...]:
@@ -150,11 +110,16 @@ def _family(
     arguments: tuple[str, ...],
     similarity,
     gradients,
+    forms,
+    golden,
+    weights,
     quadratic: bool = False,
     notes: tuple[ArgumentNotes, ...] = (),
 ) -> Family:
     """A family of this module: the same horizontal modules, its own specs and arguments;
-    similarity and gradients: its folder's similarities and certified_gradients."""
+    its folder's similarities (similarity), certified_gradients (gradients), forms (an object
+    with forms_of, attention, attention_with_state and attention_varlen), golden forms
+    (golden_forms, long_form, golden_attention) and weights."""
     return Family(
         name=name,
         folder=None,
@@ -169,12 +134,13 @@ def _family(
         case_arguments=_case_arguments,
         default_arguments=lambda spec, q: constant_decay(spec.decay, q),
         forms=forms.forms_of,
-        attention=_attention,
-        attention_with_state=_attention_with_state,
-        attention_varlen=_attention_varlen,
+        attention=forms.attention,
+        attention_with_state=forms.attention_with_state,
+        attention_varlen=forms.attention_varlen,
         golden_forms=golden.golden_forms,
         long_form=golden.long_form,
         golden=golden.golden_attention,
+        weights=weights,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
         certified_gradients=_certified_gradients(gradients),
         long_arguments=_long_arguments,
@@ -195,6 +161,9 @@ SOFTMAX = _family(
     (),
     softmax_reference.SOFTMAX,
     softmax_gradients.certified_gradients,
+    softmax_forms,
+    softmax_golden,
+    softmax_weights,
     quadratic=True,
 )
 CHANNEL_GATED = _family(
@@ -204,6 +173,9 @@ CHANNEL_GATED = _family(
     ("g",),
     channel_gates_reference.CHANNEL_GATES,
     kernelised_gradients.certified_gradients,
+    channel_gates_forms.FORMS,  # forms_of: kernelised attention's
+    channel_gates_golden,
+    channel_gates_weights,
     notes=(DECAY_NOTES,),
 )
 DECAYED = _family(
@@ -213,6 +185,9 @@ DECAYED = _family(
     ("gamma", "g"),
     decayed_reference.DECAYED,
     kernelised_gradients.certified_gradients,
+    decayed_forms.FORMS,  # forms_of: kernelised attention's
+    decayed_golden,
+    decayed_weights,
     notes=(DECAY_NOTES,),
 )
 KERNELISED = _family(
@@ -222,4 +197,7 @@ KERNELISED = _family(
     (),
     kernelised_reference.KERNELISED,
     kernelised_gradients.certified_gradients,
+    kernelised_forms,
+    kernelised_golden,
+    kernelised_weights,
 )

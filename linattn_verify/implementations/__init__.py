@@ -1,16 +1,8 @@
-"""Built-in torch implementations: the golden one, and every form of every spec."""
+"""What every family's built-in and golden forms share (each family's forms are its folder's,
+families/<f>/forms.py and golden.py): the tensor checks, the golden machinery, projections."""
 
-from .forms import FORMS, CausalStream, State, attention
-from .golden import GOLDEN_FORMS, golden_attention, golden_forms
+from .forms import FORMS
+from .golden import GOLDEN_FORMS
 from .projection import sample_projection_torch
 
-__all__ = [
-    "FORMS",
-    "GOLDEN_FORMS",
-    "CausalStream",
-    "State",
-    "attention",
-    "golden_attention",
-    "golden_forms",
-    "sample_projection_torch",
-]
+__all__ = ["FORMS", "GOLDEN_FORMS", "sample_projection_torch"]

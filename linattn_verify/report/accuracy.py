@@ -16,8 +16,7 @@ import torch
 
 from ..accuracy.judgement import Judgement
 from ..cases import Case
-from ..families import case_arguments
-from ..implementations.golden import decay_matrix, quadratic_weights
+from ..families import case_arguments, family_of
 from ..inputs import UNIT_ROUNDOFF
 from ..rounding import gamma
 from ..sampling import sample_projection
@@ -121,13 +120,8 @@ def denominator_margins(
     if not spec.normalize:
         return {"not_applicable": NO_DENOMINATOR}
     w64 = None if w is None else w.double()
-    gates = None
-    if spec.decay == "channel-gates":  # per channel: inside the similarities
-        gates = torch.cumsum(decay.double(), dim=-2)
-    # rows scaled by e^shift
-    weights, _ = quadratic_weights(q.double(), k.double(), spec, w64, gates)
-    if spec.decay is not None and gates is None:
-        weights = weights * decay_matrix(decay, spec, q.shape)
+    # rows scaled by e^shift; the decay's weights w_ij in them
+    weights, _ = family_of(spec).weights(q.double(), k.double(), spec, w64, decay)
     with np.errstate(invalid="ignore", divide="ignore"):
         r = (weights.sum(dim=-1) / weights.abs().sum(dim=-1)).cpu().numpy().ravel()
     defined = r[~np.isnan(r)]

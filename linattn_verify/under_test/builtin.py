@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..families import arguments, family_of, fast_form, forms_of
-from ..implementations import CausalStream
+from ..families.kernelised.forms import CausalStream
 from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import Spec, SpecError
 from .claim import state_layout

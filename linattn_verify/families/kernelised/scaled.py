@@ -4,7 +4,7 @@ unnormalised or decayed linear attention, causal or not, any dtype, CPU or CUDA.
 out_i = c sum_j w_ij phi(q_i).phi(k_j) v_j, divided by eps + c sum_j w_ij phi(q_i).phi(k_j)
 when normalised; c the spec's scale, w_ij the decay (1 without one):
 
-- quadratic: the weights materialised (golden.py's quadratic form);
+- quadratic: the weights materialised (quadratic.py's form, golden and built-in alike);
 - linear (non-causal, no decay): phi(Q) (phi(K)^T [V, 1]), the keys at one common scale;
 - recurrent (causal): S_i = w_i S_(i-1) + phi(k_i) v_i^T, z_i = w_i z_(i-1) + phi(k_i),
   w_i = gamma or exp(g_i) (diag(exp(g_i)) for channel gates), one token at a time (Sun et
@@ -26,17 +26,21 @@ so every factor is at most 1 and the largest is 1. The units are constants of au
 (eps rescaled, features.scaled_eps, and divided by c) or are multiplied back
 (unnormalised). States in and out are in true units (S = sum_j w_(N-1,j) phi(k_j) v_j^T).
 float16/bfloat16/float32 inputs are computed in float32, float64 in float64; autograd goes
-through all.
+through all. The decayed families build on these forms: they pass their decay in (Decay).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from ..inputs import check_decay
-from ..specs import Spec, SpecError
+from ...implementations.forms import FORMS
+from ...implementations.golden import Weights
+from ...inputs import check_decay
+from ...specs import Spec, SpecError
 from .features import (
     add_shifts,
     common_scale,
@@ -46,25 +50,25 @@ from .features import (
     scaled_eps,
     scaled_features,
 )
-from .golden import golden_attention
+from .quadratic import quadratic_form, weights
 
-DECAYED_FORMS = ("quadratic", "linear", "recurrent", "chunked")
 # State: (S, z) of a normalised spec, S alone otherwise
 State = tuple[torch.Tensor, torch.Tensor | None]
 
 
-def log_decays(decay: torch.Tensor, spec: Spec, shape: torch.Size, dtype) -> torch.Tensor:
-    """ln w_t per token and feature channel, (B, H, N, 1) of `shape`'s (B, H, N, d) for the
-    decays of one weight per token (ln gamma for a constant decay, g for gates) and g
-    itself, (B, H, N, d), for channel gates, in `dtype`."""
-    if spec.decay == "constant":
-        return torch.log(decay.to(dtype))[None, :, None, None].expand(*shape[:3], 1)
-    if spec.decay == "gates":
-        return decay.to(dtype)[..., None]
-    return decay.to(dtype)
+@dataclass(frozen=True)
+class Decay:
+    """A decay as these forms take it, passed in by the family built on kernelised attention
+    (families/decayed/forms.py, families/channel_gates/forms.py): logs(decay, spec, shape,
+    dtype), ln w_t in `dtype` of each token, (B, H, N, 1) of `shape`'s (B, H, N, d), or of
+    each token and feature channel, (B, H, N, d); weights: the quadratic form's weights with
+    the decay in them (implementations.golden.Weights)."""
+
+    logs: Callable[..., torch.Tensor]
+    weights: Weights
 
 
-def decayed_attention(
+def scaled_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -74,22 +78,23 @@ def decayed_attention(
     chunk_size: int = 64,
     decay: torch.Tensor | None = None,
     initial_state: State | None = None,
+    decayed: Decay | None = None,
 ) -> tuple[torch.Tensor, State | None]:
     """(out (B, H, N, dv) in q's dtype, the state after the last token for the causal
-    forms, else None) of `spec` in `form` (DECAYED_FORMS), continuing initial_state."""
-    if form not in DECAYED_FORMS:
-        raise SpecError(f"unknown form {form!r}; forms: {', '.join(DECAYED_FORMS)}")
-    if form != "quadratic" and not spec.info.kernelised:
-        raise SpecError(f"{spec.feature_map} has no finite feature map: only form='quadratic'")
+    forms, else None) of `spec` in `form` (FORMS), continuing initial_state;
+    decayed: the pieces of the decay whose values `decay` holds (None: no decay)."""
+    if form not in FORMS:
+        raise SpecError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
     if spec.info.needs_projection and projection is None:
         raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
-    if spec.decay is not None:
-        check_decay(decay, spec, tuple(q.shape))
+    if decayed is not None and check_decay(decay, spec, tuple(q.shape)) is None:
+        decayed = None  # a spec without a decay
     if form == "quadratic":
         if initial_state is not None:
             raise SpecError("the quadratic form carries no state")
-        return golden_attention(q, k, v, spec, projection, "quadratic", decay), None
-    if form == "linear" and (spec.causal or spec.decay is not None):
+        weighted = weights if decayed is None else decayed.weights
+        return quadratic_form(q, k, v, spec, projection, decay, weighted), None
+    if form == "linear" and spec.causal:  # a decay is causal (specs.Spec)
         raise SpecError(f"the linear form is non-causal without a decay, not {spec}")
     if form != "linear" and not spec.causal:
         raise SpecError(f"form {form!r} is causal; {spec} is not: use 'linear'")
@@ -107,8 +112,8 @@ def decayed_attention(
     if scale_k is None:
         scale_k = torch.zeros_like(body_k[..., :1])
     log_w = torch.zeros_like(vc[..., :1])
-    if spec.decay is not None:
-        log_w = log_decays(decay, spec, q.shape, dtype)
+    if decayed is not None:
+        log_w = decayed.logs(decay, spec, q.shape, dtype)
     state, units = _initial(initial_state, body_k, vz, spec)
     step = 1 if form == "recurrent" else chunk_size
     out, rows = [], []

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..specs import Spec
+from ...specs import Spec
 
 # elu features of a row are shifted when a coordinate of q or k is below this: unshifted,
 # every feature is >= e^-30, so products of two and their sums stay far above float32's
@@ -82,17 +82,3 @@ def at_one_scale(
         return body, None
     top = log_scale.amax(dim=-2, keepdim=True)
     return body * torch.exp(log_scale - top), top
-
-
-def total(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
-    """The sum of two log-scales, either of which may be absent."""
-    if first is None or second is None:
-        return second if first is None else first
-    return first + second
-
-
-def eps_in_units(eps: float, log_scale: torch.Tensor | None) -> torch.Tensor | float:
-    """eps exp(-log_scale): eps in the units of the scaled sums (0 stays 0)."""
-    if eps == 0.0 or log_scale is None:
-        return eps
-    return torch.exp(math.log(eps) - log_scale)

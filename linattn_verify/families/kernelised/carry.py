@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..specs import Spec
+from ...specs import Spec
 from .features import add_shifts, exp, scaled_eps
 
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..specs import Spec, SpecError
+from ...specs import Spec, SpecError
 from . import native
 
 # Maps whose features are exp(a(x) + c(x)): evaluated as log-features, shifted before exp.

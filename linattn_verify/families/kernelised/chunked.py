@@ -10,10 +10,10 @@ import math
 
 import torch
 
-from ..specs import Spec
+from ...specs import Spec
 from . import native
+from .carry import State, prefixes, quotient
 from .features import ELU_SHIFT_BELOW, exp, records_grad, scaled_features
-from .state import State, prefixes, quotient
 
 # Rows per block of the linear and chunked forms: enough to amortise per-op dispatch, few
 # enough that a block's features stay in cache (README, "Built-in implementations").
