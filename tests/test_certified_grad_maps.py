@@ -1,8 +1,8 @@
 """Certified gradients of the maps with signed or position-dependent features (identity
 normalised, cosFormer, Taylor, performer-trig), of the non-causal Performer maps and of the
-unnormalised specs of every map (reference/certified_grad_features.py and
-certified_grad_maps.py) against the exact ones of reference/grad.py: every element within
-its bound (infinite only where a denominator is not resolved), the bound below
+unnormalised specs of every map (families/kernelised/certified_gradients.py and
+certified_gradient_maps.py) against the exact ones of reference/grad.py: every element
+within its bound (infinite only where a denominator is not resolved), the bound below
 CERTIFIED_SHARE of grad.py's magnitude M on typical inputs and M <= M', across sub-chunks,
 chunks and steps (shrunk), decays, scales and eps; a J^T taken one feature off breaks the
 bound."""
@@ -71,7 +71,8 @@ def _case(spec: Spec, n=21, seed=0):
 
 def _check(x, spec: Spec, g_out) -> None:
     """certified_against_exact, every denominator resolved, bound <= CERTIFIED_SHARE M (what
-    gradient-length judges) and M <= M' (certified_grad_features.py's upper bound)."""
+    gradient-length judges) and M <= M' (families/kernelised/certified_gradients.py's upper
+    bound)."""
     _, bounds, mags, _, exact_mags, undefined = certified_against_exact(x, spec, g_out)
     for name, nan in undefined.items():
         assert np.all(bounds[name][~nan] < np.inf), name

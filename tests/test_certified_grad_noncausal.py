@@ -1,10 +1,10 @@
 """Certified gradients of the non-causal specs (reference/certified_grad.py's and
-certified_grad_features.py's "Non-causal") against the exact ones of reference/grad.py:
-every element within its bound (NaN where grad.py's is), the bound below 2^-30 of grad.py's
-magnitude M on typical inputs, M equal to grad.py's (unnormalised, and dv normalised) or
-M <= M' <= 2 M (normalised dq, dk: 1 + M(D) / D <= 2 without a decay), across sub-chunks,
-chunks and steps of the padded 2N-token chain (shrunk); adversarial magnitudes and
-denominators; the causal certificate fails against the non-causal gradients."""
+families/kernelised/certified_gradients.py's "Non-causal") against the exact ones of
+reference/grad.py: every element within its bound (NaN where grad.py's is), the bound below
+2^-30 of grad.py's magnitude M on typical inputs, M equal to grad.py's (unnormalised, and dv
+normalised) or M <= M' <= 2 M (normalised dq, dk: 1 + M(D) / D <= 2 without a decay), across
+sub-chunks, chunks and steps of the padded 2N-token chain (shrunk); adversarial magnitudes
+and denominators; the causal certificate fails against the non-causal gradients."""
 
 from __future__ import annotations
 

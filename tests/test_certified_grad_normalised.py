@@ -1,5 +1,5 @@
 """Certified gradients of the normalised elu and relu specs
-(reference/certified_grad_features.py) against the exact ones of reference/grad.py: every
+(families/kernelised/certified_gradients.py) against the exact ones of reference/grad.py: every
 element within its bound (NaN where grad.py's is), the bound below 2^-30 of grad.py's
 magnitude M on typical inputs, dv's M equal to grad.py's and dq's,
 dk's, dg's M' between M and (1 + max sigma) M (the upper bound the module states), across

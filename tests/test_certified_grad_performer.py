@@ -1,10 +1,10 @@
-"""Certified gradients of the normalised Performer specs (reference/certified_grad_features.py
-with certified_grad_maps.py's J^T: performer-positive, -hyperbolic and -trig) against the
-exact ones of reference/grad.py: every element within its bound (infinite only where a
-denominator is not resolved), the bound below 2^-30 of grad.py's magnitude M on typical
-inputs, and M <= M' (the upper bound the module states), across sub-chunks, chunks and
-steps (shrunk), decays None, constant and gates, scales and eps; large and tiny q, k
-(features underflowing or, trig's, overflowing)."""
+"""Certified gradients of the normalised Performer specs
+(families/kernelised/certified_gradients.py with certified_gradient_maps.py's J^T:
+performer-positive, -hyperbolic and -trig) against the exact ones of reference/grad.py:
+every element within its bound (infinite only where a denominator is not resolved), the
+bound below 2^-30 of grad.py's magnitude M on typical inputs, and M <= M' (the upper bound
+the module states), across sub-chunks, chunks and steps (shrunk), decays None, constant and
+gates, scales and eps; large and tiny q, k (features underflowing or, trig's, overflowing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Certified gradients of softmax (reference/certified_grad_softmax.py) against the exact
+"""Certified gradients of softmax (families/softmax/certified_gradients.py) against the exact
 ones of reference/grad.py: every element within its bound, the bound below CERTIFIED_SHARE
 of grad.py's magnitude M on typical inputs and M equal to grad.py's, across row blocks
 (shrunk), causal or not, eps and scales, more keys than queries; logits large enough that

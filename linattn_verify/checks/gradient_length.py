@@ -15,12 +15,13 @@ certificate exceeds CERTIFIED_SHARE of its magnitude M is left out (counted in t
 float64 is judged at N <= 65 by the gradient check, not here.
 
 Specs: every one: the delta rule's (DeltaNet, Gated DeltaNet, KDA: certified_delta_grad),
-the kernelised ones (certified_grad_features: every feature map, normalised or not, causal
-or not, any eps, scale and decay) and softmax (certified_grad_softmax, dense). For the
-normalised kernelised specs the magnitudes of dq, dk and dg (and of dv for signed features)
-are an upper bound M' on grad.py's M (certified_grad_features.py's docstring: 1 to 2.3
-times it as measured, dv up to 2.1 for taylor and 3.9 for performer-trig), so their errors
-in units of u M' read up to that much smaller: the bound and the budget scale alike.
+the kernelised ones (families/kernelised/certified_gradients.py: every feature map,
+normalised or not, causal or not, any eps, scale and decay) and softmax
+(families/softmax/certified_gradients.py, dense). For the normalised kernelised specs the
+magnitudes of dq, dk and dg (and of dv for signed features) are an upper bound M' on
+grad.py's M (families/kernelised/certified_gradients.py's docstring: 1 to 2.3 times it as
+measured, dv up to 2.1 for taylor and 3.9 for performer-trig), so their errors in units of
+u M' read up to that much smaller: the bound and the budget scale alike.
 """
 
 from __future__ import annotations
