@@ -23,7 +23,12 @@ from ..reference.certified_grad import certified_gradients
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.state import exact_state
 from ..specs import DECAY_ARGUMENTS, DECAY_SOURCES, FEATURE_MAPS, Spec
-from .protocol import Family
+from .channel_gates import bound as channel_gates_bound
+from .decayed import bound as decayed_bound
+from .kernelised import bound as kernelised_bound
+from .kernelised.gradient_bound import state_gradient_bound
+from .protocol import Family, SumsBound
+from .softmax import bound as softmax_bound
 
 
 def _spec_options(spec: Spec) -> dict[str, Any]:
@@ -109,8 +114,10 @@ def _certified_gradients(x: AttentionInputs, spec: Spec, g: np.ndarray):
     return (*certified_gradients(x, spec, g), roundings(x, spec))
 
 
-def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Family:
-    """A family of this module: the same horizontal modules, its own specs and arguments."""
+def _family(name: str, source: str, claims, arguments: tuple[str, ...], **bound) -> Family:
+    """A family of this module: the same horizontal modules, its own specs and arguments, and
+    its own terms of the shared bound (`bound`: sums_bound, state_bound and
+    state_gradient_bound, from its folder's bound.py)."""
     return Family(
         name=name,
         folder=None,
@@ -142,27 +149,56 @@ def _family(name: str, source: str, claims, arguments: tuple[str, ...]) -> Famil
         kinds=(),
         exact_decimal=arb_decimal,
         stepwise=False,
+        **bound,
+    )
+
+
+def _decayed_sums(balls) -> SumsBound:
+    """The decays' terms of the shared bound: their balls, the rest the scalar decays'."""
+    return SumsBound(
+        balls,
+        decayed_bound.fast_sums,
+        decayed_bound.denominator_condition,
+        kernelised_bound.feature_count,
     )
 
 
 SOFTMAX = _family(
-    "softmax", FEATURE_MAPS["softmax"].source, lambda spec: not spec.info.kernelised, ()
+    "softmax",
+    FEATURE_MAPS["softmax"].source,
+    lambda spec: not spec.info.kernelised,
+    (),
+    sums_bound=SumsBound(softmax_bound.ball_sums),
 )
 CHANNEL_GATED = _family(
     "channel gates",
     DECAY_SOURCES["channel-gates"],
     lambda spec: spec.decay == "channel-gates",
     ("g",),
+    sums_bound=_decayed_sums(channel_gates_bound.ball_sums),
+    state_bound=decayed_bound.state_bound,
+    state_gradient_bound=decayed_bound.state_gradient_bound,
 )
 DECAYED = _family(
     "scalar decay and gates",
     f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
     lambda spec: spec.decay in ("constant", "gates"),
     ("gamma", "g"),
+    sums_bound=_decayed_sums(decayed_bound.ball_sums),
+    state_bound=decayed_bound.state_bound,
+    state_gradient_bound=decayed_bound.state_gradient_bound,
 )
 KERNELISED = _family(
     "kernelised",
     "Katharopoulos et al. 2020, eq. 2-6: sim(q, k) = phi(q) . phi(k)",
     lambda spec: True,
     (),
+    sums_bound=SumsBound(
+        kernelised_bound.ball_sums,
+        kernelised_bound.fast_sums,
+        kernelised_bound.denominator_condition,
+        kernelised_bound.feature_count,
+    ),
+    state_bound=kernelised_bound.state_bound,
+    state_gradient_bound=state_gradient_bound,
 )

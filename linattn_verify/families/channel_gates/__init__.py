@@ -1,0 +1,1 @@
+"""Channel gates' folder: a log-gate per token and key channel (GLA)."""

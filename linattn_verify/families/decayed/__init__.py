@@ -1,0 +1,1 @@
+"""The scalar decays' folder: a constant gamma per head, or log-gates per token."""

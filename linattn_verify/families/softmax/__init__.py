@@ -1,0 +1,1 @@
+"""Softmax attention's folder: sim(q, k) = exp(q . k / sqrt(d))."""
