@@ -22,7 +22,7 @@ from ..specs import RSQRT_D, Spec
 class HeadSums:
     """One head's sums over |eps + D|, as float64 upper bounds (ratios stay in range where
     the sums themselves do not, e^-1e6): A (|terms| with |v| columns, then 1), F (the
-    features' errors, same columns); where D + eps is exactly zero; m (features per term)."""
+    terms' errors, same columns); where D + eps is exactly zero; m (features per term)."""
 
     a: np.ndarray
     f: np.ndarray
