@@ -185,9 +185,10 @@ def _digest(head: Head) -> bytes:
     return hasher.digest()
 
 
-def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray | None:
+def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
     """kappa_i = c sum_j w_ij |a_ij| / |eps + c D_i| (B, H, Nq, 1), the factor by which
     rounding in the denominator's terms is amplified, from the family's float64 sums (a
-    condition number: estimated, not bounded; Family.sums_bound.condition); None where the
-    terms cannot cancel (non-negative features, softmax) or there is no denominator."""
-    return family_of(spec).sums_bound.condition(x, spec)
+    condition number: estimated, not bounded; Family.sums_bound.condition); 1 where the
+    terms cannot cancel (non-negative features, softmax) and without a denominator."""
+    kappa = family_of(spec).sums_bound.condition(x, spec)
+    return np.ones((*x.shape[:3], 1)) if kappa is None else kappa

@@ -31,7 +31,7 @@ from ..inputs import (
 )
 from ..rounding import widest_gate_sum
 from ..specs import Spec, SpecError
-from .bound import denominator_condition, scale_and_bound
+from .bound import scale_and_bound
 
 # Two correct summation orders in the same precision differ in their rounding errors by a
 # small factor (the worst-case bounds differ by the ratio of their gamma_n, a few for the
@@ -91,11 +91,11 @@ def amplification(
     """max(1, kappa_i |ref_ic| / s_ic): how many times a correct evaluation's typical error
     at element (i, c) exceeds the numerator's share of it. out = N / D errs by (dN - out
     dD) / D; sums of n terms typically err by sqrt(n) u_c times their |terms| (Higham &
-    Mary 2019), dN by s |D| and dD by kappa |D| (bound.denominator_condition), so out errs
+    Mary 2019), dN by s |D| and dD by kappa |D| (Family.sums_bound.condition), so out errs
     by sqrt(n) u_c (s + kappa |out|): kappa |out| / s times more where the denominator's
     terms cancel (signed features: identity, performer-trig, taylor). 1 (a float) where
     they cannot (kappa None: non-negative features, softmax) or there is no denominator."""
-    kappa = denominator_condition(x, spec)
+    kappa = family_of(spec).sums_bound.condition(x, spec)
     if kappa is None:
         return 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
