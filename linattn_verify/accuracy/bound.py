@@ -6,31 +6,28 @@ or dot product of n terms in any order has error <= gamma_n sum |terms|, gamma_n
 n u / (1 - n u) (Lemma 3.1 and eq. 3.5); elementary functions return within C_LIB units.
 
 For attention out_i = N_i / (eps + D_i), N_i = sum_j a_ij v_j, D_i = sum_j a_ij:
-- each weight a_ij = phi(q_i).phi(k_j) is computed from features with absolute errors
-  psi(q_i), psi(k_j) (per feature map: feature_errors) and summed over m features; then N
-  and D sum over Nk keys and eps is added: in any order (quadratic, linear, chunked), with
-  gamma = gamma_{m + Nk + 1}, |dN_ic| <= (1 + gamma) F_ic + gamma A_ic and
-  |dD_i| <= (1 + gamma) F_i + gamma A_i, where A sums |phi(q)|.|phi(k)| |v| (resp. 1)
-  and F sums (psi(q).|phi(k)| + |phi(q)|.psi(k) + psi(q).psi(k)) |v| (resp. 1);
-- softmax is a single exponential (m = 1): a_ij = exp(s_ij), s = q.k / sqrt(d), with
-  |ds| <= gamma_{d + C_LIB + 2} sum_l |q_l k_l| / sqrt(d) + u (|s_ij| + max_j |s_ij|)
-  (the last term: a stabilising max subtraction), so |da_ij| <= a_ij (e^{|ds|}(1 +
-  gamma_{C_LIB}) - 1);
+- each weight a_ij is computed within the family's error bound (Family.sums_bound: the
+  features' psi and a decay's eta, families/kernelised and families/decayed; softmax's
+  exponential, families/softmax) and summed over m products; then N and D sum over Nk keys
+  and eps is added: in any order (quadratic, linear, chunked), with gamma = gamma_{m + Nk +
+  1}, |dN_ic| <= (1 + gamma) F_ic + gamma A_ic and |dD_i| <= (1 + gamma) F_i + gamma A_i,
+  where A sums |a_ij| |v| (resp. 1) and F the weights' errors times |v| (resp. 1);
 - the quotient: |d out| <= (|dN| + |out| |dD|) / (|eps + D| - |dD|) (1 + u) + u |out|.
-The feature models (FEATURE_MODEL, feature_model: feature_errors.py) say what psi admits:
-"standard" every sane evaluation of each map, the textbook ones included; "relative" (vet
---strict) elu features to relative accuracy in entirely negative rows too.
+The feature models (rounding.FEATURE_MODEL, feature_model) say what psi admits: "standard"
+every sane evaluation of each map, the textbook ones included; "relative" (vet --strict)
+elu features to relative accuracy in entirely negative rows too.
 The bound is reported in units of u * s_ic, s_ic = sum_j |a_ij| |v_jc| / |eps + D_i| (for
 the signed performer-trig map: |phi(q)|.|phi(k)| in place of |a|), the magnitude the
 computation works at (docs/accuracy.md). The sums are evaluated in arb balls, so that the
-bound carries no rounding error of its own, or, for long sequences of kernelised specs, in
-float64 with their own rounding bounded (_fast_sums: within about 1e-9 of the balls',
-never below); the bound is infinite where n u >= 1.
+bound carries no rounding error of its own, or, for long sequences of a family with a
+float64 engine (Family.sums_bound.fast), in float64 with their own rounding bounded
+(_fast_sums: within about 1e-9 of the balls', never below); the bound is infinite where n
+u >= 1.
 
-Where: feature_errors.py (psi, the feature models), decay_errors.py (eta, the decay's
-weights in float64), ball_sums.py (a head's sums in balls), fast_sums.py (in float64);
-this module picks the engine, keeps the ball sums, and turns a head's sums into s and the
-bound (and the denominator's condition number); the state's bounds are state_bounds.py's.
+Where: ball_sums.py (a head's sums in balls), fast_sums.py (in float64), each from the
+family's terms (Family.sums_bound); this module picks the engine, keeps the ball sums, and
+turns a head's sums into s and the bound (and asks the family for the denominator's
+condition number); the state's bounds are state_bounds.py's.
 """
 
 from __future__ import annotations
@@ -44,16 +41,13 @@ import numpy as np
 from ..families import family_of
 from ..inputs import AttentionInputs
 from ..reference.balls import Head, working_precision
-from ..reference.certified import SAFETY, float_features, streamed_sums
-from ..reference.certified_decay import FEW_ROUNDINGS, decayed_sums
+from ..reference.certified import SAFETY
 from ..reference.common import MAX_PREC
-from ..rounding import gamma
+from ..rounding import FEATURE_MODEL, gamma
+from ..rounding import feature_model as feature_model  # re-exported (7 importers)
 from ..specs import Spec, SpecError
 from .ball_sums import HeadSums, _arb_sums
-from .decay_errors import _decay_errors
-from .fast_sums import _fast_decayed, _fast_plain, _fast_ratios
-from .feature_errors import FEATURE_MODEL, _features, _stabiliser
-from .feature_errors import feature_model as feature_model  # re-exported (7 importers)
+from .fast_sums import _fast_ratios
 
 BOUND_PREC = 64  # bits for the bound's own arithmetic: balls keep it rigorous
 FAST_BOUND_WORK = 2**16  # query-key pairs per head beyond which the sums run in float64
@@ -79,25 +73,13 @@ def probabilistic_lambda(terms: int, failure: float, u: float) -> float:
 
 
 def _fast_sums(head: Head, spec: Spec, u: float) -> HeadSums:
-    """HeadSums in float64 for every kernelised spec, the same quantities as _arb_sums' and
-    in the same way, only with the sums' own rounding bounded a posteriori: for long
-    sequences, where ball arithmetic is too slow. Within about 1e-9 of _arb_sums' (rho and
-    the FEW_ROUNDINGS of certified_decay.py, and the features' upper bounds)."""
-    q, k, w, name = head.q, head.k, head.w, spec.feature_map
-    big_m, stab = max(q.shape[0], k.shape[0]), _stabiliser(q, k, w, name)
-
-    def features(x: np.ndarray, start: int, stop: int):
-        """(features, upper bounds on the exact |phi|, psi) of rows start:stop of x."""
-        return _features(x[start:stop], np.arange(start, stop), big_m, w, name, u, stab)
-
-    sums = _fast_decayed if spec.decay is not None else _fast_plain
-    a, f, den = sums(head, spec, features)
-    if spec.decay is not None:  # each weight's own decay error, relative: (A + F) eta
-        eta = _decay_errors(head, spec, u)[:, None]
-        with np.errstate(invalid="ignore", over="ignore"):  # arb: 0 inf is NaN, then inf
-            f = np.where(np.isfinite(eta), (f + (a + f) * eta) * FEW_ROUNDINGS, np.inf)
-    m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
-    return _fast_ratios(a, f, den, spec, q.shape[1], u, m)
+    """HeadSums in float64 from the family's float64 sums (Family.sums_bound.fast), the same
+    quantities as _arb_sums' and in the same way, only with the sums' own rounding bounded
+    a posteriori: for long sequences, where ball arithmetic is too slow. Within about 1e-9
+    of _arb_sums' (rho and the FEW_ROUNDINGS of certified_decay.py, and the features' upper
+    bounds)."""
+    a, f, den, m = family_of(spec).sums_bound.fast(head, spec, u)
+    return _fast_ratios(a, f, den, spec, head.q.shape[1], u, m)
 
 
 def _bound_rows(sums: HeadSums, out, u: float, nk: int, tiny: float, lam: float | None):
@@ -136,17 +118,20 @@ def scale_and_bound(
     tiny is the dtype's smallest subnormal: the output's own rounding may lose half of it
     to underflow (an exact 1e-52 is 0 in float32). Underflow inside the computation is
     outside the standard model and this bound.
-    engine: "arb" (the sums in balls), "fast" (in float64 with their rounding bounded, not
-    for softmax) or "auto" (fast for kernelised specs past FAST_BOUND_WORK key-query pairs).
+    engine: "arb" (the sums in balls), "fast" (in float64 with their rounding bounded, for
+    a family with a float64 engine, Family.sums_bound.fast: not softmax) or "auto" (fast
+    for those past FAST_BOUND_WORK key-query pairs).
     lam: also Higham & Mary's probabilistic bound with that lambda (gamma_probabilistic),
     the smaller of the two; it holds but with the probability its lambda was chosen for.
     """
-    if own := family_of(spec).scale_and_bound:  # a family with a model of its own
+    family = family_of(spec)
+    if own := family.scale_and_bound:  # a family with a model of its own
         return own(x, spec, ref, u, tiny)
     b_, h_, nq, nk, _, dv = x.shape
+    fast = family.sums_bound.fast is not None
     if engine == "auto":
-        engine = "fast" if spec.info.kernelised and nq * nk > FAST_BOUND_WORK else "arb"
-    if engine == "fast" and not spec.info.kernelised:
+        engine = "fast" if fast and nq * nk > FAST_BOUND_WORK else "arb"
+    if engine == "fast" and not fast:
         raise SpecError(f"the fast bound is for kernelised specs, not {spec}: engine='arb'")
     scale = np.full((b_, h_, nq, dv), np.nan)
     bound = np.full((b_, h_, nq, dv), np.nan)
@@ -201,39 +186,9 @@ def _digest(head: Head) -> bytes:
 
 
 def denominator_condition(x: AttentionInputs, spec: Spec) -> np.ndarray:
-    """kappa_i = c sum_j w_ij |phi(q_i)|.|phi(k_j)| / |eps + c D_i| (B, H, Nq, 1), the factor
-    by which rounding in the denominator's terms is amplified (1 for non-negative features
-    and for softmax, and without a denominator), from float64 sums (a condition number:
-    estimated, not bounded); a decay's sums are certified_decay.decayed_sums'."""
-    b_, h_, nq, nk, d, _ = x.shape
-    kappa = np.ones((b_, h_, nq, 1))
-    name = spec.feature_map
-    if not spec.info.kernelised or spec.info.nonnegative_features or not spec.normalize:
-        return kappa
-    eps = spec.eps / spec.scale_for(d)  # kappa = sum |a| / |eps / c + D|
-    for b in range(b_):
-        for h in range(h_):
-            q, k, w = x.q[b, h], x.k[b, h], x.projection
-            big_m = max(nq, nk)
-            if spec.decay is not None:
-                head = Head.of(x, b, h)
-                for start, stop, value, _, magnitude in decayed_sums(
-                    q, k, x.v[b, h][:, :0], w, head.decay, spec
-                ):
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        kappa[b, h, start:stop, 0] = magnitude[:, -1] / np.abs(value[:, -1] + eps)
-                continue
-
-            def lefts(start: int, stop: int, q=q, w=w, big_m=big_m) -> list[np.ndarray]:
-                phi = float_features(q[start:stop], np.arange(start, stop), big_m, w, name).phi
-                return [phi, np.abs(phi)]
-
-            def rights(start: int, stop: int, k=k, w=w, big_m=big_m):
-                phi = float_features(k[start:stop], np.arange(start, stop), big_m, w, name).phi
-                ones = np.ones((stop - start, 1))
-                return [(phi, ones), (np.abs(phi), ones)]
-
-            for start, stop, (d, a) in streamed_sums(lefts, rights, nq, nk, spec.causal):
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    kappa[b, h, start:stop] = a / np.abs(d + eps)
-    return kappa
+    """kappa_i = c sum_j w_ij |a_ij| / |eps + c D_i| (B, H, Nq, 1), the factor by which
+    rounding in the denominator's terms is amplified, from the family's float64 sums (a
+    condition number: estimated, not bounded; Family.sums_bound.condition); 1 where the
+    terms cannot cancel (non-negative features, softmax) and without a denominator."""
+    kappa = family_of(spec).sums_bound.condition(x, spec)
+    return np.ones((*x.shape[:3], 1)) if kappa is None else kappa

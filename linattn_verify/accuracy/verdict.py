@@ -31,7 +31,7 @@ from ..inputs import (
 )
 from ..rounding import widest_gate_sum
 from ..specs import Spec, SpecError
-from .bound import denominator_condition, scale_and_bound
+from .bound import scale_and_bound
 
 # Two correct summation orders in the same precision differ in their rounding errors by a
 # small factor (the worst-case bounds differ by the ratio of their gamma_n, a few for the
@@ -74,13 +74,14 @@ def attainable_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
 
 def sums_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     """The typical error (units of u s) of a correct evaluation's sums, before the output's
-    rounding: sum_roundings of the longest sum, n = m + Nk + 1 terms (m features, Nk keys,
-    eps; a family's own count where it has one: Family.sum_length); with a decay at least
-    the error of its chunked evaluation (decay_floor)."""
+    rounding: sum_roundings of the longest sum, n = m + Nk + 1 terms (m features,
+    Family.sums_bound.features, Nk keys, eps; a family's own count where it has one:
+    Family.sum_length); with a decay at least the error of its chunked evaluation
+    (decay_floor)."""
     nk, d = x.k.shape[2:]
     rows = None if x.projection is None else x.projection.shape[0]
-    m = spec.info.feature_dim(d, rows) if spec.info.kernelised else 1
-    n = family_of(spec).sum_length(nk, d, m)
+    family = family_of(spec)
+    n = family.sum_length(nk, d, family.sums_bound.features(spec, d, rows))
     return max(sum_roundings(n, u), decay_floor(spec, x, u))
 
 
@@ -90,13 +91,13 @@ def amplification(
     """max(1, kappa_i |ref_ic| / s_ic): how many times a correct evaluation's typical error
     at element (i, c) exceeds the numerator's share of it. out = N / D errs by (dN - out
     dD) / D; sums of n terms typically err by sqrt(n) u_c times their |terms| (Higham &
-    Mary 2019), dN by s |D| and dD by kappa |D| (bound.denominator_condition), so out errs
+    Mary 2019), dN by s |D| and dD by kappa |D| (Family.sums_bound.condition), so out errs
     by sqrt(n) u_c (s + kappa |out|): kappa |out| / s times more where the denominator's
-    terms cancel (signed features: identity, performer-trig, taylor). 1 (a float) without
-    a denominator and for non-negative features (kappa = 1, |out| <= s)."""
-    if not spec.normalize or not spec.info.kernelised or spec.info.nonnegative_features:
+    terms cancel (signed features: identity, performer-trig, taylor). 1 (a float) where
+    they cannot (kappa None: non-negative features, softmax) or there is no denominator."""
+    kappa = family_of(spec).sums_bound.condition(x, spec)
+    if kappa is None:
         return 1.0
-    kappa = denominator_condition(x, spec)
     with np.errstate(divide="ignore", invalid="ignore"):
         times = kappa * np.abs(ref) / scale
     return np.maximum(1.0, np.nan_to_num(times, nan=1.0, posinf=np.inf))
@@ -117,9 +118,7 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     log-gates within a chunk of DECAY_CHUNK tokens, in its compute precision u_c: an error
     of u_c times the sums' size, |G| <= the largest sum of |ln w_t| over DECAY_CHUNK
     consecutive tokens (the largest channel's for channel gates), relative to each weight
-    (units of u: |G| u_c / u); 0 without a decay."""
-    if spec.decay is None:
-        return 0.0
+    (units of u: |G| u_c / u); 0 without a decay (rounding.widest_gate_sum)."""
     widest = widest_gate_sum(spec, x)
     u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
     return widest * u_compute / u

@@ -62,6 +62,27 @@ class ArgumentNotes:
 
 
 @dataclass(frozen=True)
+class SumsBound:
+    """A family's terms of the shared a-priori bound (accuracy/bound.py, for a family without
+    a scale_and_bound of its own), the engine keeping the scale, the quotient and the bound.
+
+    balls(head, spec, u, x): one head's sums in arb balls, unscaled, (N and D, A, F, m): N
+    and D the sums of its weights times v (no columns) and 1, A of their magnitudes and F of
+    their errors' bounds, both with x = [|v|, 1] as columns, m the products per weight.
+    fast(head, spec, u): (A, F, (D^, a bound on |D^ - D|) or None unnormalised, m) in float64
+    with their own rounding bounded, for long sequences (None: the balls only).
+    condition(x, spec): the denominator's condition number kappa (B, H, Nq, 1), None where
+    its terms cannot cancel. features(spec, d, rows): m, the features per weight (the
+    budget's sum length, Family.sum_length).
+    """
+
+    balls: Callable[..., tuple[list, list, list, int]] | None = None
+    fast: Callable[..., tuple] | None = None
+    condition: Callable[[AttentionInputs, Spec], np.ndarray | None] = lambda x, spec: None
+    features: Callable[[Spec, int, int | None], int] = lambda spec, d, rows: 1
+
+
+@dataclass(frozen=True)
 class Family:
     """One spec family's answers to the shared layers.
 
@@ -111,7 +132,10 @@ class Family:
     first token), so its long checks stop at their shorter default lengths and its bound at
     n tokens is the first n rows of the bound at the longest N.
     scale_and_bound(x, spec, ref, u, tiny), state_bound(x, spec, u, tiny): its own a-priori
-    model (None: accuracy/bound.py's, which the families without a folder share).
+    model (scale_and_bound None: accuracy/bound.py's shared engine, given its sums_bound;
+    state_bound None: it has no state model); state_gradient_bound(x, spec, g_out, g_state,
+    u, tiny, normalised): the bound on its state gradients' errors (None: it has none).
+    sums_bound: its terms of accuracy/bound.py's shared engine (SumsBound).
     weights(q, k, spec, w, decay): the quadratic form's weights of its golden form, the
     decay's w_ij in them (implementations.golden.Weights; None: it has none).
     per_token(spec): whether its packed argument is given per token (sliced along N with
@@ -125,6 +149,8 @@ class Family:
     long section.
     state_gradients: its own model of the state-gradient check (StateGradients; None: the
     model of checks/state_gradient.py, the normaliser's and the final state's terms).
+    label: the word that names its specs in vector names and test ids beside their fields'
+    words (the delta rule's "delta"; None: the fields' words name them).
     options: its own options in the claim's grammar (option.Option: the command line's
     flags, pytest's options, keywords), beside the spec's shared ones (under_test/claim.py).
     notes: how the report's sweeps draw its arguments (ArgumentNotes, one per key, each for
@@ -165,6 +191,8 @@ class Family:
     stepwise: bool
     scale_and_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
     state_bound: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
+    state_gradient_bound: Callable[..., tuple] | None = None
+    sums_bound: SumsBound = field(default_factory=SumsBound)
     exact_decimal: Callable[[AttentionInputs, Spec, int], np.ndarray] | None = None
     known_answer_cases: Callable[[], list[tuple[Spec, str, Any]]] = list
     vector_fields: Callable[[Spec], dict[str, Any]] = lambda spec: {}
@@ -178,4 +206,5 @@ class Family:
     state_gradients: StateGradients | None = None
     notes: tuple[ArgumentNotes, ...] = ()
     options: tuple[Option, ...] = ()
+    label: str | None = None
     similarity: Similarity | None = None

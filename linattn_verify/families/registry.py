@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from ..specs import Spec, SpecError
+from .channel_gates.family import CHANNEL_GATED
+from .decayed.family import DECAYED
 from .delta.family import DELTA
 from .iplr.family import IPLR
+from .kernelised.family import KERNELISED
 from .protocol import Family
-from .standard import CHANNEL_GATED, DECAYED, KERNELISED, SOFTMAX
+from .softmax.family import SOFTMAX
 
 FAMILIES: tuple[Family, ...] = (DELTA, IPLR, SOFTMAX, CHANNEL_GATED, DECAYED, KERNELISED)
 # the families a spec chooses by name (Spec.family, --family NAME): their folders' names

@@ -49,7 +49,7 @@ def spec_label(spec: Spec) -> str:
     words = [spec.feature_map, "causal" if spec.causal else "full"]
     words += [f"eps{spec.eps:g}"] * (spec.eps != 0)
     words += ["unnormalised"] * (not spec.normalize) + ["scaled"] * (spec.scale != 1.0)
-    words += [folder] if (folder := family_of(spec).folder) else []
+    words += [label] if (label := family_of(spec).label) else []
     words += [spec.decay] * (spec.decay is not None)
     return "-".join(words + ["l2norm"] * spec.qk_l2norm)
 

@@ -96,8 +96,8 @@ class Implementation:
         eps = f"-eps{spec.eps:g}" if spec.eps else ""
         causal = "causal" if spec.causal else "full"
         rest = "-unnormalised" * (not spec.normalize) + f"-{spec.decay}" * bool(spec.decay)
-        folder = family_of(spec).folder  # a family of its own: its folder's name
-        rest += f"-{folder}" * bool(folder) + "-l2norm" * spec.qk_l2norm
+        label = family_of(spec).label  # the word of a family its fields do not name
+        rest += f"-{label}" * bool(label) + "-l2norm" * spec.qk_l2norm
         rest += f"-scale{spec.scale_for(1) if spec.scale != RSQRT_D else 'rsqrtd'}" * (
             spec.scale != 1.0
         )

@@ -127,6 +127,7 @@ NOTES = ArgumentNotes(
 DELTA = Family(
     name="delta rule",
     folder="delta",
+    label="delta",
     source=DELTA_SOURCE,
     claims=lambda spec: spec.delta_rule,
     check=lambda spec: None,  # specs.Spec checks the delta rule's fields

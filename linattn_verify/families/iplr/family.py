@@ -118,6 +118,7 @@ def _state_bound(x: AttentionInputs, spec: Spec, u: float, tiny: float = 0.0):
 IPLR = Family(
     name="IPLR rule",
     folder="iplr",
+    label="iplr",
     source=IPLR_SOURCE,
     claims=lambda spec: spec.family == "iplr",
     check=check,

@@ -1,0 +1,28 @@
+"""Softmax attention behind families.protocol.Family (Vaswani et al. 2017): the hooks of
+its folder, reference/'s engines with its similarity (similarity_sums.py); quadratic
+forms only (no finite feature map), no state."""
+
+from __future__ import annotations
+
+from ...specs import FEATURE_MAPS
+from ..protocol import Family, SumsBound
+from ..similarity_sums import sums_family
+from . import forms, golden
+from .bound import ball_sums
+from .certified_gradients import certified_gradients
+from .quadratic import weights
+from .reference import SOFTMAX as SIMILARITY
+
+SOFTMAX: Family = sums_family(
+    name="softmax",
+    folder="softmax",
+    source=FEATURE_MAPS["softmax"].source,
+    claims=lambda spec: not spec.info.kernelised,
+    similarity=SIMILARITY,
+    gradients=certified_gradients,
+    forms=forms,
+    golden=golden,
+    weights=weights,
+    sums_bound=SumsBound(ball_sums),
+    quadratic=True,
+)
