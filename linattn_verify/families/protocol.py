@@ -3,10 +3,8 @@
 A family is the set of specs that share one state update and one accuracy model (DESIGN.md,
 "Spec families"). The layers above (accuracy, checks, vet, report, the property suite, the
 CLI) ask `family_of(spec)` (registry.py) for a spec's references, forms, golden form and
-bound, and never test which family a spec is. A family with a folder of its own
-(`families/<name>/`) holds all of those there; the others still point into the horizontal
-packages (reference/, implementations/, accuracy/), each hook named in docs/architecture.md,
-until their folders land.
+bound, and never test which family a spec is. Each family is a folder of its own
+(`families/<name>/`, docs/architecture.md, "Families"), whose family.py builds its Family.
 """
 
 from __future__ import annotations
@@ -86,8 +84,8 @@ class SumsBound:
 class Family:
     """One spec family's answers to the shared layers.
 
-    name: the family's name; folder: its folder under families/ (None: its modules still sit
-    in the horizontal packages); source: where its formulas come from.
+    name: the family's name; folder: its folder under families/; source: where its formulas
+    come from.
     claims(spec): whether `spec` is this family's (the registry asks the families in order);
     exact_decimal(x, spec, digits): the exact output as decimal strings, correctly rounded
     (its known-answer vectors' engine; None: it has none); known_answer_cases(): (spec,
@@ -161,7 +159,7 @@ class Family:
     """
 
     name: str
-    folder: str | None
+    folder: str
     source: str
     claims: Callable[[Spec], bool]
     check: Callable[[Spec], None]
