@@ -42,12 +42,13 @@ class Sweep:
 
 
 def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
-    """(q, k, v, W, decay): seeded N(0, 1) q, k, v and an orthogonal W, the same float64
-    draws for every dtype and spec (so dtypes and specs are compared on the same numbers),
-    rounded to `dtype`; a decayed spec's decay that of the case of the sweep's shape and
-    seed (Case.decay, None without one); the delta rule's q, k, v and its packed beta and
-    gates that case's arguments as vet draws them (families.case_arguments: unit-norm keys, or raw
-    ones where the kernel normalises them, beta ~ U(0, 1))."""
+    """(q, k, v, W, decay): seeded N(0, 1) q, k, v and an orthogonal W, the same float64 draws
+    for every dtype and spec (so dtypes and specs are compared on the same numbers), rounded
+    to `dtype`; a decayed spec's decay that of the case of the sweep's shape and seed
+    (families.case_arguments: Case.decay, None without one); the delta rule's q, k, v and
+    its packed beta and gates that case's arguments as vet draws them
+    (families.case_arguments: unit-norm keys, or raw ones where the kernel normalises them,
+    beta ~ U(0, 1))."""
     t = getattr(torch, dtype)
     w = None
     if spec.info.needs_projection:
@@ -60,7 +61,7 @@ def sweep_inputs(spec: Spec, sweep: Sweep, n: int, dtype: str):
     rng = np.random.default_rng([sweep.seed, n])
     shapes = [(sweep.b, sweep.h, n, sweep.d)] * 2 + [(sweep.b, sweep.h, n, sweep.dv)]
     q, k, v = (torch.tensor(rng.standard_normal(s)).to(t).to(sweep.device) for s in shapes)
-    return q, k, v, w, case.decay(spec.decay)
+    return q, k, v, w, case_arguments(case, spec)[4]  # its family's draw: a decay, or none
 
 
 def accuracy_rows(
