@@ -72,9 +72,10 @@ class AttentionInputs:
     decay: np.ndarray | None = None
     beta: np.ndarray | None = None
 
-    def first(self, n: int, spec: Spec) -> AttentionInputs:
-        """The inputs of the first n tokens (their gates and beta; gamma whole)."""
-        per_token = self.decay is not None and spec.gated
+    def first(self, n: int) -> AttentionInputs:
+        """The inputs of the first n tokens (their gates, per token (B, H, N[, d]), and beta;
+        gamma (H,) whole)."""
+        per_token = self.decay is not None and self.decay.ndim >= 3
         part = (t[:, :, :n] for t in (self.q, self.k, self.v))
         decay = self.decay[:, :, :n] if per_token else self.decay
         beta = None if self.beta is None else self.beta[:, :, :n]

@@ -235,7 +235,7 @@ def test_the_state_bound_holds_after_each_of_the_first_steps(kind):
     else:
         x = type(x)(x.q, x.k, np.zeros_like(x.v), None, x.dtype, None, x.beta)
     for t in range(1, 5):
-        part = x.first(t, spec)
+        part = x.first(t)
         got = float64_delta(part, spec, s0)
         state = arb_delta(part, spec, s0, state=True)[1]
         err = np.sqrt(np.sum((got.state - state) ** 2, axis=-2))

@@ -114,7 +114,7 @@ def _by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> 
     """_unrepresentable for the state after any of `cuts` tokens, as a by-nature reason."""
     spec = impl.spec
     for c in cuts:
-        if why := _unrepresentable(_exact(x.first(c, spec), spec), dtype, spec.feature_map):
+        if why := _unrepresentable(_exact(x.first(c), spec), dtype, spec.feature_map):
             return f"{why} after {c} tokens: a state in true units cannot carry it"
     return None
 
