@@ -17,7 +17,7 @@ q_i, the keys k_j it attends to and their values v_jc; each namer below rebuilds
     library rounds expm1; at ln u whatever it does): the finest precision in which the
     element's denominator vanishes is named, with ln u, where the cancellation starts;
 - elu, within the bound and over the budget: "elu-expm1" again: its error is absolute (u)
-  where the golden one's is relative (accuracy/feature_errors.py), which costs
+  where the golden one's is relative (families/kernelised/bound.py), which costs
   accuracy in rows whose every coordinate is below regimes.ELU_ROW_FLOOR = -ln K_BUDGET
   (features under 1 / K_BUDGET): named when the expm1(x) + 1 evaluation alone exceeds the
   budget there, by an error within a factor EXPLAINS of the kernel's;
