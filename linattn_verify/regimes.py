@@ -9,9 +9,9 @@ the checks draw or build is in exactly one, `regime_of(case, spec)`:
   every row of q and k has a coordinate at or above ELU_ROW_FLOOR = -ln(K_BUDGET): below
   it every feature of the row is under 1 / K_BUDGET, and the textbook evaluation F.elu(x)
   + 1, whose feature error is absolute (C_LIB u, families/kernelised/bound.py) where the
-  golden one's is relative, may exceed the budget's K_BUDGET-fold margin there. Such rows (common with
-  the checks' small d, rare with d = 64) are where whole rows of features shrink toward
-  underflow: a stress.
+  golden one's is relative, may exceed the budget's K_BUDGET-fold margin there. Such rows
+  (common with the checks' small d, rare with d = 64) are where whole rows of features
+  shrink toward underflow: a stress.
 - extreme: the dtype's limits: magnitudes whose products leave its range (above the square
   root of its largest finite value, below that of its smallest normal), and the edge of
   each kind's range (strategies.regime: elu rows of -1e6, the largest Performer norms).
