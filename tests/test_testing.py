@@ -95,7 +95,7 @@ def test_the_plugin_adds_the_impl_options_outside_this_repository(tmp_path):
         "def test_named(attention_under_test):\n"
         "    assert attention_under_test.spec.feature_map == 'relu'\n"
     )
-    target = "linattn_verify.implementations:attention"
+    target = "linattn_verify:attention"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path),
          "--impl", target, "--feature-map", "relu"],

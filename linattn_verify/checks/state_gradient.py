@@ -186,7 +186,7 @@ def _own_model(family: Family, impl: Implementation, case: Case, inputs, x, g_ou
     except ReferenceAccuracyError as err:
         return Outcome(True, f"not judged: {err}")
     grads = _backward(impl, q, k, v, w, decay, (s0,), cotangents, g_out)
-    got = dict(zip(("q", "k", "v"), grads[:3])) | family.keywords(spec, grads[3], "bhnd")
+    got = dict(zip(("q", "k", "v"), grads[:3])) | model.arguments(spec, grads[3])
     golden = _golden_gradients(family, spec, (q, k, v, decay, s0), g_out, cotangents[0])
     mags = model.magnitudes(x, spec, *arrays)
     n, u = model.roundings(x, spec), UNIT_ROUNDOFF[case.dtype]
@@ -203,10 +203,10 @@ def _golden_gradients(family: Family, spec, tensors, g_out, g_state) -> dict[str
     """The golden form's gradients (StateGradients.golden_with_state, autograd) of
     sum(out * g_out) + sum(S_N * g_state) for (q, k, v, the packed argument, S_0)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
-    golden = family.state_gradients.golden_with_state
+    model = family.state_gradients
     with torch.enable_grad():
-        out, final = golden(*leaves[:3], spec, leaves[3], leaves[4])
+        out, final = model.golden_with_state(*leaves[:3], spec, leaves[3], leaves[4])
         loss = (out * g_out).sum() + (final * g_state.to(final.dtype)).sum()
         grads = torch.autograd.grad(loss, leaves)
-    named = dict(zip(("q", "k", "v"), grads[:3])) | family.keywords(spec, grads[3], "bhnd")
+    named = dict(zip(("q", "k", "v"), grads[:3])) | model.arguments(spec, grads[3])
     return {name: as_array(t) for name, t in (named | {"S0": grads[4]}).items()}

@@ -32,13 +32,15 @@ class StateGradients:
     exact(x, spec, g_out, g_state, s0): the exact gradients by name (q, k, v, its
     arguments', S0); magnitudes(x, spec, g_out, g_state, s0): their M; roundings(x, spec):
     n; golden_with_state(q, k, v, spec, packed, s0): its golden form's (output, final
-    state), differentiable.
+    state), differentiable; arguments(spec, packed): its arguments by name from the packed
+    one, a tensor or an array.
     """
 
     exact: Callable[..., dict[str, np.ndarray]]
     magnitudes: Callable[..., dict[str, np.ndarray]]
     roundings: Callable[[AttentionInputs, Spec], int]
     golden_with_state: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    arguments: Callable[[Spec, Any], dict[str, Any]]
 
 
 @dataclass(frozen=True)

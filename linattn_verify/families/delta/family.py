@@ -167,6 +167,7 @@ DELTA = Family(
         magnitudes=delta_gradient_magnitudes,
         roundings=delta_roundings,
         golden_with_state=golden_delta_with_state,
+        arguments=delta_arguments,
     ),
     notes=(DECAY_NOTES, NOTES),
     options=OPTIONS,
