@@ -75,7 +75,8 @@ def _references(similarity: Similarity) -> dict[str, Any]:
         if spec.normalize and (zero := arb_denominator_signs(x, spec, similarity) == 0).any():
             at = tuple(int(t) for t in np.argwhere(zero)[0])
             return f"the exact denominator of row (b, h, i) = {at} is 0"
-        return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
+        hooks = similarity.gradients
+        return (*exact_gradients_and_magnitudes(x, spec, g, hooks), roundings(x, spec, hooks))
 
     return dict(
         exact=exact,
@@ -87,9 +88,11 @@ def _references(similarity: Similarity) -> dict[str, Any]:
     )
 
 
-def _certified_gradients(gradients):
-    """Family.certified_gradients from a folder's certified_gradients(x, spec, g)."""
-    return lambda x, spec, g: (*gradients(x, spec, g), roundings(x, spec))
+def _certified_gradients(gradients, similarity: Similarity):
+    """Family.certified_gradients from a folder's certified_gradients(x, spec, g), n by its
+    similarity's hooks (Similarity.gradients)."""
+    hooks = similarity.gradients
+    return lambda x, spec, g: (*gradients(x, spec, g), roundings(x, spec, hooks))
 
 
 def _long_arguments(spec: Spec, k: torch.Tensor, rates: torch.Tensor, seed: int, dtype):
@@ -142,7 +145,7 @@ def _family(
         golden=golden.golden_attention,
         weights=weights,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
-        certified_gradients=_certified_gradients(gradients),
+        certified_gradients=_certified_gradients(gradients, similarity),
         long_arguments=_long_arguments,
         sums_memory=True,
         kinds=(),

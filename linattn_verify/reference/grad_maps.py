@@ -27,17 +27,20 @@ def _transpose(rows: list) -> list:
 class Kernel:
     """The per-map part at the working precision: a_ij and its magnitude, the weight that
     turns b_ij into the coefficient e_ij of the q/k derivative, and the sums over keys
-    (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T."""
+    (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T; per_feature:
+    the coefficients are lists over the features (Gradients.per_feature: channel gates)."""
 
-    def __init__(self, spec: Spec, qs: list, ks: list, w: list | None) -> None:
+    def __init__(
+        self, spec: Spec, qs: list, ks: list, w: list | None, per_feature: bool = False
+    ) -> None:
         mp = mpmath.mp
         self.name = spec.feature_map
         self.d = len(qs[0])
         nq, nk = len(qs), len(ks)
         big_m = max(nq, nk)
         self.dot = self.name in ("softmax", "taylor")
-        # channel gates: the coefficients e_ij are lists over the features, e_ijm
-        self.channel = spec.decay == "channel-gates"
+        # per-feature weights (channel gates): the coefficients e_ij are lists, e_ijm
+        self.channel = per_feature
         self.w = w
         self.x = {"q": qs, "k": ks}
         # the Performer maps' x' = x d^(-1/4) as `features` computes it, per row; c, and

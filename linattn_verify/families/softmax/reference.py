@@ -1,7 +1,8 @@
 """Softmax attention's part of the shared exact engines (reference/similarity.py): sim(q,
 k) = exp(q . k / sqrt(d)) (Vaswani et al. 2017, eq. 1) times the scale, no weights, no
 state: mpmath's rows (mp.scaled_rows), arb's from the logits (balls.direct_sims), never the
-linear form, and the certified engine's quadratic sums. None imports an implementation.
+linear form, the certified engine's quadratic sums, and the exact gradients' rows
+(grad_terms.plain_rows). None imports an implementation.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import numpy as np
 from ...reference.balls import Head, direct_sims
 from ...reference.certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
 from ...reference.certified_engine import plain_head
+from ...reference.grad_terms import plain_rows
 from ...reference.mp import scaled_rows
-from ...reference.similarity import Similarity
+from ...reference.similarity import Gradients, Similarity
 from ...specs import Spec
 
 
@@ -32,7 +34,11 @@ def _sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
 
 
 SOFTMAX = Similarity(
-    mp=scaled_rows, arb=arb_sims, linear=lambda spec, head: False, certified=certified_head
+    mp=scaled_rows,
+    arb=arb_sims,
+    linear=lambda spec, head: False,
+    certified=certified_head,
+    gradients=Gradients(rows=plain_rows),
 )
 
 
