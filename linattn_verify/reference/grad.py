@@ -1,8 +1,10 @@
 """Exact reference gradients of attention, faithfully rounded to float64 (mpmath).
 
 This module evaluates one head, controls the precision and holds the public functions; the
-per-map part (Kernel: a_ij, J_phi^T) is grad_maps.py's, the per-row terms (the decay
-weights, b_ij, e_ij, p_ij, dL/dg) grad_terms.py's.
+per-map part (Kernel: a_ij, J_phi^T) is grad_maps.py's, the per-row terms (b_ij, e_ij, p_ij,
+dL/dg) grad_terms.py's, and the family's part (its weights w_ij, whether it has log-gates)
+comes through its hooks (similarity.Gradients: families/<name>/gradients.py for the decays
+and channel gates); families.dispatch finds them for any spec.
 
 For the loss L = sum_{i,c} out_ic g_out_ic (the cotangent g_out taken exactly, the shape of
 out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates or
@@ -80,9 +82,11 @@ specs.FEATURE_MAPS, x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
     sigma = -1, -1, +1.
 
 The similarities, features and decay weights themselves come from mp.py (`similarities`,
-`features`, `decay_weights`; channel gates: the prefix sums of `channel_prefix`, and A_ij
-formed as `_channel_gated` forms it), and the scale is its 1/sqrt(d) or number, so the
-forward function differentiated here is exactly the one the mpmath reference evaluates.
+`features`, `decay_weights`, through families/decayed/gradients.py; channel gates: the
+prefix sums of `channel_prefix`, and A_ij formed as families/channel_gates/reference.py's
+`_channel_gated` forms it, in families/channel_gates/gradients.py), and the scale is its
+1/sqrt(d) or number, so the forward function differentiated here is exactly the one the
+mpmath reference evaluates.
 
 Zero denominators: where D_i is exactly 0 (relu or cosFormer with eps = 0 and no positive
 similarity in row i, normalised), out_i is 0/0 and L is undefined. Then dL/dq_i is NaN, and
@@ -153,9 +157,9 @@ NAMES = ("q", "k", "v")
 
 def gradient_names(spec: Spec, gradients: Gradients) -> tuple[str, ...]:
     """The inputs the loss is differentiated in: q, k, v, and the log-gates g where the
-    family's hooks say (Gradients.gated: gates, channel gates; gamma, W and the cotangent
+    family's hooks say (Gradients.gates: gates, channel gates; gamma, W and the cotangent
     are held fixed); accuracy.gradient's gradient_names takes every family's."""
-    return NAMES + ("g",) * gradients.gated(spec)
+    return NAMES + ("g",) * gradients.gates(spec)
 
 
 def roundings(x: AttentionInputs, spec: Spec, gradients: Gradients) -> int:
@@ -178,7 +182,7 @@ def roundings(x: AttentionInputs, spec: Spec, gradients: Gradients) -> int:
         n_features = spec.info.feature_dim(d, x.projection.shape[0])
     per_weight = gradients.weight_roundings(nk) + 2 * (spec.scale != 1.0)
     n = 4 * (n_features + 2 * d + 12 + per_weight) + 4 * (nq + nk) + 2 * (d + dv) + 32
-    return n + (nq + nk) * gradients.gated(spec)
+    return n + (nq + nk) * gradients.gates(spec)
 
 
 def _nearest(rows: list) -> np.ndarray:
@@ -306,7 +310,7 @@ def _head(
         result = {name: _rounded(grads[name], mags[name], rounding) for name in NAMES}
         if general:
             general_mags = {name: _nearest(general_mags[name]) for name in NAMES}
-        if hooks.gated(spec):  # per channel m, p_ijm as the scalar gates' p_ij: (N, d) rows
+        if hooks.gates(spec):  # per channel m, p_ijm as the scalar gates' p_ij: (N, d) rows
             shape = _gate_shape(nk, d, per_feature)
             channels = _channels(p, d, per_feature), _channels(pm, d, per_feature)
             per = [_gate_gradients(pc, pmc) for pc, pmc in zip(*channels)]

@@ -22,13 +22,13 @@ class Gradients:
     per_feature: those weights and terms are lists over the features m, not numbers (a
     weight per key channel), and so is dL/dg_t;
     weight_roundings(nk): the roundings a weight w_ij adds (grad.roundings; 0: none);
-    gated(spec): whether the loss is differentiated in log-gates g too (dL/dg).
+    gates(spec): whether the loss is differentiated in log-gates g too (dL/dg).
     """
 
     rows: Callable[..., Callable[..., tuple[list, ...]]]
     per_feature: bool = False
     weight_roundings: Callable[[int], int] = lambda nk: 0
-    gated: Callable[[Any], bool] = lambda spec: False
+    gates: Callable[[Any], bool] = lambda spec: False
 
 
 @dataclass(frozen=True)

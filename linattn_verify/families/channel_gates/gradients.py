@@ -66,5 +66,5 @@ def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list,
 
 
 GRADIENTS = Gradients(
-    rows=rows, per_feature=True, weight_roundings=lambda nk: 3 * nk + 8, gated=lambda spec: True
+    rows=rows, per_feature=True, weight_roundings=lambda nk: 3 * nk + 8, gates=lambda spec: True
 )

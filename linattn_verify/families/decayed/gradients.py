@@ -27,5 +27,5 @@ def rows(x: AttentionInputs, spec: Spec, b: int, h: int, kern: Kernel, c):
 GRADIENTS = Gradients(
     rows=rows,
     weight_roundings=lambda nk: 3 * nk + 8,
-    gated=lambda spec: spec.decay == "gates",
+    gates=lambda spec: spec.decay == "gates",
 )
