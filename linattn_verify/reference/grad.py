@@ -235,7 +235,7 @@ def _head(
         qs, ks, vs, gs = conv(x.q[b, h]), conv(x.k[b, h]), conv(x.v[b, h]), conv(g_out[b, h])
         w = None if x.projection is None else conv(x.projection)
         per_feature = hooks.per_feature
-        kern = Kernel(spec, qs, ks, w, per_feature)
+        kern = Kernel(spec, qs, ks, w, per_feature, hooks.logits)
         rounding = mp.mpf(2) ** -prec * roundings(x, spec, hooks)
         zero = mp.zero
         ags, avs = _abs(gs), _abs(vs)
