@@ -2,9 +2,10 @@
 
 This module evaluates one head, controls the precision and holds the public functions; the
 per-map part (Kernel: a_ij, J_phi^T) is grad_maps.py's, the per-row terms (b_ij, e_ij, p_ij,
-dL/dg) grad_terms.py's, and the family's part (its weights w_ij, whether it has log-gates)
-comes through its hooks (similarity.Gradients: families/<name>/gradients.py for the decays
-and channel gates); families.dispatch finds them for any spec.
+dL/dg) grad_terms.py's, and the family's part (its weights w_ij, whether it has log-gates,
+softmax's similarity) comes through its hooks (similarity.Gradients: families/<name>/
+gradients.py for the decays and channel gates, families/softmax/reference.py's logits);
+families.dispatch finds them for any spec.
 
 For the loss L = sum_{i,c} out_ic g_out_ic (the cotangent g_out taken exactly, the shape of
 out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates or
