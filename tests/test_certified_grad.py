@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from linattn_verify.families import family_of, validate
+from linattn_verify.families.dispatch import exact_gradients_and_magnitudes
 from linattn_verify.families.kernelised.certified_gradients import certified_gradients
 from linattn_verify.reference.certified_grad import covered
-from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import FEATURE_MAPS, RSQRT_D, Spec, SpecError
 
 B, H, D, DV = 1, 2, 4, 3

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from linattn_verify.families import validate
+from linattn_verify.families.dispatch import exact_gradients_and_magnitudes
 from linattn_verify.families.kernelised import certified_gradient_maps as certified_grad_maps
 from linattn_verify.families.kernelised.certified_gradients import certified_gradients
 from linattn_verify.reference.certified import CERTIFIED_SHARE
-from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import RSQRT_D, Spec
 from tests.test_certified_grad import certified_against_exact
 

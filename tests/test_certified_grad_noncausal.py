@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from linattn_verify.families import validate
+from linattn_verify.families.dispatch import exact_gradients_and_magnitudes
 from linattn_verify.families.kernelised.certified_gradients import certified_gradients
-from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import RSQRT_D, Spec
 from tests.test_certified_grad_normalised import ADVERSARIAL, _check
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from linattn_verify.families import validate
+from linattn_verify.families.dispatch import exact_gradients_and_magnitudes
 from linattn_verify.families.softmax import certified_gradients as certified_grad_softmax
 from linattn_verify.families.softmax.certified_gradients import certified_gradients
 from linattn_verify.reference.certified import CERTIFIED_SHARE
-from linattn_verify.reference.grad import exact_gradients_and_magnitudes
 from linattn_verify.specs import RSQRT_D, Spec
 from tests.test_certified_grad import certified_against_exact
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from linattn_verify.accuracy.gradient import gradient_names
 from linattn_verify.cases import Case
 from linattn_verify.families import validate
-from linattn_verify.reference.grad import (
+from linattn_verify.families.dispatch import (
     exact_gradients,
     exact_gradients_and_magnitudes,
     gradient_magnitudes,
-    gradient_names,
     reference_gradients,
     roundings,
 )

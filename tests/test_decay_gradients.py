@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.accuracy.gradient import judge_gradients
+from linattn_verify.accuracy.gradient import gradient_names, judge_gradients
 from linattn_verify.accuracy.verdict import K_BUDGET
 from linattn_verify.cases import Case
 from linattn_verify.checks import GRAD_CHECKS, not_applicable
 from linattn_verify.families import golden_attention, validate
-from linattn_verify.reference.grad import (
+from linattn_verify.families.dispatch import (
     gradient_magnitudes,
-    gradient_names,
     reference_gradients,
     roundings,
 )

@@ -13,8 +13,8 @@ from linattn_verify.cases import Case
 from linattn_verify.families import family_of, validate
 from linattn_verify.families.channel_gates.forms import gated_attention
 from linattn_verify.families.decayed.forms import decayed_attention
+from linattn_verify.families.dispatch import roundings
 from linattn_verify.reference.final_state import final_state_gradients
-from linattn_verify.reference.grad import roundings
 from linattn_verify.specs import Spec
 
 MAPS = ["elu", "relu", "identity", "performer-positive", "performer-trig", "taylor"]

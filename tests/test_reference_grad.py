@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import linattn_verify as lv
-from linattn_verify.families import validate
-from linattn_verify.reference.common import ReferenceAccuracyError
-from linattn_verify.reference.grad import (
-    _refined_gradients,
+from linattn_verify.families import family_of, validate
+from linattn_verify.families.dispatch import (
     exact_gradients,
     exact_gradients_and_magnitudes,
     reference_gradients,
 )
+from linattn_verify.reference.common import ReferenceAccuracyError
+from linattn_verify.reference.grad import _refined_gradients
 from linattn_verify.specs import Spec, SpecError
 
 ALL = list(lv.FEATURE_MAPS)
@@ -283,14 +283,15 @@ def test_cancellation_is_resolved_to_the_last_bit():
     spec = Spec("softmax")
     x = validate(q, k, v, spec)
     ours = exact_gradients(x, spec, g)
-    precise = _refined_gradients(x, spec, g, prec=4096, max_prec=2**14)
+    hooks = family_of(spec).similarity.gradients
+    precise = _refined_gradients(x, spec, g, hooks, prec=4096, max_prec=2**14)
     for n in NAMES:
         np.testing.assert_array_equal(ours[n], precise[n], err_msg=f"d{n}")
     # the case is hard: plain float64 gets dL/dq_0 wrong, and 226 bits are not enough
     torch_grads, _ = _torch_gradients(q, k, v, g, "softmax", False, None, 0.0)
     assert abs(torch_grads["q"][0, 0, 0, 0] / ours["q"][0, 0, 0, 0] - 1) > 0.1
     with pytest.raises(ReferenceAccuracyError):
-        _refined_gradients(x, spec, g, prec=113, max_prec=226)
+        _refined_gradients(x, spec, g, hooks, prec=113, max_prec=226)
 
 
 @pytest.mark.parametrize(("name", "causal"), [("softmax", False), ("performer-trig", True)])

@@ -26,10 +26,10 @@ from ..accuracy.gradient import judge_gradients
 from ..accuracy.state_bounds import state_gradient_bound
 from ..cases import Case
 from ..families import Family, exact_state, family_of
+from ..families.dispatch import roundings
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from ..reference.common import ReferenceAccuracyError
 from ..reference.final_state import final_state_gradients
-from ..reference.grad import roundings
 from ..reference.state import exact_state_gradients
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, inputs_of

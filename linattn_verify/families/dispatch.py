@@ -12,8 +12,10 @@ import torch
 from ..cases import Case
 from ..implementations.forms import DEFAULT_CHUNK
 from ..inputs import AttentionInputs
-from ..reference import ENGINES
+from ..reference import ENGINES, grad
 from ..reference.certified import Certified
+from ..reference.common import MAX_PREC
+from ..reference.similarity import Gradients
 from ..specs import Spec, SpecError
 from .registry import FAMILIES, family_of
 
@@ -54,6 +56,47 @@ def certified(x: AttentionInputs, spec: Spec, settle: np.ndarray | None = None) 
 def exact_state(x: AttentionInputs, spec: Spec) -> tuple[np.ndarray, np.ndarray | None]:
     """The exact state after the last key of x, (S, z; None where the family has no z)."""
     return family_of(spec).exact_state(x, spec)
+
+
+def _gradients(spec: Spec) -> Gradients | None:
+    """The hooks of `spec`'s family into reference/grad.py (None: a family with its own)."""
+    similarity = family_of(spec).similarity
+    return None if similarity is None else similarity.gradients
+
+
+def roundings(x: AttentionInputs, spec: Spec) -> int:
+    """reference.grad.roundings for any spec that sums its similarities."""
+    return grad.roundings(x, spec, _gradients(spec))
+
+
+def exact_gradients(
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, max_prec: int = MAX_PREC
+) -> dict[str, np.ndarray]:
+    """reference.grad.exact_gradients for any spec (SpecError where the family has its own)."""
+    return grad.exact_gradients(x, spec, g_out, _gradients(spec), max_prec)
+
+
+def gradient_magnitudes(x: AttentionInputs, spec: Spec, g_out: np.ndarray) -> dict[str, np.ndarray]:
+    """reference.grad.gradient_magnitudes for any spec that sums its similarities."""
+    return grad.gradient_magnitudes(x, spec, g_out, _gradients(spec))
+
+
+def exact_gradients_and_magnitudes(
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, max_prec: int = MAX_PREC
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """reference.grad.exact_gradients_and_magnitudes for any spec that sums its
+    similarities."""
+    return grad.exact_gradients_and_magnitudes(x, spec, g_out, _gradients(spec), max_prec)
+
+
+def reference_gradients(
+    q: Any, k: Any, v: Any, g_out: Any, spec: Spec, projection: Any = None, decay: Any = None
+) -> dict[str, np.ndarray]:
+    """Like reference() for the gradients: validates q, k, v (and W, g_out, and the decay:
+    gamma (H,) or the log-gates g (B, H, N), or (B, H, N, d) for channel gates, as
+    validate takes it) for `spec`, then exact_gradients. Torch tensors or numpy arrays of
+    any judged dtype, taken exactly."""
+    return exact_gradients(validate(q, k, v, spec, projection, decay), spec, g_out)
 
 
 def forms_of(spec: Spec) -> tuple[str, ...]:

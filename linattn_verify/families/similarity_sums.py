@@ -56,7 +56,8 @@ def _references(similarity: Similarity) -> dict[str, Any]:
         if spec.normalize and (zero := arb_denominator_signs(x, spec, similarity) == 0).any():
             at = tuple(int(t) for t in np.argwhere(zero)[0])
             return f"the exact denominator of row (b, h, i) = {at} is 0"
-        return (*exact_gradients_and_magnitudes(x, spec, g), roundings(x, spec))
+        hooks = similarity.gradients
+        return (*exact_gradients_and_magnitudes(x, spec, g, hooks), roundings(x, spec, hooks))
 
     return {
         "exact": exact,
@@ -66,6 +67,13 @@ def _references(similarity: Similarity) -> dict[str, Any]:
         "exact_decimal": lambda x, spec, digits: arb_decimal(x, spec, digits, similarity),
         "similarity": similarity,
     }
+
+
+def _certified_gradients(gradients, similarity: Similarity):
+    """Family.certified_gradients from a folder's certified_gradients(x, spec, g), n by its
+    similarity's hooks (Similarity.gradients)."""
+    hooks = similarity.gradients
+    return lambda x, spec, g: (*gradients(x, spec, g), roundings(x, spec, hooks))
 
 
 def sums_family(
@@ -87,7 +95,7 @@ def sums_family(
         long_form=golden.long_form,
         golden=golden.golden_attention,
         sum_length=lambda nk, d, m: m + nk + 1,  # m features, Nk keys, eps
-        certified_gradients=lambda x, spec, g: (*gradients(x, spec, g), roundings(x, spec)),
+        certified_gradients=_certified_gradients(gradients, similarity),
         sums_memory=True,
         kinds=(),
         stepwise=False,

@@ -21,7 +21,7 @@ from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .certified import SUBNORMAL
 from .common import ReferenceAccuracyError, head_decay
-from .grad import _check_g_out, gradient_names
+from .grad import NAMES, _check_g_out
 
 Arrays = dict[str, np.ndarray]
 # head(q, k, v, g_out, decay, w, spec): one head's (grads, bounds, magnitudes), decay the
@@ -38,8 +38,9 @@ def covered(spec: Spec) -> bool:
 def certified_gradients(
     x: AttentionInputs, spec: Spec, g_out: np.ndarray, head: Head
 ) -> tuple[Arrays, Arrays, Arrays]:
-    """(grads, bounds, magnitudes), each {name: array} for grad.gradient_names(spec) (q, k,
-    v, and g for gates and channel gates, their shapes as exact_gradients'): the gradients
+    """(grads, bounds, magnitudes), each {name: array} for grad.gradient_names (q, k, v,
+    and g for gates and channel gates, as the heads give them, their shapes as
+    exact_gradients'): the gradients
     of L = sum(out * g_out) in float64, a rigorous bound on each one's error, and the
     magnitudes M of grad.gradient_magnitudes (M' where the family's module says), each
     head by `head` (the family's). SpecError for a spec `covered` refuses."""
@@ -59,7 +60,7 @@ def certified_gradients(
                 decay = head_decay(x, b, h)
                 qkv = (x.q[b, h], x.k[b, h], x.v[b, h])
                 heads[b].append(head(*qkv, ga[b, h], decay, x.projection, spec))
-    names = gradient_names(spec)
+    names = NAMES + tuple(sorted(heads[0][0][0].keys() - set(NAMES)))  # the heads' g
     return tuple(
         {name: np.array([[head[part][name] for head in row] for row in heads]) for name in names}
         for part in range(3)

@@ -1,8 +1,11 @@
 """Exact reference gradients of attention, faithfully rounded to float64 (mpmath).
 
 This module evaluates one head, controls the precision and holds the public functions; the
-per-map part (Kernel: a_ij, J_phi^T) is grad_maps.py's, the per-row terms (the decay
-weights, b_ij, e_ij, p_ij, dL/dg) grad_terms.py's.
+per-map part (Kernel: a_ij, J_phi^T) is grad_maps.py's, the per-row terms (b_ij, e_ij, p_ij,
+dL/dg) grad_terms.py's, and the family's part (its weights w_ij, whether it has log-gates,
+softmax's similarity) comes through its hooks (similarity.Gradients: families/<name>/
+gradients.py for the decays and channel gates, families/softmax/reference.py's logits);
+families.dispatch finds them for any spec.
 
 For the loss L = sum_{i,c} out_ic g_out_ic (the cotangent g_out taken exactly, the shape of
 out) this module gives dL/dq, dL/dk, dL/dv, and dL/dg for the log-gates g of a gates or
@@ -80,9 +83,11 @@ specs.FEATURE_MAPS, x' = x d^(-1/4), p = W x', h = |x'|^2 / 2, c = d^(-1/4)):
     sigma = -1, -1, +1.
 
 The similarities, features and decay weights themselves come from mp.py (`similarities`,
-`features`, `decay_weights`; channel gates: the prefix sums of `channel_prefix`, and A_ij
-formed as `_channel_gated` forms it), and the scale is its 1/sqrt(d) or number, so the
-forward function differentiated here is exactly the one the mpmath reference evaluates.
+`features`, `decay_weights`, through families/decayed/gradients.py; channel gates: the
+prefix sums of `channel_prefix`, and A_ij formed as families/channel_gates/reference.py's
+`_channel_gated` forms it, in families/channel_gates/gradients.py), and the scale is its
+1/sqrt(d) or number, so the forward function differentiated here is exactly the one the
+mpmath reference evaluates.
 
 Zero denominators: where D_i is exactly 0 (relu or cosFormer with eps = 0 and no positive
 similarity in row i, normalised), out_i is 0/0 and L is undefined. Then dL/dq_i is NaN, and
@@ -140,33 +145,25 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from ..inputs import AttentionInputs, as_float64, validate
-from ..specs import RSQRT_D, Spec, SpecError, summing
+from ..inputs import AttentionInputs, as_float64
+from ..specs import Spec, SpecError, summing
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
 from .grad_maps import Kernel, _abs, _transpose
-from .grad_terms import (
-    _b_row,
-    _channel,
-    _channel_gates,
-    _channel_row,
-    _factors,
-    _gate_gradients,
-    _gate_magnitudes,
-    _row_terms,
-)
+from .grad_terms import _b_row, _channel, _gate_gradients, _gate_magnitudes, _row_terms, scale
 from .mp import DEFAULT_PREC, nearest
+from .similarity import Gradients
 
 NAMES = ("q", "k", "v")
 
 
-def gradient_names(spec: Spec) -> tuple[str, ...]:
-    """The inputs the loss is differentiated in: q, k, v, and the log-gates g of a gates or
-    channel-gates spec (gamma, W and the cotangent are held fixed); accuracy.gradient's
-    gradient_names takes every family's."""
-    return NAMES + ("g",) * spec.gated
+def gradient_names(spec: Spec, gradients: Gradients) -> tuple[str, ...]:
+    """The inputs the loss is differentiated in: q, k, v, and the log-gates g where the
+    family's hooks say (Gradients.gates: gates, channel gates; gamma, W and the cotangent
+    are held fixed); accuracy.gradient's gradient_names takes every family's."""
+    return NAMES + ("g",) * gradients.gates(spec)
 
 
-def roundings(x: AttentionInputs, spec: Spec) -> int:
+def roundings(x: AttentionInputs, spec: Spec, gradients: Gradients) -> int:
     """A generous bound on the roundings behind any gradient element (the n of gamma_n),
     for inputs of x's shape:
     a similarity (x' scaling, |x'|^2, W x', exp/sin/cos, 1/sqrt(m), the feature dot
@@ -178,14 +175,15 @@ def roundings(x: AttentionInputs, spec: Spec) -> int:
     units, and products; from prefix sums, Nk sums and one or two exponentials), a scale 2
     (its rounding and the product), dL/dg another Nq + Nk (the sums of the prefix sums'
     backward: a row and a column, then the reverse cumulative sum; per channel for channel
-    gates, whose weight W_ijm enters each feature product as a decay weight does a_ij)."""
+    gates, whose weight W_ijm enters each feature product as a decay weight does a_ij).
+    gradients: the family's hooks (a weight's roundings: Gradients.weight_roundings)."""
     _, _, nq, nk, d, dv = x.shape
     n_features = d
     if spec.info.needs_projection:
         n_features = spec.info.feature_dim(d, x.projection.shape[0])
-    per_weight = (3 * nk + 8) * (spec.decay is not None) + 2 * (spec.scale != 1.0)
+    per_weight = gradients.weight_roundings(nk) + 2 * (spec.scale != 1.0)
     n = 4 * (n_features + 2 * d + 12 + per_weight) + 4 * (nq + nk) + 2 * (d + dv) + 32
-    return n + (nq + nk) * spec.gated
+    return n + (nq + nk) * gradients.gates(spec)
 
 
 def _nearest(rows: list) -> np.ndarray:
@@ -211,7 +209,14 @@ def _rounded(rows: list, mag_rows: list, rounding) -> list[np.ndarray]:
 
 
 def _head(
-    x: AttentionInputs, spec: Spec, g_out: np.ndarray, b: int, h: int, prec: int, general=False
+    x: AttentionInputs,
+    spec: Spec,
+    g_out: np.ndarray,
+    hooks: Gradients,
+    b: int,
+    h: int,
+    prec: int,
+    general=False,
 ):
     """Gradients of head (b, h) at `prec` bits, with the exact-zero shortcuts: ({name:
     [float64 values, accepted-by-estimate mask, float64 magnitudes M]}, general). The mask
@@ -220,7 +225,7 @@ def _head(
     {name: float64 M} of the general evaluation, without the shortcuts, where M is the
     magnitude of what an evaluation computes, dL/dg's through the prefix sums
     (gradient_magnitudes): the rows the shortcuts change and the keys they use are
-    recomputed without them, the rest is shared."""
+    recomputed without them, the rest is shared. hooks: the family's (Gradients)."""
     _, _, nq, nk, d, _ = x.shape
     with mpmath.workprec(prec):
         mp = mpmath.mp
@@ -230,35 +235,23 @@ def _head(
 
         qs, ks, vs, gs = conv(x.q[b, h]), conv(x.k[b, h]), conv(x.v[b, h]), conv(g_out[b, h])
         w = None if x.projection is None else conv(x.projection)
-        kern = Kernel(spec, qs, ks, w)
-        rounding = mp.mpf(2) ** -prec * roundings(x, spec)
+        per_feature = hooks.per_feature
+        kern = Kernel(spec, qs, ks, w, per_feature, hooks.logits)
+        rounding = mp.mpf(2) ** -prec * roundings(x, spec, hooks)
         zero = mp.zero
         ags, avs = _abs(gs), _abs(vs)
-        channel = spec.decay == "channel-gates"
-        if channel:
-            gated = _channel_gates(x, b, h)
-            c = 1 / mp.sqrt(d) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
+        row = hooks.rows(x, spec, b, h, kern, scale(spec, d))
         # e_ij = b_ij c w_ij weight_ij, r_ij = A_ij / D_i and p_ij = b_ij A_ij (dL/dg's
-        # terms), 0 where key j is not used; e and p are lists over the features m for
-        # channel gates (e_ijm = b_ij c W_ijm, p_ijm = b_ij A_ijm)
-        blank = [zero] * d if channel else zero
+        # terms), 0 where key j is not used; e and p are lists over the features m where
+        # the weights are per feature (channel gates: e_ijm = b_ij c W_ijm, p_ijm = b_ij A_ijm)
+        blank = [zero] * d if per_feature else zero
         e, em, p, pm = ([[blank] * nk for _ in range(nq)] for _ in range(4))
         r, rm = ([[zero] * nk for _ in range(nq)] for _ in range(2))
         changed = {}  # row i: its (e, em, p, pm) without the shortcut, where one applies
         nan_rows, bad_rows = [], []
         for i in range(nq):
             js = list(allowed_keys(i, nk, spec.causal))
-            if channel:
-                a, am, wt, wtm, terms, terms_m = _channel_row(kern, gated, c, i, js)
-            else:
-                f, fm = _factors(x, spec, b, h, i, len(js))
-                a = [kern.a[i][j] * fj for j, fj in zip(js, f)]
-                am = [kern.am[i][j] * fj for j, fj in zip(js, fm)]
-                terms, terms_m = a, am
-                wt, wtm = f, fm
-                if kern.wt[i] is not None:
-                    wt = [fn * kern.wt[i][j] for j, fn in zip(js, f)]
-                    wtm = [fn * kern.wtm[i][j] for j, fn in zip(js, fm)]
+            a, am, wt, wtm, terms, terms_m = row(i, js)
             t = [mp.fdot(gs[i], vs[j]) for j in js]
             tm = [mp.fdot(ags[i], avs[j]) for j in js]
             den, den_m = mp.one, zero  # unnormalised: D_i = 1, b_ij = t_ij
@@ -318,20 +311,16 @@ def _head(
         result = {name: _rounded(grads[name], mags[name], rounding) for name in NAMES}
         if general:
             general_mags = {name: _nearest(general_mags[name]) for name in NAMES}
-        if spec.decay == "gates":
-            dg, dg_m = _gate_gradients(p, pm)
-            result["g"] = [t[0] for t in _rounded([dg], [dg_m], rounding)]
-            if general:
-                pm_general = [changed[i][3] if i in changed else row for i, row in enumerate(pm)]
-                general_mags["g"] = _nearest([_gate_magnitudes(pm_general)])[0]
-        elif channel:  # channel m's p_ijm as the scalar gates' p_ij: (N, d) rows
-            per = [_gate_gradients(_channel(p, m), _channel(pm, m)) for m in range(d)]
+        if hooks.gates(spec):  # per channel m, p_ijm as the scalar gates' p_ij: (N, d) rows
+            shape = _gate_shape(nk, d, per_feature)
+            channels = _channels(p, d, per_feature), _channels(pm, d, per_feature)
+            per = [_gate_gradients(pc, pmc) for pc, pmc in zip(*channels)]
             dg, dg_m = _transpose([g for g, _ in per]), _transpose([gm for _, gm in per])
-            result["g"] = _rounded(dg, dg_m, rounding)
+            result["g"] = [t.reshape(shape) for t in _rounded(dg, dg_m, rounding)]
             if general:
                 pm_general = [changed[i][3] if i in changed else row for i, row in enumerate(pm)]
-                through = [_gate_magnitudes(_channel(pm_general, m)) for m in range(d)]
-                general_mags["g"] = _nearest(_transpose(through))
+                through = [_gate_magnitudes(pc) for pc in _channels(pm_general, d, per_feature)]
+                general_mags["g"] = _nearest(_transpose(through)).reshape(shape)
         # unresolved rows first: a key also used by a 0/0 row is NaN for certain
         for i in bad_rows + nan_rows:
             keys = list(allowed_keys(i, nk, spec.causal))
@@ -342,6 +331,16 @@ def _head(
                 if general:
                     general_mags[name][at[name]] = np.nan
         return result, general_mags
+
+
+def _channels(rows: list, d: int, per_feature: bool) -> list:
+    """Rows of p_ij per channel: feature m's of per-feature lists, else the one channel."""
+    return [_channel(rows, m) for m in range(d)] if per_feature else [rows]
+
+
+def _gate_shape(nk: int, d: int, per_feature: bool) -> tuple[int, ...]:
+    """dL/dg's shape in a head: per token (and channel, for per-feature weights)."""
+    return (nk, d) if per_feature else (nk,)
 
 
 def agree(low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -355,6 +354,7 @@ def _refined_head(
     x: AttentionInputs,
     spec: Spec,
     g_out: np.ndarray,
+    hooks: Gradients,
     b: int,
     h: int,
     prec: int,
@@ -364,13 +364,13 @@ def _refined_head(
     """Head (b, h) of exact_gradients, {name: float64 values}, starting at `prec` bits
     (compared with 2 prec first); `first`: _head's result at `prec` where already made."""
     _, _, nq, nk, d, dv = x.shape
-    g_shape = (nk, d) if spec.decay == "channel-gates" else (nk,)
+    g_shape = _gate_shape(nk, d, hooks.per_feature)
     shapes = {"q": (nq, d), "k": (nk, d), "v": (nk, dv), "g": g_shape}
-    shapes = {name: shapes[name] for name in gradient_names(spec)}
+    shapes = {name: shapes[name] for name in gradient_names(spec, hooks)}
     out = {name: np.empty(shape) for name, shape in shapes.items()}
     done = {name: np.zeros(shape, dtype=bool) for name, shape in shapes.items()}
     if first is None:
-        first, _ = _head(x, spec, g_out, b, h, prec)
+        first, _ = _head(x, spec, g_out, hooks, b, h, prec)
     low = {name: vals for name, (vals, _, _) in first.items()}
     p = prec
     while True:
@@ -380,7 +380,7 @@ def _refined_head(
                 f"mpmath gradients: elements of head ({b}, {h}) not resolved to "
                 f"float64 at {max_prec} bits (unresolved per gradient: {left})"
             )
-        high, _ = _head(x, spec, g_out, b, h, 2 * p)
+        high, _ = _head(x, spec, g_out, hooks, b, h, 2 * p)
         for name in shapes:
             vals, ok, _ = high[name]
             new = ~done[name] & ok & agree(low[name], vals)
@@ -392,23 +392,21 @@ def _refined_head(
         p *= 2
 
 
-def _stacked(heads: list, spec: Spec) -> dict[str, np.ndarray]:
+def _stacked(heads: list, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """{name: (B, H, ...)} from heads[b][h] = {name: array}."""
-    return {
-        name: np.array([[head[name] for head in row] for row in heads])
-        for name in gradient_names(spec)
-    }
+    return {name: np.array([[head[name] for head in row] for row in heads]) for name in names}
 
 
 def _refined_gradients(
-    x: AttentionInputs, spec: Spec, g_out: np.ndarray, prec: int, max_prec: int
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, hooks: Gradients, prec: int, max_prec: int
 ) -> dict[str, np.ndarray]:
     """exact_gradients starting at `prec` bits (compared with 2 prec first)."""
     b_, h_ = x.shape[:2]
     heads = [
-        [_refined_head(x, spec, g_out, b, h, prec, max_prec) for h in range(h_)] for b in range(b_)
+        [_refined_head(x, spec, g_out, hooks, b, h, prec, max_prec) for h in range(h_)]
+        for b in range(b_)
     ]
-    return _stacked(heads, spec)
+    return _stacked(heads, gradient_names(spec, hooks))
 
 
 def _check_g_out(x: AttentionInputs, g_out: Any) -> np.ndarray:
@@ -425,19 +423,27 @@ def _check_g_out(x: AttentionInputs, g_out: Any) -> np.ndarray:
 
 
 def exact_gradients(
-    x: AttentionInputs, spec: Spec, g_out: np.ndarray, max_prec: int = MAX_PREC
+    x: AttentionInputs,
+    spec: Spec,
+    g_out: np.ndarray,
+    gradients: Gradients,
+    max_prec: int = MAX_PREC,
 ) -> dict[str, np.ndarray]:
     """For the loss L = sum(out * g_out) (g_out of out's shape (B, H, Nq, dv), float64 taken
     exactly), the exact dL/dq, dL/dk, dL/dv, each faithfully rounded to float64 (keys "q",
     "k", "v"), and for a gates (channel-gates) spec dL/dg of the log-gates (key "g", their
     shape (B, H, N) ((B, H, N, d))). The decay
     is x's (validate(..., decay)); W and gamma are held fixed. NaN where a row's
-    denominator is exactly 0 (see the module docstring)."""
+    denominator is exactly 0 (see the module docstring). gradients: the family's hooks
+    (Similarity.gradients; families.dispatch.exact_gradients finds them for any spec)."""
     summing(spec, "exact gradients")
-    return _refined_gradients(x, spec, _check_g_out(x, g_out), DEFAULT_PREC, max_prec)
+    ga = _check_g_out(x, g_out)
+    return _refined_gradients(x, spec, ga, gradients, DEFAULT_PREC, max_prec)
 
 
-def gradient_magnitudes(x: AttentionInputs, spec: Spec, g_out: np.ndarray) -> dict[str, np.ndarray]:
+def gradient_magnitudes(
+    x: AttentionInputs, spec: Spec, g_out: np.ndarray, gradients: Gradients
+) -> dict[str, np.ndarray]:
     """The magnitude M of each gradient element (the keys of exact_gradients; NaN where the
     gradient is): the first-order sum of the absolute values of everything a general
     evaluation computes it from, at DEFAULT_PREC bits (a magnitude, not a value: no
@@ -448,14 +454,18 @@ def gradient_magnitudes(x: AttentionInputs, spec: Spec, g_out: np.ndarray) -> di
     ga = _check_g_out(x, g_out)
     b_, h_ = x.shape[:2]
     heads = [
-        [_head(x, spec, ga, b, h, DEFAULT_PREC, general=True)[1] for h in range(h_)]
+        [_head(x, spec, ga, gradients, b, h, DEFAULT_PREC, general=True)[1] for h in range(h_)]
         for b in range(b_)
     ]
-    return _stacked(heads, spec)
+    return _stacked(heads, gradient_names(spec, gradients))
 
 
 def exact_gradients_and_magnitudes(
-    x: AttentionInputs, spec: Spec, g_out: np.ndarray, max_prec: int = MAX_PREC
+    x: AttentionInputs,
+    spec: Spec,
+    g_out: np.ndarray,
+    gradients: Gradients,
+    max_prec: int = MAX_PREC,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(exact_gradients(x, spec, g_out, max_prec), gradient_magnitudes(x, spec, g_out)),
     the same arrays, from one evaluation per head at DEFAULT_PREC: the first of the
@@ -467,21 +477,12 @@ def exact_gradients_and_magnitudes(
         exact.append([])
         mags.append([])
         for h in range(h_):
-            first, general = _head(x, spec, ga, b, h, DEFAULT_PREC, general=True)
-            exact[b].append(_refined_head(x, spec, ga, b, h, DEFAULT_PREC, max_prec, first))
+            first, general = _head(x, spec, ga, gradients, b, h, DEFAULT_PREC, general=True)
+            refined = _refined_head(x, spec, ga, gradients, b, h, DEFAULT_PREC, max_prec, first)
+            exact[b].append(refined)
             mags[b].append(general)
-    return _stacked(exact, spec), _stacked(mags, spec)
-
-
-def reference_gradients(
-    q: Any, k: Any, v: Any, g_out: Any, spec: Spec, projection: Any = None, decay: Any = None
-) -> dict[str, np.ndarray]:
-    """Like reference.reference() for the gradients: validates q, k, v (and W, g_out, and
-    the decay: gamma (H,) or the log-gates g (B, H, N), or (B, H, N, d) for channel gates,
-    as validate takes it) for `spec`,
-    then exact_gradients. Torch tensors or numpy arrays of any judged dtype, taken
-    exactly."""
-    return exact_gradients(validate(q, k, v, spec, projection, decay), spec, g_out)
+    names = gradient_names(spec, gradients)
+    return _stacked(exact, names), _stacked(mags, names)
 
 
 __all__ = [
@@ -490,6 +491,5 @@ __all__ = [
     "exact_gradients_and_magnitudes",
     "gradient_magnitudes",
     "gradient_names",
-    "reference_gradients",
     "roundings",
 ]

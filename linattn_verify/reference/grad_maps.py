@@ -27,17 +27,28 @@ def _transpose(rows: list) -> list:
 class Kernel:
     """The per-map part at the working precision: a_ij and its magnitude, the weight that
     turns b_ij into the coefficient e_ij of the q/k derivative, and the sums over keys
-    (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T."""
+    (for dL/dq_i) or queries (dL/dk_j) of those coefficients, through J^T; per_feature:
+    the coefficients are lists over the features (Gradients.per_feature: channel gates);
+    logits: the family's similarity of the logit s = q.k / sqrt(d) (Gradients.logits:
+    softmax's), None for the map's."""
 
-    def __init__(self, spec: Spec, qs: list, ks: list, w: list | None) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        qs: list,
+        ks: list,
+        w: list | None,
+        per_feature: bool = False,
+        logits=None,
+    ) -> None:
         mp = mpmath.mp
         self.name = spec.feature_map
         self.d = len(qs[0])
         nq, nk = len(qs), len(ks)
         big_m = max(nq, nk)
-        self.dot = self.name in ("softmax", "taylor")
-        # channel gates: the coefficients e_ij are lists over the features, e_ijm
-        self.channel = spec.decay == "channel-gates"
+        self.dot = logits is not None or self.name == "taylor"
+        # per-feature weights (channel gates): the coefficients e_ij are lists, e_ijm
+        self.channel = per_feature
         self.w = w
         self.x = {"q": qs, "k": ks}
         # the Performer maps' x' = x d^(-1/4) as `features` computes it, per row; c, and
@@ -78,20 +89,22 @@ class Kernel:
         sqrt_d = mp.sqrt(self.d)
         aks = _abs(ks)
         for i, qi in enumerate(qs):
+            if logits is not None:  # a_ij, M, da/ds and its M: weight_ij = (da/ds) / sqrt(d)
+                sims, mags, da, dam = logits(qi, ks)
+                self.a.append(sims)
+                self.wt.append([t / sqrt_d for t in da])
+                self.wtm.append([m / sqrt_d for m in dam])
+                self.am.append(mags)
+                continue
             sims = similarities(qi, None if fq is None else fq[i], i, ks, fk, spec, big_m)
             self.a.append(sims)
-            if self.dot:
+            if self.dot:  # taylor, a = 1 + s + s^2 / 2
                 aq = [abs(t) for t in qi]
                 sm = [mp.fdot(aq, kj) / sqrt_d for kj in aks]  # |q|.|k| / sqrt(d) >= |s|
-                if self.name == "softmax":
-                    mags = [a * (1 + t) for a, t in zip(sims, sm)]
-                    self.wt.append([a / sqrt_d for a in sims])
-                    self.wtm.append([m / sqrt_d for m in mags])
-                else:
-                    mags = [1 + t + t * t / 2 for t in sm]
-                    s = [mp.fdot(qi, kj) / sqrt_d for kj in ks]
-                    self.wt.append([(1 + t) / sqrt_d for t in s])
-                    self.wtm.append([(1 + t) / sqrt_d for t in sm])
+                mags = [1 + t + t * t / 2 for t in sm]
+                s = [mp.fdot(qi, kj) / sqrt_d for kj in ks]
+                self.wt.append([(1 + t) / sqrt_d for t in s])
+                self.wtm.append([(1 + t) / sqrt_d for t in sm])
             else:
                 if self.name in NON_NEGATIVE:
                     # |phi| = phi: |phi(q_i)|.|phi(k_j)| (times cosFormer's cosine, > 0 for

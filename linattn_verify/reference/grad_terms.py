@@ -1,9 +1,9 @@
 """The per-row terms of the exact gradients (grad.py) at the working precision, each with its
-magnitude M: the scale times the decay, c w_ij (constant, Sun et al. 2023, RetNet, eq. 5;
-gates, Yang et al. 2024, GLA, eq. 3 with scalar gates); channel gates' A_ij and its terms
-A_ijm (GLA, sec. 4.1); b_ij = (t_ij - tbar_i) / D_i; the coefficients e_ij = b_ij c w_ij
-weight_ij and p_ij = b_ij A_ij; and dL/dg_t = sum_{i >= t > j} p_ij. Derivation and the
-rules for M: grad.py's module docstring."""
+magnitude M: the scale times the weights, c w_ij (the weights w_ij a family's: its
+Gradients.rows, e.g. families/decayed/gradients.py; channel gates' A_ij and its terms
+A_ijm in families/channel_gates/gradients.py); b_ij = (t_ij - tbar_i) / D_i; the
+coefficients e_ij = b_ij c w_ij weight_ij and p_ij = b_ij A_ij; and dL/dg_t = sum_{i >= t >
+j} p_ij. Derivation and the rules for M: grad.py's module docstring."""
 
 from __future__ import annotations
 
@@ -11,63 +11,46 @@ import mpmath
 
 from ..inputs import AttentionInputs
 from ..specs import RSQRT_D, Spec
-from .common import head_decay
 from .grad_maps import Kernel
-from .mp import channel_factors, channel_prefix, decay_weights
 
 
-def _factors(x: AttentionInputs, spec: Spec, b: int, h: int, i: int, n_keys: int):
+def scale(spec: Spec, d: int):
+    """The scale c at the working precision: 1 / sqrt(d) or the spec's number."""
+    mp = mpmath.mp
+    return 1 / mp.sqrt(d) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
+
+
+def plain_rows(x: AttentionInputs, spec: Spec, b: int, h: int, kern: Kernel, c):
+    """Gradients.rows without weights (w_ij = 1: kernelised, softmax): weighted_rows."""
+    return weighted_rows(kern, c)
+
+
+def weighted_rows(kern: Kernel, c, weights=None):
+    """Gradients.rows for weights that are numbers: row(i, js) -> (A_ij = c w_ij a_ij and
+    M(A_ij) = c M(w_ij) M(a_ij), the weights c w_ij weight_ij that turn b_ij into e_ij and
+    their M, and A_ij again as the terms of p_ij) over the keys js of row i; weights(i) ->
+    (w_ij, 1 + M(ln w_ij)) for the keys j <= i (a decay's), None for w_ij = 1."""
+
+    def row(i: int, js: list) -> tuple[list, ...]:
+        f, fm = _factors(c, weights, i, len(js))
+        a = [kern.a[i][j] * fj for j, fj in zip(js, f)]
+        am = [kern.am[i][j] * fj for j, fj in zip(js, fm)]
+        wt, wtm = f, fm
+        if kern.wt[i] is not None:
+            wt = [fn * kern.wt[i][j] for j, fn in zip(js, f)]
+            wtm = [fn * kern.wtm[i][j] for j, fn in zip(js, fm)]
+        return a, am, wt, wtm, a, am
+
+    return row
+
+
+def _factors(c, weights, i: int, n_keys: int):
     """(c w_ij, c M(w_ij)) for the n_keys keys j of row i at the working precision: the
-    scale times the decay (mp.decay_weights; 1 without one)."""
-    mp = mpmath.mp
-    c = 1 / mp.sqrt(x.q.shape[3]) if spec.scale == RSQRT_D else mp.mpf(spec.scale)
-    if spec.decay is None:
+    scale times the weights (weighted_rows'; 1 without)."""
+    if weights is None:
         return [c] * n_keys, [c] * n_keys
-    decay = head_decay(x, b, h)
-    weights, spreads = decay_weights(decay, i, spec.decay)  # spread: 1 + M(ln w_ij)
-    return [c * w for w in weights], [c * w * t for w, t in zip(weights, spreads)]
-
-
-def _channel_gates(x: AttentionInputs, b: int, h: int) -> tuple[list, list]:
-    """((exp(G_t), exp(-G_t)), t = 0 .. N-1: mp.channel_factors of the prefix sums of head
-    (b, h)'s channel gates, and per row i the spread 2 max_m sum_{t <= i} |g_tm| + 1, a
-    bound on 1 + M(ln W_ijm) for its keys j <= i: channel_prefix's spread over the rows
-    that row i reaches, as decay_weights' for scalar gates) at the working precision."""
-    mp = mpmath.mp
-    gates = x.decay[b, h].tolist()
-    prefix, _ = channel_prefix(gates)
-    spreads, running = [], [mp.zero] * len(gates[0])
-    for row in gates:
-        running = [a + abs(mp.mpf(t)) for a, t in zip(running, row, strict=True)]
-        spreads.append(2 * max(running) + 1)
-    return channel_factors(prefix), spreads
-
-
-def _channel_row(kern: Kernel, gated: tuple, c, i: int, js: list) -> tuple[list, ...]:
-    """Row i of a channel-gated spec over its keys js: A_ij = c sum_m phi(q_i)_m phi(k_j)_m
-    W_ijm (W_ijm = exp(G_im - G_jm), formed as families/channel_gates/reference.py's
-    _channel_gated forms it) and M(A_ij); the weights c W_ijm (lists over m) that turn b_ij
-    into e_ijm and their magnitudes c W_ijm (1 + M(ln W)); and the terms A_ijm = c
-    phi(q_i)_m phi(k_j)_m W_ijm of A_ij (lists over m), b_ij times which are dL/dG's p_ijm,
-    with their magnitudes."""
-    mp = mpmath.mp
-    (ups, downs), spreads = gated
-    spread = spreads[i]
-    fq, fqm = kern.f["q"][i], kern.fm["q"][i]
-    a, am, wt, wtm, terms, terms_m = ([] for _ in range(6))
-    for j in js:
-        fk, fkm = kern.f["k"][j], kern.fm["k"][j]
-        weights = [a * z for a, z in zip(ups[i], downs[j], strict=True)]
-        wq = [f * t for f, t in zip(fq, weights)]
-        wqm = [f * t for f, t in zip(fqm, weights)]
-        a.append(mp.fdot(wq, fk) * c)
-        am.append(mp.fdot(wqm, fkm) * c * spread)
-        cw = [c * t for t in weights]
-        wt.append(cw)
-        wtm.append([t * spread for t in cw])
-        terms.append([c * s * t for s, t in zip(wq, fk)])
-        terms_m.append([c * spread * s * t for s, t in zip(wqm, fkm)])
-    return a, am, wt, wtm, terms, terms_m
+    ws, spreads = weights(i)  # spread: 1 + M(ln w_ij)
+    return [c * w for w in ws], [c * w * t for w, t in zip(ws, spreads)]
 
 
 def _b_row(t: list, tm: list, den, den_m, tbar, tbar_m, single: int | None) -> tuple[list, list]:

@@ -63,7 +63,8 @@ def features(x: list, w: list | None, kind: str) -> list:
 def similarities(
     qi: list, fq: list | None, i: int, keys: list, key_feats: list | None, spec, big_m
 ):
-    """sim(q_i, k_j) for every key j (see specs.FEATURE_MAPS for each formula's source).
+    """sim(q_i, k_j) for every key j of a kernelised map (see specs.FEATURE_MAPS for each
+    formula's source; softmax's is families/softmax/reference.py's).
 
     fq, key_feats: phi(q_i) and phi(k_j) for the maps defined by features (else None);
     big_m is cosFormer's M.
@@ -71,10 +72,8 @@ def similarities(
     mp = mpmath.mp
     name = spec.feature_map
     d = len(qi)
-    if name in ("softmax", "taylor"):
+    if name == "taylor":
         s = [mp.fdot(qi, kj) / mp.sqrt(d) for kj in keys]
-        if name == "softmax":
-            return [mp.exp(t) for t in s]
         return [1 + t + t * t / 2 for t in s]
     if name == "cosformer":
         rq = [t if t > 0 else mp.zero for t in qi]
@@ -93,12 +92,16 @@ def _magnitudes(qi: list, fq: list | None, keys: list, key_feats: list | None, s
     if key_feats is not None:  # signed features (trig) cancel inside the dot product
         aq = [abs(t) for t in fq]
         return [mp.fdot(aq, [abs(t) for t in fk]) for fk in key_feats]
-    absdot = [mp.fdot([abs(t) for t in qi], [abs(t) for t in kj]) / mp.sqrt(len(qi)) for kj in keys]
-    if name == "softmax":  # an error in the logit s is a relative error of exp(s)
-        return [a * (1 + t) for a, t in zip(sims, absdot, strict=True)]
     if name == "taylor":
-        return [1 + t + t * t / 2 for t in absdot]
+        return [1 + t + t * t / 2 for t in abs_logits(qi, keys)]
     return [abs(a) for a in sims]  # cosformer: a non-negative product
+
+
+def abs_logits(qi: list, keys: list) -> list:
+    """|q_i| . |k_j| / sqrt(d) for every key j, a bound on |s_ij| and on what its
+    evaluation cancels (s_ij = q_i . k_j / sqrt(d), the logit)."""
+    mp = mpmath.mp
+    return [mp.fdot([abs(t) for t in qi], [abs(t) for t in kj]) / mp.sqrt(len(qi)) for kj in keys]
 
 
 def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
@@ -166,8 +169,13 @@ def key_features(spec: Spec, keys: list, w: list | None) -> list | None:
 
 
 def scaled_rows(x: AttentionInputs, spec: Spec, b: int, h: int, keys: list, w: list | None):
-    """Similarity.mp without weights: sim_rows times the scale c (softmax, kernelised)."""
-    plain = sim_rows(x, spec, keys, w)
+    """Similarity.mp without weights: sim_rows times the scale c (kernelised)."""
+    return scaled(sim_rows(x, spec, keys, w))
+
+
+def scaled(plain):
+    """row(i, qi, c) from plain(i, qi) -> (sims, magnitudes): both times the scale c (a
+    Similarity.mp without weights: scaled_rows, softmax's)."""
 
     def row(i: int, qi: list, c) -> tuple[list, list]:
         sims, mags = plain(i, qi)

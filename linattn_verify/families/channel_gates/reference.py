@@ -4,7 +4,8 @@ channel, w_ijm = exp(G_im - G_jm), G the prefix sums of the log-gates per channe
 al. 2024 (GLA), sec. 4.1; specs.DECAY_SOURCES): in mpmath (mp.channel_prefix,
 channel_factors), in arb (GLA's parallel form (Q . B)(K / B)^T, channel_gated), the
 certified engine's decayed sums (the scalar decays' head, families/decayed/, which takes
-channel gates too), and the state's. None imports an implementation.
+channel gates too), the state's, and the exact gradients' (gradients.py). None imports an
+implementation.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ...reference.mp import features as mp_features
 from ...reference.similarity import Similarity
 from ...specs import Spec
 from ..decayed.reference import certified_head
+from .gradients import GRADIENTS
 
 
 def mp_rows(x: AttentionInputs, spec: Spec, b: int, h: int, keys: list, w: list | None):
@@ -129,4 +131,5 @@ CHANNEL_GATES = Similarity(
     causal_sims=causal_sims,
     final_weights=final_weights,
     final_gates=final_gates,
+    gradients=GRADIENTS,
 )

@@ -3,8 +3,8 @@ attention's similarities (families/kernelised/reference.py, which this family bu
 times the weights w_ij = gamma^(i - j) ("constant": Sun et al. 2023, eq. 6) or exp(G_i -
 G_j), G the prefix sums of the log-gates ("gates"; specs.DECAY_SOURCES): in mpmath
 (mp.decay_weights), in arb (decay_weights), in the certified engine's decayed sums
-(certified_decay.decayed_sums, which the channel gates share), and the state's. None
-imports an implementation.
+(certified_decay.decayed_sums, which the channel gates share), the state's, and the exact
+gradients' (gradients.py). None imports an implementation.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ...reference.mp import sim_rows
 from ...reference.similarity import Similarity
 from ...specs import Spec
 from ..kernelised import reference as kernelised
+from .gradients import GRADIENTS
 
 
 def mp_rows(x: AttentionInputs, spec: Spec, b: int, h: int, keys: list, w: list | None):
@@ -139,4 +140,5 @@ DECAYED = Similarity(
     causal_sims=causal_sims,
     final_weights=final_weights,
     final_gates=final_gates,
+    gradients=GRADIENTS,
 )

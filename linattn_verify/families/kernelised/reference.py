@@ -2,7 +2,8 @@
 sim(q, k) = phi(q) . phi(k) (Katharopoulos et al. 2020, eq. 2-6; cosFormer's and Taylor's
 from their formulas, specs.FEATURE_MAPS) times the scale, no weights: mpmath's rows
 (mp.scaled_rows), the arb products of the features, the linear form where the features are
-fewer than the keys, the certified engine's feature sums, and the state's pieces. The
+fewer than the keys, the certified engine's feature sums, the state's pieces, and the
+exact gradients' rows (grad_terms.plain_rows). The
 decayed and channel-gated families build on it (families/decayed/, families/channel_gates/).
 None imports an implementation.
 """
@@ -19,8 +20,9 @@ from ...inputs import AttentionInputs
 from ...reference.balls import Head, direct_sims, features
 from ...reference.certified import SAFETY, SMALL, Features, depth, float_features, streamed_sums
 from ...reference.certified_engine import plain_head
+from ...reference.grad_terms import plain_rows
 from ...reference.mp import scaled_rows
-from ...reference.similarity import Similarity
+from ...reference.similarity import Gradients, Similarity
 from ...specs import Spec
 
 
@@ -84,6 +86,7 @@ KERNELISED = Similarity(
     causal_sims=causal_sims,
     final_weights=final_weights,
     final_gates=final_gates,
+    gradients=Gradients(rows=plain_rows),
 )
 
 

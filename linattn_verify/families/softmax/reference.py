@@ -1,19 +1,45 @@
 """Softmax attention's part of the shared exact engines (reference/similarity.py): sim(q,
 k) = exp(q . k / sqrt(d)) (Vaswani et al. 2017, eq. 1) times the scale, no weights, no
-state: mpmath's rows (mp.scaled_rows), arb's from the logits (balls.direct_sims), never the
-linear form, and the certified engine's quadratic sums. None imports an implementation.
+state: mpmath's rows (mp_sims, times the scale by mp.scaled), arb's from the logits
+(balls.direct_sims), never the linear form, the certified engine's quadratic sums, and the
+exact gradients' similarities and derivatives (logits) with grad_terms.plain_rows. None
+imports an implementation.
 """
 
 from __future__ import annotations
 
+import mpmath
 import numpy as np
 
 from ...reference.balls import Head, direct_sims
 from ...reference.certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
 from ...reference.certified_engine import plain_head
-from ...reference.mp import scaled_rows
-from ...reference.similarity import Similarity
+from ...reference.grad_terms import plain_rows
+from ...reference.mp import abs_logits, scaled
+from ...reference.similarity import Gradients, Similarity
 from ...specs import Spec
+
+
+def mp_sims(qi: list, keys: list) -> tuple[list, list]:
+    """(exp(s_ij), s_ij = q_i . k_j / sqrt(d), and exp(s_ij) (1 + |q_i|.|k_j| / sqrt(d)),
+    a bound on it and on what its evaluation cancels: an error in the logit s is a relative
+    error of exp(s)) for every key j at the working precision."""
+    mp = mpmath.mp
+    d = len(qi)
+    sims = [mp.exp(mp.fdot(qi, kj) / mp.sqrt(d)) for kj in keys]
+    return sims, [a * (1 + t) for a, t in zip(sims, abs_logits(qi, keys), strict=True)]
+
+
+def mp_rows(x, spec: Spec, b: int, h: int, keys: list, w: list | None):
+    """Similarity.mp: mp_sims times the scale c (mp.scaled)."""
+    return scaled(lambda i, qi: mp_sims(qi, keys))
+
+
+def logits(qi: list, keys: list) -> tuple[list, list, list, list]:
+    """Gradients.logits: (a_ij, M(a_ij), da_ij/ds_ij, its M) for every key j, mp_sims' with
+    da/ds = a for a = exp(s)."""
+    sims, mags = mp_sims(qi, keys)
+    return sims, mags, sims, mags
 
 
 def arb_sims(head: Head, spec: Spec, rows: list[int]):
@@ -32,7 +58,11 @@ def _sums(q, k, v, w, spec: Spec, relative: bool, lost: list[bool]):
 
 
 SOFTMAX = Similarity(
-    mp=scaled_rows, arb=arb_sims, linear=lambda spec, head: False, certified=certified_head
+    mp=mp_rows,
+    arb=arb_sims,
+    linear=lambda spec, head: False,
+    certified=certified_head,
+    gradients=Gradients(rows=plain_rows, logits=logits),
 )
 
 
