@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .option import checked
+from .grammar import checked
 from .regimes import REGIMES
 from .run_options import OPTIONS, RUN
 from .specs import SpecError

@@ -17,7 +17,7 @@ from .checks.long_context import (
     lengths,
     memory_problem,
 )
-from .option import Option
+from .grammar import Option
 from .under_test.claim import CLAIM
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from .option import checked
+from .grammar import checked
 from .run_options import OPTIONS, RUN
 from .strategies import DTYPES
 from .under_test import resolve

@@ -14,7 +14,7 @@ import pytest
 
 from linattn_verify import pytest_plugin
 from linattn_verify.cli import build_parser, main
-from linattn_verify.option import Option, checked, words
+from linattn_verify.grammar import Option, checked, words
 from linattn_verify.run_options import OPTIONS, RUN
 from linattn_verify.specs import SpecError
 from linattn_verify.testing import assert_linear_attention

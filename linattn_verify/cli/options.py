@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..adapters import ADAPTERS
+from ..grammar import Option
 from ..jsonable import dumps
-from ..option import Option
 from ..regimes import REGIMES
 from ..specs import FEATURE_MAPS, SpecError
 from ..under_test import Implementation, from_options
@@ -70,7 +70,7 @@ def add_implementation(parser: argparse.ArgumentParser, positional: bool) -> Non
 
 
 def add(group: Any, options: Sequence[Option]) -> None:
-    """The arguments of these option.Option records."""
+    """The arguments of these grammar.Option records."""
     for option in options:
         group.add_argument(option.flag, **option.arguments())
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ..checks.long_context import SMALLEST_LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..environment import environment
-from ..option import checked, words
+from ..grammar import checked, words
 from ..run_options import RUN
 from ..target import load_target
 from ..under_test import Implementation

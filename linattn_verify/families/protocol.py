@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..grammar import Option
 from ..inputs import AttentionInputs
-from ..option import Option
 from ..reference.certified import Certified
 from ..reference.similarity import Similarity
 from ..specs import Spec
@@ -151,7 +151,7 @@ class Family:
     model of checks/state_gradient.py, the normaliser's and the final state's terms).
     label: the word that names its specs in vector names and test ids beside their fields'
     words (the delta rule's "delta"; None: the fields' words name them).
-    options: its own options in the claim's grammar (option.Option: the command line's
+    options: its own options in the claim's grammar (grammar.Option: the command line's
     flags, pytest's options, keywords), beside the spec's shared ones (under_test/claim.py).
     notes: how the report's sweeps draw its arguments (ArgumentNotes, one per key, each for
     the specs it `applies` to: a gated delta rule's gates are drawn as a decay's).

@@ -9,8 +9,8 @@ from dataclasses import fields
 from typing import Any
 
 from ..families.registry import FAMILIES, NAMED, family_of
+from ..grammar import Option
 from ..implementations.forms import DEFAULT_CHUNK, FORMS
-from ..option import Option
 from ..specs import DECAYS, FEATURE_MAPS, RSQRT_D, Spec
 
 LAYOUTS = ("bhnd", "bnhd")

@@ -20,8 +20,8 @@ from .. import triton_interpret
 from ..adapters import ADAPTERS
 from ..cases import Case
 from ..families import family_of
+from ..grammar import words
 from ..implementations.forms import DEFAULT_CHUNK
-from ..option import words
 from ..specs import RSQRT_D, Spec, SpecError
 from ..target import load_target
 from . import builtin

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..adapters import ADAPTERS
-from ..option import checked
+from ..grammar import checked
 from ..specs import Spec, SpecError
 from ..target import split_target
 from .builtin import form_of, state_of

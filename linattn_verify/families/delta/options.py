@@ -4,7 +4,7 @@ keywords of the same names (specs.Spec's fields)."""
 
 from __future__ import annotations
 
-from ...option import Option
+from ...grammar import Option
 from ...specs import QK_L2NORM_EPS
 
 OPTIONS = (
