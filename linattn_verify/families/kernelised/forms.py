@@ -24,6 +24,7 @@ and unnormalised specs take scaled.py's forms, as the decayed families built on 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -369,19 +370,8 @@ def scaled_with_state(
     return out, ((s, z) if spec.normalize else s)
 
 
-def attention_varlen(
-    q,
-    k,
-    v,
-    spec: Spec,
-    cu_seqlens,
-    form=None,
-    projection=None,
-    chunk_size=DEFAULT_CHUNK,
-    arguments=None,
-) -> torch.Tensor:
-    """attention() of a packed batch (implementations.forms.varlen)."""
-    return varlen(attention, q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments)
+# attention() of a packed batch, called as Family.attention_varlen is (implementations.forms.varlen)
+attention_varlen = partial(varlen, attention)
 
 
 @dataclass(frozen=True)

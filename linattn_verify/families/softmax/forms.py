@@ -3,6 +3,7 @@ no finite feature map for a linear, recurrent or chunked one."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -52,16 +53,5 @@ def attention_with_state(q, k, v, spec: Spec, *args: Any) -> tuple[torch.Tensor,
     raise SpecError(f"{spec.feature_map!r} has no finite feature map: it cannot stream")
 
 
-def attention_varlen(
-    q,
-    k,
-    v,
-    spec: Spec,
-    cu_seqlens,
-    form=None,
-    projection=None,
-    chunk_size=DEFAULT_CHUNK,
-    arguments=None,
-) -> torch.Tensor:
-    """attention() of a packed batch (implementations.forms.varlen)."""
-    return varlen(attention, q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments)
+# attention() of a packed batch, called as Family.attention_varlen is (implementations.forms.varlen)
+attention_varlen = partial(varlen, attention)
