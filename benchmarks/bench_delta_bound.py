@@ -28,7 +28,8 @@ def main() -> None:
     from linattn_verify.accuracy.bound import scale_and_bound
     from linattn_verify.cases import Case
     from linattn_verify.families import validate
-    from linattn_verify.specs import DELTA_DECAYS, RSQRT_D, Spec
+    from linattn_verify.families.delta.fields import DELTA_DECAYS
+    from linattn_verify.specs import RSQRT_D, Spec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ns", type=int, nargs="+", default=[2**12, 2**16])

@@ -8,6 +8,7 @@ similarity; a decay multiplies sim(q_i, k_j) by w_ij (`decay_weight`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 
@@ -146,34 +147,22 @@ def feature_map(name: str) -> FeatureMap:
         raise SpecError(f"unknown feature map {name!r}; known: {known}") from None
 
 
+# the decays a spec may name (Spec.decay): each its family's (families/decayed/fields.py,
+# families/channel_gates/fields.py; the delta rule takes the ones given per token)
 DECAYS = ("constant", "gates", "channel-gates")
 # the keyword a kernel takes it by
 DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g", "channel-gates": "g"}
-# The maps whose feature m is channel m of the key (phi(k)_m depends on k_m alone), so that a
-# gate per key channel is a gate per feature channel
-CHANNEL_GATED_MAPS = ("identity", "elu", "relu")
-# the delta rule (Spec.delta_rule) takes the decays given per token alone
-DELTA_DECAYS = (None, "gates", "channel-gates")
-DELTA_SOURCE = (
-    "Yang, Wang, Zhang, Shen, Kim 2024 (DeltaNet, 'Parallelizing Linear Transformers with the "
-    "Delta Rule over Sequence Length'), eq. 1-2: S_t = (I - beta_t k_t k_t^T) S_(t-1) + beta_t "
-    "k_t v_t^T, o_t = c S_t^T q_t; with gates (Yang, Kautz, Hatamizadeh 2025, Gated DeltaNet, "
-    "eq. 10) S_(t-1) first times alpha_t = exp(g_t), with channel gates (Kimi Linear 2025, KDA, "
-    "eq. 1) times diag(exp(g_t))"
-)
-# qk_l2norm: q and k normalised inside the kernel, x / sqrt(|x|^2 + eps), with fla's eps
-# (fla/modules/l2norm.py, use_qk_l2norm_in_kernel)
-QK_L2NORM_EPS = 1e-6
 RSQRT_D = "d^-0.5"  # the scale 1 / sqrt(d) of the head dimension d (fla's default)
-DECAY_SOURCES = {
-    "constant": "Sun et al. 2023 (RetNet), eq. 5: w_ij = gamma^(i - j), one gamma per head",
-    "gates": "Yang et al. 2024 (GLA), eq. 3 with scalar gates, and Dao & Gu 2024 (Mamba2), "
-    "sec. 3: w_ij = exp(g_(j+1) + ... + g_i), a log-gate g_t <= 0 per token and head",
-    "channel-gates": "Yang et al. 2024 (GLA), sec. 4.1: S_t = diag(alpha_t) S_(t-1) + "
-    "phi(k_t) v_t^T, alpha_t = exp(g_t), and its parallel form O = ((Q . B)(K / B)^T . M) V, "
-    "B_t = alpha_1 ... alpha_t: sim_ij = sum_m phi(q_i)_m phi(k_j)_m exp(G_im - G_jm), G_i "
-    "= g_0 + ... + g_i, a log-gate g_tm <= 0 per token, head and key channel",
-}
+# The families' rules over their own fields (install_family_rules)
+_FAMILY_RULES: list[Callable[[Spec], object]] = []
+
+
+def install_family_rules(rules: Callable[[Spec], object]) -> None:
+    """Check every Spec made from now on by `rules` too: the registry's family_of, which
+    raises SpecError where the spec's family rejects it (Family.check) or sets another
+    family's option (Family.options). linattn_verify's own import installs it; a Spec made before
+    that, inside that import, is checked for its shared fields alone."""
+    _FAMILY_RULES[:] = [rules]
 
 
 @dataclass(frozen=True)
@@ -181,10 +170,11 @@ class Spec:
     """What an implementation claims: a feature map, causality, a denominator eps, whether
     the output is normalised, a similarity scale, a decay (None, or one of DECAYS), the
     precision of its float32 products (None: IEEE float32; "tf32": their inputs rounded to
-    TF32, as GPU tensor cores do by default), whether its state follows the delta rule
-    (causal, identity, unnormalised; DELTA_SOURCE) and whether it normalises q and k, and
-    the family, by its name, whose state update the other fields do not state (the families
-    the registry chooses by name: families.registry.NAMED; its own validation there)."""
+    TF32, as GPU tensor cores do by default), the delta rule's fields (delta_rule,
+    qk_l2norm, value_heads) and the family, by its name, whose state update the other
+    fields do not state (families.registry.NAMED). The fields every family reads are
+    checked here; what each family admits, and the fields it owns, by its folder (its
+    Family.check and Family.options, through install_family_rules)."""
 
     feature_map: str
     causal: bool = False
@@ -193,17 +183,16 @@ class Spec:
     scale: float | str = 1.0  # a number, or RSQRT_D
     decay: str | None = None
     dot_precision: str | None = None  # "tf32": float32 products from TF32 inputs
-    delta_rule: bool = False  # the state updated by the delta rule (DELTA_SOURCE)
-    qk_l2norm: bool = False  # q and k normalised inside the kernel (QK_L2NORM_EPS)
+    delta_rule: bool = False  # the state updated by the delta rule (families/delta/fields.py)
+    qk_l2norm: bool = False  # with it, q and k normalised inside the kernel
     # G: it also takes HV = G H value heads, head hv reading q and k of head hv // G
     value_heads: int = 1
     family: str | None = None  # a family chosen by name (families.registry.NAMED)
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
-        if self.family is not None and (not isinstance(self.family, str) or self.delta_rule):
-            what = "the delta rule's fields" if self.delta_rule else repr(self.family)
-            raise SpecError(f"a family by name is a string, without {what}")
+        if self.family is not None and not isinstance(self.family, str):
+            raise SpecError(f"a family by name is a string, not {self.family!r}")
         if not (self.eps >= 0.0 and self.eps < float("inf")):
             raise SpecError(f"eps must be finite and >= 0, got {self.eps!r}")
         number = isinstance(self.scale, int | float) and not isinstance(self.scale, bool)
@@ -215,46 +204,10 @@ class Spec:
             raise SpecError(f"an unnormalised spec takes no {what}")
         if self.dot_precision not in (None, "tf32"):
             raise SpecError(f"dot_precision must be None or 'tf32', got {self.dot_precision!r}")
-        if self.delta_rule or self.qk_l2norm or self.value_heads != 1:
-            self._check_delta()
-        if self.decay is None:
-            return
-        if self.decay not in DECAYS:
+        if self.decay is not None and self.decay not in DECAYS:
             raise SpecError(f"unknown decay {self.decay!r}; known: {', '.join(DECAYS)}")
-        if not self.causal:
-            raise SpecError("a decay needs a causal spec (w_ij is defined for j <= i)")
-        if not kernel or self.feature_map == "cosformer":
-            raise SpecError(f"{self.feature_map} takes no decay (its weights are its own)")
-        if self.decay == "channel-gates" and self.feature_map not in CHANNEL_GATED_MAPS:
-            raise SpecError(
-                f"channel gates need a feature map whose feature m is key channel m "
-                f"({', '.join(CHANNEL_GATED_MAPS)}), not {self.feature_map}"
-            )
-
-    def _check_delta(self) -> None:
-        """SpecError unless the delta rule's fields fit: causal, identity features,
-        unnormalised, a decay of DELTA_DECAYS; qk_l2norm and value_heads (an integer >= 1)
-        only with the delta rule."""
-        if not self.delta_rule:
-            what = "qk_l2norm (--qk-l2norm)" if self.qk_l2norm else "value_heads (--value-heads)"
-            raise SpecError(f"{what} is for the delta rule (--delta-rule)")
-        if isinstance(self.value_heads, bool) or not isinstance(self.value_heads, int):
-            raise SpecError(f"value_heads must be an integer >= 1, got {self.value_heads!r}")
-        if self.value_heads < 1:
-            raise SpecError(f"value_heads must be an integer >= 1, got {self.value_heads}")
-        missing = [
-            need
-            for need, holds in (
-                ("causal (--causal)", self.causal),
-                ("identity features (--feature-map identity)", self.feature_map == "identity"),
-                ("unnormalised (--no-normalize)", not self.normalize),
-            )
-            if not holds
-        ]
-        if missing:
-            raise SpecError(f"the delta rule (o_t = c S_t^T q_t) needs: {', '.join(missing)}")
-        if self.decay not in DELTA_DECAYS:
-            raise SpecError(f"the delta rule takes gates or channel-gates, not {self.decay}")
+        for rules in _FAMILY_RULES:
+            rules(self)
 
     @property
     def info(self) -> FeatureMap:
@@ -280,12 +233,6 @@ class Spec:
         """Whether the decay is given per token (log-gates g, sliced along N with q's
         tokens): gates or channel gates."""
         return self.decay in ("gates", "channel-gates")
-
-    @property
-    def per_token(self) -> bool:
-        """Whether the decay argument the checks pass is given per token, sliced along N
-        with q's tokens: gates, or the delta rule's beta (families/delta/inputs.py)."""
-        return self.gated or self.delta_rule
 
     @property
     def defining(self) -> Spec:

@@ -14,9 +14,9 @@ import torch
 from linattn_verify.adapters import ADAPTERS, Adapter, AdapterUnavailable
 from linattn_verify.cases import Case
 from linattn_verify.families import case_arguments, family_of
+from linattn_verify.families.delta.fields import QK_L2NORM_EPS
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.inputs import UNIT_ROUNDOFF
-from linattn_verify.specs import QK_L2NORM_EPS
 from linattn_verify.under_test import ImplementationFailure, resolve
 
 B, H, N, D, DV, M = 2, 2, 5, 4, 3, 8

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from linattn_verify.families import exact, family_of, validate
+from linattn_verify.families.channel_gates.fields import CHANNEL_GATED_MAPS
 from linattn_verify.reference import CERTIFIED_SHARE, certified_attention
 from linattn_verify.reference import certified as engine
 from linattn_verify.reference import certified_decay as decayed
-from linattn_verify.specs import CHANNEL_GATED_MAPS, Spec, SpecError
+from linattn_verify.specs import Spec, SpecError
 
 KINDS = ("normal", "no-decay", "strong", "near-one", "mixed-v", "spikes", "negative-rows")
 # (feature map, decay, normalize, scale, eps): every decay with the channel-gated maps,

@@ -2,7 +2,7 @@
 float64 recurrence written here, the exact state, the golden and built-in forms, the
 a-priori bound against arb's exact output, and bad inputs.
 
-Definition (specs.DECAY_SOURCES, Yang et al. 2024, sec. 4.1): S_t = diag(exp g_t) S_(t-1)
+Definition (families/channel_gates/fields.py; GLA, sec. 4.1): S_t = diag(exp g_t) S_(t-1)
 + phi(k_t) v_t^T, z_t likewise with phi(k_t); out_t = c phi(q_t)^T S_t, divided when
 normalised by eps + c phi(q_t) . z_t.
 """

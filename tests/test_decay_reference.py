@@ -2,7 +2,7 @@
 forms (numpy float64 and exact rationals, computed here), the exact state, bad inputs, the
 built-in forms against the reference, and the a-priori bound of a float32 evaluation.
 
-Definition (specs.DECAY_SOURCES): out_i = c sum_(j<=i) w_ij sim(q_i, k_j) v_j, divided when
+Definition (families/decayed/fields.py): out_i = c sum_(j<=i) w_ij sim(q_i, k_j) v_j, divided when
 normalised by eps + c sum_(j<=i) w_ij sim(q_i, k_j); w_ij = gamma_h^(i - j) ("constant") or
 exp(g_(j+1) + ... + g_i) ("gates"); c the scale (a number, or d^-0.5).
 """

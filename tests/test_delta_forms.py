@@ -52,11 +52,12 @@ from linattn_verify.families import (
     golden_attention,
     golden_forms,
 )
+from linattn_verify.families.delta.fields import QK_L2NORM_EPS
 from linattn_verify.families.delta.forms import delta_attention
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 from linattn_verify.rounding import gamma
-from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 B, H, N, D, DV = 2, 2, 37, 8, 5  # N: no multiple of the chunk sizes 3 and 16
 CHUNKS = (1, 3, 16, 64)  # 64 > N: one ragged chunk

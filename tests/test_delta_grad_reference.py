@@ -4,7 +4,7 @@ against mp_delta) and torch float64 autograd of a recurrence written here confir
 formulas; exact rational gradients computed here confirm the rounding, also where precision
 control must notice amplified cancellation; structural zeros stay exact; bad input.
 
-Definition (specs.DELTA_SOURCE): y_t = D_t S_(t-1); u_t = v_t - y_t^T k_t; S_t = y_t + beta_t
+Definition (families/delta/fields.py): y_t = D_t S_(t-1); u_t = v_t - y_t^T k_t; S_t = y_t + beta_t
 k_t u_t^T; o_t = c S_t^T q_t; L = sum(o * G) + sum(S_N * G_S).
 """
 
@@ -20,6 +20,7 @@ import torch
 
 from linattn_verify.accuracy.gradient import gradient_names
 from linattn_verify.families import validate
+from linattn_verify.families.delta.fields import QK_L2NORM_EPS
 from linattn_verify.families.delta.gradients import (
     arb_delta_gradients,
     exact_delta_gradients,
@@ -28,7 +29,7 @@ from linattn_verify.families.delta.gradients import (
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.families.delta.reference import mp_delta
 from linattn_verify.reference.common import ReferenceAccuracyError
-from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 DECAYS = [None, "gates", "channel-gates"]
 KINDS = ["beta-near-2", "parallel-keys", "keys-of-norm-3", "underflow"]

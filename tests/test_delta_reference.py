@@ -5,7 +5,7 @@ recurrence written here,
 its final state); it certifies typical long inputs without arb; the wiring (reference, exact,
 exact_state).
 
-Definition (specs.DELTA_SOURCE): S <- D_t S; u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T;
+Definition (families/delta/fields.py): S <- D_t S; u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T;
 o_t = c S^T q_t; D_t = exp(g_t) (gates), diag(exp(g_t)) (channel gates) or I.
 """
 
@@ -21,6 +21,7 @@ from flint import arb, arb_mat
 
 from linattn_verify.families import exact, exact_state, reference, validate
 from linattn_verify.families.delta import reference as engine
+from linattn_verify.families.delta.fields import QK_L2NORM_EPS
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.families.delta.reference import (
     arb_delta,
@@ -32,7 +33,7 @@ from linattn_verify.families.delta.reference import (
 )
 from linattn_verify.reference import ReferenceAccuracyError
 from linattn_verify.reference.balls import balls, working_precision
-from linattn_verify.specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 DECAYS = [None, "gates", "channel-gates"]
 KINDS = ["typical", "beta-near-2", "parallel-keys", "keys-of-norm-3", "underflow"]

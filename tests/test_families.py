@@ -55,8 +55,8 @@ def test_a_family_chosen_by_name_takes_only_the_specs_it_names() -> None:
         assert family.named and family.folder == name
     with pytest.raises(SpecError, match="unknown family 'nope'"):
         family_of(Spec("identity", causal=True, normalize=False, family="nope"))
-    with pytest.raises(SpecError, match="delta rule"):
-        Spec("identity", causal=True, normalize=False, delta_rule=True, family="delta")
+    with pytest.raises(SpecError, match="is for the delta rule, not for the family 'iplr'"):
+        Spec("identity", causal=True, normalize=False, delta_rule=True, family="iplr")
 
 
 def test_a_call_takes_its_family_arguments_only() -> None:

@@ -1,6 +1,6 @@
 """fla's adapters of the delta rule: delta_rule, gated_delta_rule and kda.
 
-The delta rule (DeltaNet, Gated DeltaNet, KDA: specs.DELTA_SOURCE): fla's naive.py functions
+The delta rule (DeltaNet, Gated DeltaNet, KDA: families/delta/fields.py): fla's naive.py functions
 and the Triton ones, their q, k of H heads and v of HV = H heads (fla's grouped value heads,
 HV a multiple of H, are not exercised: the contract has one head count). Every function
 applies the gates before the update (S_(t-1) times exp(g_t) first), as the spec. The Triton

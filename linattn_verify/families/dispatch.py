@@ -204,7 +204,7 @@ def reference(
     (relu with eps = 0) are NaN: the definition is 0/0 there. normalize, scale and decay
     are the spec's (specs.Spec); a decay's values are gamma (H,) for "constant" and the
     log-gates g, (B, H, N) for "gates" and (B, H, N, d) for "channel-gates". delta_rule
-    and qk_l2norm are the spec's too (specs.DELTA_SOURCE: feature_map "identity", causal,
+    and qk_l2norm are the spec's too (families/delta/fields.py: feature_map "identity", causal,
     normalize=False), with beta (B, H, N); family: a family chosen by name (Spec.family),
     `more` its arguments (Family.arguments: the IPLR rule's a and b). Or `spec`, a Spec,
     in place of its fields.

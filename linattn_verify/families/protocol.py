@@ -140,7 +140,7 @@ class Family:
     decay's w_ij in them (implementations.golden.Weights; None: it has none).
     per_token(spec): whether its packed argument is given per token (sliced along N with
     q's tokens, axis 2), so that a check that changes or packs tokens changes or packs it
-    too; by default the spec's own answer (Spec.per_token: gates, the delta rule's beta).
+    too; by default whether its decay is (Spec.gated: gates).
     forgets(spec): whether `spec` forgets old tokens (a decay): the decay check and the long
     checks' one head per memory (long_context.MEMORIES) are for it, the stream API of
     split-resume (no decay) is not, and its output estimates no softmax attention.
@@ -200,7 +200,7 @@ class Family:
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
     weights: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None
-    per_token: Callable[[Spec], bool] = field(default=lambda spec: spec.per_token)
+    per_token: Callable[[Spec], bool] = lambda spec: spec.gated
     forgets: Callable[[Spec], bool] = lambda spec: False
     quadratic: bool = False
     state_gradients: StateGradients | None = None

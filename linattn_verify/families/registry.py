@@ -1,8 +1,9 @@
-"""The registry: every spec family, asked in order; the first that claims a spec is its."""
+"""The registry: every spec family, asked in order; the first that claims a spec is its.
+Its family_of is specs.Spec's check of the fields a family owns (install_family_rules)."""
 
 from __future__ import annotations
 
-from ..specs import Spec, SpecError
+from ..specs import Spec, SpecError, install_family_rules
 from .channel_gates.family import CHANNEL_GATED
 from .decayed.family import DECAYED
 from .delta.family import DELTA
@@ -17,13 +18,25 @@ NAMED = {family.folder: family for family in FAMILIES if family.named}
 
 
 def family_of(spec: Spec) -> Family:
-    """The family of `spec`: the one it names (Spec.family, which checks the spec), else the
-    first of FAMILIES that claims it (KERNELISED claims every spec the others leave)."""
+    """The family of `spec`: the one it names (Spec.family), else the first of FAMILIES that
+    claims it (KERNELISED claims every spec the others leave); SpecError where the spec sets
+    another family's option (Family.options) or its family's rules reject it (Family.check)."""
     if spec.family is None:
-        return next(family for family in FAMILIES if family.claims(spec) and not family.named)
-    if spec.family not in NAMED:
+        family = next(family for family in FAMILIES if family.claims(spec) and not family.named)
+    elif spec.family in NAMED:
+        family = NAMED[spec.family]
+    else:
         known = ", ".join(NAMED) or "none yet"
         raise SpecError(f"unknown family {spec.family!r}; the families chosen by name: {known}")
-    family = NAMED[spec.family]
+    for owner in FAMILIES:
+        for option in () if owner is family else owner.options:
+            if getattr(spec, option.name) != option.default:
+                claim = owner.options[0]
+                whose = f"the {owner.name}" + f" ({claim.flag})" * (option is not claim)
+                named = f", not for the family {spec.family!r}" * (spec.family is not None)
+                raise SpecError(f"{option.name} ({option.flag}) is for {whose}{named}")
     family.check(spec)
     return family
+
+
+install_family_rules(family_of)

@@ -7,6 +7,7 @@ families/decayed/arguments.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..reference.certified_engine import certified_attention
 from ..reference.grad import exact_gradients_and_magnitudes, roundings
 from ..reference.similarity import Similarity
 from ..reference.state import exact_state
+from ..specs import Spec
 from .protocol import Family
 
 # the argument hooks of a family that takes none beyond q, k, v and W
@@ -77,15 +79,23 @@ def _certified_gradients(gradients, similarity: Similarity):
 
 
 def sums_family(
-    *, similarity: Similarity, gradients, forms, golden, arguments=NO_ARGUMENTS, **own: Any
+    *,
+    similarity: Similarity,
+    gradients,
+    forms,
+    golden,
+    arguments=NO_ARGUMENTS,
+    check: Callable[[Spec], None] = lambda spec: None,
+    **own: Any,
 ) -> Family:
     """The Family of a folder's pieces: its similarities (similarity), its certified
     gradients(x, spec, g), its forms (forms_of, attention, attention_with_state,
     attention_varlen), its golden forms (golden_forms, long_form, golden_attention), its
-    argument hooks (`arguments`: NO_ARGUMENTS or its own) and `own`, the rest of its fields
+    argument hooks (`arguments`: NO_ARGUMENTS or its own), its spec's rules (`check`: none
+    beyond specs.Spec's own by default) and `own`, the rest of its fields
     (name, folder, source, claims, weights, sums_bound, ...)."""
     return Family(
-        check=lambda spec: None,
+        check=check,
         validate=validate,
         forms=forms.forms_of,
         attention=forms.attention,

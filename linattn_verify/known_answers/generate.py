@@ -18,8 +18,10 @@ import torch
 
 from ..cases import Case
 from ..families import case_arguments, family_of, validate
+from ..families.channel_gates.fields import SOURCE
+from ..families.decayed.fields import SOURCES
 from ..inputs import AttentionInputs
-from ..specs import DECAY_SOURCES, Spec, SpecError
+from ..specs import Spec, SpecError
 from .catalogue import all_vectors
 from .files import DEFAULT_DIR, dumps, encode
 
@@ -52,7 +54,7 @@ def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
     elif not spec.plain:  # a plain vector's bytes are those of generator version 1
         described |= _decayed_fields(spec)
     if spec.decay and not own:
-        described |= {"decay_formula": DECAY_SOURCES[spec.decay]}
+        described |= {"decay_formula": (SOURCES | {"channel-gates": SOURCE})[spec.decay]}
     return {
         "format": FORMAT,
         "generator_version": GENERATOR_VERSION,

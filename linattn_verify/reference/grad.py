@@ -23,7 +23,7 @@ constant decay's gamma held fixed. Derivation (reverse-mode chain rule; Baydin e
     dL/dq_i  = sum_j b_ij dA_ij/dq_i,   dL/dk_j = sum_i b_ij dA_ij/dk_j,
     dA_ij/dq_i = c w_ij da_ij/dq_i (and so for k_j): the decay and the scale are constants.
 
-The decays (causal specs; specs.DECAY_SOURCES): constant, w_ij = gamma^(i-j) (Sun et al.
+The decays (causal; families/*/fields.py): constant, w_ij = gamma^(i-j) (Sun et al.
 2023, RetNet, eq. 5); gates, w_ij = exp(G_i - G_j) with G_i = g_0 + ... + g_i (Yang et al.
 2024, GLA, eq. 3 with scalar gates), so w_ij depends on g_t for j < t <= i with dw_ij/dg_t
 = w_ij, and

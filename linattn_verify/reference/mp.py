@@ -106,7 +106,7 @@ def abs_logits(qi: list, keys: list) -> list:
 
 def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
     """(w_ij, a bound on |ln w_ij| plus 1 for the error estimate) for every key j <= i:
-    gamma^(i - j) or exp(G_i - G_j), G_i = g_0 + ... + g_i (specs.DECAY_SOURCES); decay is
+    gamma^(i - j) or exp(G_i - G_j), G_i = g_0 + ... + g_i (families/*/fields.py); decay is
     gamma (a float) or the head's log-gates (channel gates: channel_prefix)."""
     mp = mpmath.mp
     if kind == "constant":
@@ -125,7 +125,7 @@ def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
 def channel_prefix(gates) -> tuple[list[list], object]:
     """(G_t, t = 0 .. N-1, each the d channels' g_0m + ... + g_tm, and 2 max_m sum_t |g_tm|
     + 1, a bound on |ln w_ijm| plus 1 for the error estimate) of one head's channel gates
-    (N, d) (specs.DECAY_SOURCES); shared with grad.py."""
+    (N, d) (families/*/fields.py); shared with grad.py."""
     mp = mpmath.mp
     prefix, running = [], [mp.zero] * len(gates[0])
     for row in gates:

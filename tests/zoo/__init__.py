@@ -35,7 +35,7 @@ class Entry:
     unnormalised spec (out_i = sum_j w_ij phi(q_i).phi(k_j) v_j, no division). scale: the
     spec's c (a number, or "d^-0.5"). triton: its
     kernels are Triton code, run in Triton's interpreter (--triton interpret). delta_rule:
-    the delta rule's spec (fn(q, k, v, beta=(B, H, N)[, g=...]), specs.DELTA_SOURCE).
+    the delta rule's spec (fn(q, k, v, beta=(B, H, N)[, g=...]), families/delta/fields.py).
     value_heads: the G of grouped value heads it claims (--value-heads G: q and k of H heads,
     v and beta of G H), or 1.
     smallest: vet it at the smallest plan (one typical case per dtype, no search), as the

@@ -1,4 +1,4 @@
-"""The delta rule (specs.DELTA_SOURCE: DeltaNet, Yang et al. 2024; Gated DeltaNet with a
+"""The delta rule (families/delta/fields.py: DeltaNet, Yang et al. 2024; Gated DeltaNet with a
 scalar gate g (B, H, N), Yang, Kautz, Hatamizadeh 2025; KDA with a gate per key channel g
 (B, H, N, d), Kimi Linear 2025): correct kernels written two ways and broken ones of the
 classes of the public reports. The contract: fn(q, k, v, beta=(B, H, N)[, g=...][,

@@ -4,7 +4,6 @@ arguments, fast sums, state bounds and notes (families/decayed/: what it shares 
 
 from __future__ import annotations
 
-from ...specs import DECAY_SOURCES
 from ..decayed import bound as decayed_bound
 from ..decayed.arguments import decay_arguments
 from ..decayed.notes import DECAY_NOTES
@@ -12,7 +11,7 @@ from ..kernelised.bound import feature_count
 from ..kernelised.certified_gradients import certified_gradients
 from ..protocol import Family, SumsBound
 from ..similarity_sums import sums_family
-from . import golden
+from . import fields, golden
 from .bound import ball_sums
 from .forms import FORMS
 from .quadratic import weights
@@ -21,8 +20,9 @@ from .reference import CHANNEL_GATES as SIMILARITY
 CHANNEL_GATED: Family = sums_family(
     name="channel gates",
     folder="channel_gates",
-    source=DECAY_SOURCES["channel-gates"],
+    source=fields.SOURCE,
     claims=lambda spec: spec.decay == "channel-gates",
+    check=fields.check,
     arguments=decay_arguments(("g",)),
     similarity=SIMILARITY,
     gradients=certified_gradients,

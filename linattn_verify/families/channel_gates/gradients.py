@@ -1,7 +1,7 @@
 """Channel gates' part of the exact gradients (reference/grad.py, through
 reference/similarity.Gradients): the rows of A_ij = c sum_m phi(q_i)_m phi(k_j)_m W_ijm,
 W_ijm = exp(G_im - G_jm), with their terms per feature m (Yang et al. 2024, GLA, sec. 4.1;
-specs.DECAY_SOURCES), and dL/dg per token and channel. Built on kernelised attention's
+families/channel_gates/fields.py), and dL/dg per token and channel. Built on kernelised attention's
 features (grad_maps.Kernel). Derivation and the rules for M: reference/grad.py's module
 docstring. None imports an implementation.
 """

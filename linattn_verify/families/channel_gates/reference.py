@@ -1,7 +1,7 @@
 """Channel gates' part of the shared exact engines (reference/similarity.py): kernelised
 attention's features (families/kernelised/, which this family builds on) weighted per key
 channel, w_ijm = exp(G_im - G_jm), G the prefix sums of the log-gates per channel (Yang et
-al. 2024 (GLA), sec. 4.1; specs.DECAY_SOURCES): in mpmath (mp.channel_prefix,
+al. 2024 (GLA), sec. 4.1; families/channel_gates/fields.py): in mpmath (mp.channel_prefix,
 channel_factors), in arb (GLA's parallel form (Q . B)(K / B)^T, channel_gated), the
 certified engine's decayed sums (the scalar decays' head, families/decayed/, which takes
 channel gates too), the state's, and the exact gradients' (gradients.py). None imports an
@@ -68,7 +68,7 @@ def arb_sims(head: Head, spec: Spec, rows: list[int]) -> list[list[arb]]:
 
 def channel_growth(head: Head) -> list[list[arb]]:
     """exp(G_tm) (N, d) for a channel-gated head, G the prefix sums of its log-gates per
-    channel (specs.DECAY_SOURCES): w_ijm = exp(G_im) / exp(G_jm), exact at the working
+    channel (families/channel_gates/fields.py): w_ijm = exp(G_im) / exp(G_jm), exact at the working
     precision (a ball's exponent has no range to leave)."""
     totals, out = [arb(0)] * head.decay.shape[1], []
     for row in head.decay.tolist():

@@ -4,12 +4,11 @@ decay's pieces (families/kernelised/ is what it builds on), and its decay's argu
 
 from __future__ import annotations
 
-from ...specs import DECAY_SOURCES
 from ..kernelised.bound import feature_count
 from ..kernelised.certified_gradients import certified_gradients
 from ..protocol import Family, SumsBound
 from ..similarity_sums import sums_family
-from . import bound, golden
+from . import bound, fields, golden
 from .arguments import decay_arguments
 from .forms import FORMS
 from .notes import DECAY_NOTES
@@ -19,8 +18,9 @@ from .reference import DECAYED as SIMILARITY
 DECAYED: Family = sums_family(
     name="scalar decay and gates",
     folder="decayed",
-    source=f"{DECAY_SOURCES['constant']}; {DECAY_SOURCES['gates']}",
-    claims=lambda spec: spec.decay in ("constant", "gates"),
+    source="; ".join(fields.SOURCES.values()),
+    claims=lambda spec: spec.decay in fields.SOURCES,
+    check=fields.check,
     arguments=decay_arguments(("gamma", "g")),
     similarity=SIMILARITY,
     gradients=certified_gradients,

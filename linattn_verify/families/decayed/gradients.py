@@ -2,7 +2,7 @@
 reference/similarity.Gradients): kernelised attention's rows times the weights w_ij =
 gamma^(i - j) ("constant": Sun et al. 2023, RetNet, eq. 5; gamma held fixed) or exp(G_i -
 G_j), G the prefix sums of the log-gates ("gates": Yang et al. 2024, GLA, eq. 3 with scalar
-gates; specs.DECAY_SOURCES), with M(w_ij) = w_ij (1 + M(ln w_ij)) (mp.decay_weights), and
+gates; families/decayed/fields.py), with M(w_ij) = w_ij (1 + M(ln w_ij)) (mp.decay_weights), and
 dL/dg for gates. Derivation and the rules for M: reference/grad.py's module docstring. None
 imports an implementation.
 """

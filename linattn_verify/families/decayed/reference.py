@@ -1,7 +1,7 @@
 """The scalar decays' part of the shared exact engines (reference/similarity.py): kernelised
 attention's similarities (families/kernelised/reference.py, which this family builds on)
 times the weights w_ij = gamma^(i - j) ("constant": Sun et al. 2023, eq. 6) or exp(G_i -
-G_j), G the prefix sums of the log-gates ("gates"; specs.DECAY_SOURCES): in mpmath
+G_j), G the prefix sums of the log-gates ("gates"; families/decayed/fields.py): in mpmath
 (mp.decay_weights), in arb (decay_weights), in the certified engine's decayed sums
 (certified_decay.decayed_sums, which the channel gates share), the state's, and the exact
 gradients' (gradients.py). None imports an implementation.
@@ -52,7 +52,7 @@ def arb_sims(head: Head, spec: Spec, rows: list[int]) -> list[list[arb]]:
 def decay_weights(head: Head, rows: list[int], kind: str) -> list[list[arb]]:
     """w_ij for the query rows `rows` and every key j <= i (0 beyond), exactly at the working
     precision: gamma^(i - j) ("constant") or exp(g_(j+1) + ... + g_i) = exp(G_i) / exp(G_j),
-    G the prefix sums of the log-gates ("gates"; specs.DECAY_SOURCES)."""
+    G the prefix sums of the log-gates ("gates"; families/decayed/fields.py)."""
     nk, zero = head.k.shape[0], arb(0)
     if kind == "constant":
         powers = [arb(1)]

@@ -1,5 +1,5 @@
 """The delta rule (DeltaNet; Gated DeltaNet with scalar gates; KDA with channel gates),
-specs.DELTA_SOURCE: S_t = alpha_t (I - beta_t k_t k_t^T) S_(t-1) + beta_t k_t v_t^T,
+families/delta/fields.py: S_t = alpha_t (I - beta_t k_t k_t^T) S_(t-1) + beta_t k_t v_t^T,
 o_t = c S_t^T q_t.
 
 reference.py: mpmath, arb and the certified float64 recurrence; gradients.py and

@@ -3,7 +3,7 @@ measured against (docs/delta-rule.md, "The accuracy model").
 
 Each value channel c of the state evolves on its own: x_t = S_t[:, c] in R^d,
     x_t = A_t x_(t-1) + beta_t k_t v_tc,   A_t = (I - beta_t k_t k_t^T) D_t,
-D_t = exp(g_t) I, diag(exp(g_t)) or I (specs.DELTA_SOURCE). I - beta k k^T has the
+D_t = exp(g_t) I, diag(exp(g_t)) or I (families/delta/fields.py). I - beta k k^T has the
 eigenvalues 1 (d - 1 times) and 1 - beta |k|^2, so ||A_t||_2 <= rho_t = max_m D_tm
 max(1, |1 - beta_t |k_t|^2|): at most 1 for unit keys and beta in [0, 2] (non-expansive).
 An error committed at one token is then never amplified by later ones, where a
@@ -61,7 +61,8 @@ import numpy as np
 from ...inputs import AttentionInputs
 from ...reference.certified import SAFETY
 from ...rounding import C_LIB, DECAY_CHUNK, gamma, widest_gate_sum
-from ...specs import QK_L2NORM_EPS, Spec
+from ...specs import Spec
+from .fields import QK_L2NORM_EPS
 from .reference import delta_scale
 
 # the stride of the windows whose condition numbers cover every chunk (_wy_condition): the

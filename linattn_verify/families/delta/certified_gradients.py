@@ -78,7 +78,8 @@ from threadpoolctl import threadpool_limits
 
 from ...inputs import AttentionInputs
 from ...reference.certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
-from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from ...specs import RSQRT_D, Spec, SpecError
+from .fields import QK_L2NORM_EPS
 from .gradients import _inputs, _shapes
 from .reference import MAX_TOKENS, SMALL_NORM
 

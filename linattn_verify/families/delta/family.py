@@ -11,11 +11,12 @@ from ...cases import DELTA_KINDS
 from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs, decay_values
 from ...reference.certified import Certified
-from ...specs import DELTA_SOURCE, Spec, SpecError
+from ...specs import Spec, SpecError
 from ..decayed.notes import DECAY_NOTES
 from ..protocol import ArgumentNotes, Family, StateGradients
 from .bound import delta_scale_and_bound, delta_state_bound
 from .certified_gradients import certified_delta_gradients
+from .fields import DELTA_SOURCE, OPTIONS, check
 from .forms import DELTA_FORMS, delta_attention, grouped
 from .golden import GOLDEN_DELTA_FORMS, golden_delta, golden_delta_with_state
 from .gradient_bound import delta_gradient_magnitudes, delta_roundings
@@ -28,7 +29,6 @@ from .inputs import (
     pack_delta,
     validate_delta,
 )
-from .options import OPTIONS
 from .reference import (
     MP_MAX_STEPS,
     arb_delta,
@@ -130,7 +130,7 @@ DELTA = Family(
     label="delta",
     source=DELTA_SOURCE,
     claims=lambda spec: spec.delta_rule,
-    check=lambda spec: None,  # specs.Spec checks the delta rule's fields
+    check=check,
     arguments=("beta", "g"),
     pack=_pack,
     argument_names=lambda spec: ("beta",) + ("g",) * (spec.decay is not None),
@@ -162,6 +162,7 @@ DELTA = Family(
     formula=formula,
     state_bound=_state_bound,
     forgets=lambda spec: spec.decay is not None,
+    per_token=lambda spec: True,  # beta, and the gates with it
     state_gradients=StateGradients(
         exact=exact_delta_gradients,
         magnitudes=delta_gradient_magnitudes,

@@ -1,7 +1,7 @@
 """The delta rule's built-in forms (DeltaNet, Gated DeltaNet, KDA): recurrent and chunked.
 
 Per batch b and head h, c = spec.scale_for(d), S_0 the initial state (d, dv) or 0
-(specs.DELTA_SOURCE):
+(families/delta/fields.py):
 
     S_t = (I - beta_t k_t k_t^T) D_t S_(t-1) + beta_t k_t v_t^T,    o_t = c S_t^T q_t,
 
@@ -40,7 +40,8 @@ import torch
 
 from ...implementations.recurrence import run_sequences
 from ...inputs import check_decay
-from ...specs import QK_L2NORM_EPS, Spec, SpecError
+from ...specs import Spec, SpecError
+from .fields import QK_L2NORM_EPS
 
 DELTA_FORMS = ("recurrent", "chunked")
 # Channel gates' factors exp(G_im - G_jm) are materialised in diagonal blocks of SUB_CHUNK

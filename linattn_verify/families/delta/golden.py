@@ -1,7 +1,7 @@
 """The golden delta rule: the recurrence itself, token by token, the reference point of the
 delta rule's budget. It shares no code with the fast forms (delta.py) it budgets.
 
-Per batch b and head h, c = spec.scale_for(d) (specs.DELTA_SOURCE, Yang et al. 2024, eq. 1-2;
+Per batch b and head h, c = spec.scale_for(d) (families/delta/fields.py, Yang et al. 2024, eq. 1-2;
 Gated DeltaNet, eq. 10; KDA, eq. 1):
 
     S <- A_t S with A_t = exp(g_t) (gates) or diag(exp(g_t)) (channel gates), or S;
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ...specs import QK_L2NORM_EPS, Spec, SpecError
+from ...specs import Spec, SpecError
+from .fields import QK_L2NORM_EPS
 from .inputs import delta_arguments, validate_delta
 
 GOLDEN_DELTA_FORMS: tuple[str, ...] = ("recurrent",)

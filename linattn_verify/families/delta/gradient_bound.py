@@ -61,8 +61,9 @@ import numpy as np
 from ...inputs import AttentionInputs
 from ...reference.certified import SAFETY
 from ...rounding import DECAY_CHUNK
-from ...specs import QK_L2NORM_EPS, Spec
+from ...specs import Spec
 from .bound import step_roundings, steps
+from .fields import QK_L2NORM_EPS
 
 
 def delta_roundings(x: AttentionInputs, spec: Spec) -> int:

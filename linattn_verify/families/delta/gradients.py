@@ -1,6 +1,6 @@
 """Exact reference gradients of the delta rule: mpmath (faithful) and arb (correctly rounded).
 
-Forward (families/delta/reference.py, specs.DELTA_SOURCE: DeltaNet, Yang et al. 2024, "Parallelizing
+Forward (families/delta/reference.py and fields.py: DeltaNet, Yang et al. 2024, "Parallelizing
 Linear Transformers with the Delta Rule over Sequence Length", eq. 1-2; Gated DeltaNet,
 Yang, Kautz, Hatamizadeh, ICLR 2025; KDA, fla's `kda`), per batch b and head h, c the
 spec's scale (1/sqrt(d) exactly for RSQRT_D), S_0 the initial state (d, dv) or 0, and with
@@ -73,7 +73,8 @@ from ...reference.common import MAX_PREC, ReferenceAccuracyError, decided
 from ...reference.grad import agree
 from ...reference.mp import DEFAULT_PREC as MP_PREC
 from ...reference.mp import nearest
-from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from ...specs import RSQRT_D, Spec, SpecError
+from .fields import QK_L2NORM_EPS
 from .reference import ARB_PREC, checked_initial_state, log_gate_rows
 
 FAITHFUL = 2.0**-64  # the relative error estimate under which an mp element is accepted

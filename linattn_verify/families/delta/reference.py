@@ -1,6 +1,6 @@
 """The delta rule's references: mpmath and arb (exact), and a certified float64 engine.
 
-Definition (specs.DELTA_SOURCE: DeltaNet, Gated DeltaNet, KDA), per batch b and head h, with
+Definition (families/delta/fields.py: DeltaNet, Gated DeltaNet, KDA), per batch b and head h, with
 c the spec's scale (1/sqrt(d) exactly for RSQRT_D) and S_0 the initial state (d, dv) or 0:
 
     for t = 1 .. N:  S <- D_t S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;
@@ -52,7 +52,8 @@ from ...reference.certified import CERTIFIED_SHARE, LIB, SAFETY, U64, UNDERFLOW,
 from ...reference.common import MAX_PREC, ReferenceAccuracyError, decided, resolve_recurrence
 from ...reference.mp import DEFAULT_PREC as MP_PREC
 from ...reference.mp import _settled, nearest
-from ...specs import QK_L2NORM_EPS, RSQRT_D, Spec, SpecError
+from ...specs import RSQRT_D, Spec, SpecError
+from .fields import QK_L2NORM_EPS
 
 ARB_PREC = 128
 # Largest B*H*N*d*dv (the recurrence's multiplications) for which exact_delta_state and

@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from ...cases import DELTA_KINDS, Case
-from ...specs import DELTA_SOURCE, QK_L2NORM_EPS, RSQRT_D, Spec
+from ...specs import RSQRT_D, Spec
+from .fields import DELTA_SOURCE, QK_L2NORM_EPS
 
 _FLA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
 DELTA_KAT_SPECS = (

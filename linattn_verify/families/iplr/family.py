@@ -53,7 +53,7 @@ LACKS = {
 
 def check(spec: Spec) -> None:
     """SpecError unless `spec` is the IPLR rule's: causal, identity features, unnormalised,
-    no decay, no eps, no delta rule, no qk_l2norm, one value head per head."""
+    no decay, no eps (other families' options: families.registry.family_of)."""
     wrong = [
         what
         for what, bad in (
@@ -62,9 +62,6 @@ def check(spec: Spec) -> None:
             ("unnormalised", spec.normalize),
             ("no decay", spec.decay is not None),
             ("eps 0", spec.eps != 0),
-            ("no delta rule", spec.delta_rule),
-            ("no qk_l2norm", spec.qk_l2norm),
-            ("one value head per head", spec.value_heads != 1),
         )
         if bad
     ]

@@ -4,7 +4,7 @@ forms only (no finite feature map), no state."""
 
 from __future__ import annotations
 
-from ...specs import FEATURE_MAPS
+from ...specs import FEATURE_MAPS, Spec, SpecError
 from ..protocol import Family, SumsBound
 from ..similarity_sums import sums_family
 from . import forms, golden
@@ -13,11 +13,19 @@ from .certified_gradients import certified_gradients
 from .quadratic import weights
 from .reference import SOFTMAX as SIMILARITY
 
+
+def check(spec: Spec) -> None:
+    """SpecError for a decay: softmax's weights are exp(q.k / sqrt(d)) alone."""
+    if spec.decay is not None:
+        raise SpecError("softmax takes no decay (its weights are its own)")
+
+
 SOFTMAX: Family = sums_family(
     name="softmax",
     folder="softmax",
     source=FEATURE_MAPS["softmax"].source,
     claims=lambda spec: not spec.info.kernelised,
+    check=check,
     similarity=SIMILARITY,
     gradients=certified_gradients,
     forms=forms,
