@@ -17,15 +17,8 @@ Kinds (the draws of the property suite; regimes.py says which regime each case i
   large features: a normaliser kept in float16 overflows);
 - large-norm: q, k ~ N(0, 1) and about a third of their rows scaled to norm magnitude
   (Performer exponents |x'|^2 / 2 far outside exp's range).
-The delta rule's inputs (families/delta/inputs.py) have unit-norm keys, as its layers hand
-them to the kernel (for a kernel that normalises them itself, Spec.qk_l2norm, the normal
-kind's keys are drawn raw), beta ~ U(0, 1), and its own kinds (DELTA_KINDS, drawn as normal
-otherwise); the magnitude scales q alone (the keys are normalised, v is N(0, 1) as for every kind):
-- beta-near-two: beta in (2 - 2^-4, 2): I - beta k k^T nearly a reflection;
-- long-keys: every key of norm exp(U(-1, 1)) (0.37 to 2.7): I - beta k k^T expands by up to
-  |1 - beta |k|^2| (the kernel is still given them as they are);
-- parallel-keys: every key of a head k_0 + 10^-3 N(0, 1), normalised: nearly parallel
-  consecutive keys, the UT transform's ill-conditioned case (fla #537).
+A family's own kinds (Family.kinds: the delta rule's, families/delta/inputs.py) are
+described in its folder; install_family_kinds admits them.
 The values are drawn in float64 from a torch.Generator(seed), clipped to the dtype's range
 and rounded to the dtype once; the implementation sees exactly those values.
 
@@ -56,12 +49,19 @@ KINDS = (
     "positive-rows",
     "large-norm",
 )
-DELTA_KINDS = ("beta-near-two", "long-keys", "parallel-keys")
+# The kinds of the families' own (Family.kinds; install_family_kinds)
+_FAMILY_KINDS: list[str] = []
 CANCEL_OFFSET = 1000.0
 DECAY_RATE = 1 / 16  # gamma = 0.94 (and 0.97, ...), about RetNet's 1 - 2^-5 .. 1 - 2^-9
 CHANNEL_OCTAVES = 2.0  # the ratio of the rates of neighbouring key channels' gates
 VALUE_MEAN = 4.0  # mean-values: a mean of a few standard deviations
 OUTLIER_FACTOR = 10.0  # outlier-channels: "an order of magnitude larger"
+
+
+def install_family_kinds(kinds: tuple[str, ...]) -> None:
+    """Admit `kinds` beside KINDS in every Case made from now on: the families' own
+    (families.registry installs them when linattn_verify is imported)."""
+    _FAMILY_KINDS[:] = dict.fromkeys(kinds)
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ class Case:
             raise SpecError(f"case dimensions must be >= 1: {self}")
         if self.dtype not in UNIT_ROUNDOFF:
             raise SpecError(f"case dtype {self.dtype!r}; known: {', '.join(UNIT_ROUNDOFF)}")
-        if self.kind not in KINDS + DELTA_KINDS:
-            known = ", ".join(KINDS + DELTA_KINDS)
+        if self.kind not in KINDS + tuple(_FAMILY_KINDS):
+            known = ", ".join(KINDS + tuple(_FAMILY_KINDS))
             raise SpecError(f"case kind {self.kind!r}; known: {known}")
         if not isinstance(self.magnitude, int | float) or not 0 < self.magnitude < float("inf"):
             raise SpecError(f"case magnitude must be finite and > 0, got {self.magnitude!r}")

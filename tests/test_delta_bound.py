@@ -13,11 +13,11 @@ import torch
 from linattn_verify.accuracy.bound import scale_and_bound
 from linattn_verify.accuracy.state_bounds import state_bound
 from linattn_verify.accuracy.verdict import error_units
-from linattn_verify.cases import DELTA_KINDS, Case
+from linattn_verify.cases import Case
 from linattn_verify.families import case_arguments, exact, exact_state, golden_attention, validate
 from linattn_verify.families.delta.fields import DELTA_DECAYS
 from linattn_verify.families.delta.forms import delta_attention
-from linattn_verify.families.delta.inputs import delta_arguments
+from linattn_verify.families.delta.inputs import DELTA_KINDS, delta_arguments
 from linattn_verify.inputs import UNIT_ROUNDOFF
 from linattn_verify.specs import RSQRT_D, Spec
 

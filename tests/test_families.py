@@ -6,6 +6,8 @@ refuse a spec that is another family's instead of computing something else."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -57,6 +59,33 @@ def test_a_family_chosen_by_name_takes_only_the_specs_it_names() -> None:
         family_of(Spec("identity", causal=True, normalize=False, family="nope"))
     with pytest.raises(SpecError, match="is for the delta rule, not for the family 'iplr'"):
         Spec("identity", causal=True, normalize=False, delta_rule=True, family="iplr")
+
+
+def test_any_import_of_a_spec_or_a_case_has_the_families_rules() -> None:
+    """Spec and Case, imported alone in a fresh interpreter, refuse what a family refuses
+    (decayed: a causal spec) and admit a family's own kind (the delta rule's)."""
+    code = (
+        "from linattn_verify.specs import Spec, SpecError\n"
+        "from linattn_verify.cases import Case\n"
+        "Case(1, 1, 2, 2, 2, 'float32', kind='long-keys')\n"
+        "try:\n    Spec('elu', decay='gates')\nexcept SpecError as err:\n    print(err)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "a decay needs a causal spec (w_ij is defined for j <= i)"
+
+
+def test_a_family_option_is_refused_by_every_other_family() -> None:
+    """Each family's options (Family.options), set on a spec of another family, name their
+    owner: the registry's one rule, not each family's check (a family's first option, which
+    makes a spec the family's, on a family chosen by name)."""
+    named = Spec("identity", causal=True, normalize=False, family="iplr")
+    owned = [(owner, option) for owner in FAMILIES for option in owner.options]
+    assert owned
+    for owner, option in owned:
+        value = not option.default if option.type is bool else option.default + 1
+        for spec in (named,) + (Spec("elu"),) * (option is not owner.options[0]):
+            with pytest.raises(SpecError, match=f"is for the {owner.name}"):
+                dataclasses.replace(spec, **{option.name: value})
 
 
 def test_a_call_takes_its_family_arguments_only() -> None:

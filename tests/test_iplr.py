@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from linattn_verify.cases import DELTA_KINDS, Case
+from linattn_verify.cases import Case
 from linattn_verify.families import attention, attention_varlen, family_of, reference
+from linattn_verify.families.delta.inputs import DELTA_KINDS
 from linattn_verify.families.iplr.bound import iplr_scale_and_bound, iplr_state_bound
 from linattn_verify.families.iplr.family import IPLR
 from linattn_verify.families.iplr.forms import iplr_attention

@@ -1,8 +1,10 @@
 """The registry: every spec family, asked in order; the first that claims a spec is its.
-Its family_of is specs.Spec's check of the fields a family owns (install_family_rules)."""
+Its family_of is specs.Spec's check of the fields a family owns (install_family_rules); the
+families' own input kinds are cases.Case's too (install_family_kinds)."""
 
 from __future__ import annotations
 
+from ..cases import install_family_kinds
 from ..specs import Spec, SpecError, install_family_rules
 from .channel_gates.family import CHANNEL_GATED
 from .decayed.family import DECAYED
@@ -40,3 +42,4 @@ def family_of(spec: Spec) -> Family:
 
 
 install_family_rules(family_of)
+install_family_kinds(tuple(kind for family in FAMILIES for kind in family.kinds))

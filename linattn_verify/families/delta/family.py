@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...cases import DELTA_KINDS
 from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs, decay_values
 from ...reference.certified import Certified
@@ -22,6 +21,7 @@ from .golden import GOLDEN_DELTA_FORMS, golden_delta, golden_delta_with_state
 from .gradient_bound import delta_gradient_magnitudes, delta_roundings
 from .gradients import exact_delta_gradients
 from .inputs import (
+    DELTA_KINDS,
     case_arguments,
     default_arguments,
     delta_arguments,

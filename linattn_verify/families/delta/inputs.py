@@ -1,6 +1,17 @@
 """The delta rule's inputs: beta (B, H, N) and its gates packed as the one per-token argument
-the checks carry (pack_delta), their validation, and the draws of a case (cases.py's module
-docstring: unit-norm keys, beta ~ U(0, 1), the kinds of cases.DELTA_KINDS)."""
+the checks carry (pack_delta), their validation, and the draws of a case.
+
+A case's inputs have unit-norm keys, as the rule's layers hand them to the kernel (for a
+kernel that normalises them itself, Spec.qk_l2norm, the normal kind's keys are drawn raw),
+beta ~ U(0, 1), and its own kinds (DELTA_KINDS, drawn as normal otherwise; cases.py's
+docstring has the others); the magnitude scales q alone (the keys are normalised, v is
+N(0, 1) as for every kind):
+- beta-near-two: beta in (2 - 2^-4, 2): I - beta k k^T nearly a reflection;
+- long-keys: every key of norm exp(U(-1, 1)) (0.37 to 2.7): I - beta k k^T expands by up to
+  |1 - beta |k|^2| (the kernel is still given them as they are);
+- parallel-keys: every key of a head k_0 + 10^-3 N(0, 1), normalised: nearly parallel
+  consecutive keys, the UT transform's ill-conditioned case (fla #537).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +24,7 @@ from ...cases import Case, constant_decay, rated_decay
 from ...inputs import AttentionInputs, as_float64, check_decay, exact_tensors
 from ...specs import Spec, SpecError
 
+DELTA_KINDS = ("beta-near-two", "long-keys", "parallel-keys")
 _F64 = {"dtype": torch.float64}
 
 

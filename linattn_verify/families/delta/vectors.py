@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ...cases import DELTA_KINDS, Case
+from ...cases import Case
 from ...specs import RSQRT_D, Spec
 from .fields import DELTA_SOURCE, QK_L2NORM_EPS
+from .inputs import DELTA_KINDS
 
 _FLA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
 DELTA_KAT_SPECS = (
@@ -22,7 +23,7 @@ DELTA_KAT_SPECS = (
 
 def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
     """The vectors of a delta-rule spec (B = 1, H = 2, d = 4, dv = 3, N <= 16): N = 1, ragged
-    N = 11, every dtype, the delta rule's stress kinds (cases.DELTA_KINDS: beta next to 2, keys
+    N = 11, every dtype, the delta rule's stress kinds (inputs.DELTA_KINDS: beta next to 2, keys
     of norm 0.37 to 2.7, nearly parallel keys) and, gated, gates next to 1 (e^-(2^-22) a
     token) and next to 0 (about e^-20: the state erased in a token)."""
     shape = (1, 2, 16, 4, 3)

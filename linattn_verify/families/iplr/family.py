@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...cases import DELTA_KINDS
 from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs
 from ...specs import Spec, SpecError
+from ..delta.inputs import DELTA_KINDS
 from ..protocol import Family
 from .bound import iplr_scale_and_bound, iplr_state_bound, step_roundings
 from .forms import IPLR_FORMS, iplr_attention

@@ -10,7 +10,7 @@ per channel, so that I + b a^T = I - (alpha . kappa) kappa^T: DeltaNet's I - bet
 alpha is one number, non-expansive up to the non-normality alpha's spread gives it. kappa is
 drawn apart from the key k (k enters the injected k v^T as the case draws it), and a is not
 parallel to b: a kernel that swaps a and b, or a and k, computes another thing. The stress
-kinds reuse the delta rule's names (cases.DELTA_KINDS, regime stress), with their meaning
+kinds reuse the delta rule's names (delta/inputs.DELTA_KINDS, regime stress), with their meaning
 carried over: beta-near-two (alpha in (2 - 2^-4, 2): nearly a reflection, no contraction),
 long-keys (|a| and |b| each exp(U(-1, 1)): the transition expands by up to 1 + |a| |b|),
 parallel-keys (kappa_t = kappa_0 + 10^-3 N(0, 1), normalised: the chunk form's unit
