@@ -147,8 +147,6 @@ def feature_map(name: str) -> FeatureMap:
 
 
 DECAYS = ("constant", "gates", "channel-gates")
-# the keyword a kernel takes it by
-DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g", "channel-gates": "g"}
 # The maps whose feature m is channel m of the key (phi(k)_m depends on k_m alone), so that a
 # gate per key channel is a gate per feature channel
 CHANNEL_GATED_MAPS = ("identity", "elu", "relu")

@@ -9,10 +9,11 @@ import torch
 
 from ...cases import DELTA_KINDS
 from ...implementations.forms import check_finite, check_tensors
-from ...inputs import AttentionInputs, decay_values
+from ...inputs import AttentionInputs
 from ...reference.certified import Certified
 from ...specs import DELTA_SOURCE, Spec, SpecError
 from ..decayed.notes import DECAY_NOTES
+from ..decayed.values import decay_values
 from ..protocol import ArgumentNotes, Family, StateGradients
 from .bound import delta_scale_and_bound, delta_state_bound
 from .certified_gradients import certified_delta_gradients

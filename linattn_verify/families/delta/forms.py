@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from ...implementations.recurrence import run_sequences
-from ...inputs import check_decay
 from ...specs import QK_L2NORM_EPS, Spec, SpecError
+from ..decayed.values import check_decay
 
 DELTA_FORMS = ("recurrent", "chunked")
 # Channel gates' factors exp(G_im - G_jm) are materialised in diagonal blocks of SUB_CHUNK
