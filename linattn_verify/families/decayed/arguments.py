@@ -1,7 +1,7 @@
 """A decay's argument hooks (Family.pack, validate, argument_names, keywords,
-case_arguments, default_arguments, long_arguments, forgets): gamma (H,) or the log-gates g,
-per token (values.py), drawn by cases.Case.decay; shared by the scalar decays and channel
-gates (the delta rule packs its gates with beta: families/delta/inputs.py)."""
+case_arguments, default_arguments, long_arguments, forgets, widest_gate_sum): gamma (H,) or
+the log-gates g, per token (values.py), drawn by cases.Case.decay; shared by the scalar
+decays and channel gates (the delta rule packs its gates with beta: families/delta/inputs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from ...cases import Case, constant_decay, rated_decay
 from ...specs import Spec
-from .values import DECAY_ARGUMENTS, pack_decay, validate_decayed
+from .values import DECAY_ARGUMENTS, pack_decay, validate_decayed, widest_gate_sum
 
 
 def _names(spec: Spec) -> tuple[str, ...]:
@@ -52,4 +52,5 @@ def decay_arguments(names: tuple[str, ...]) -> dict[str, Any]:
         "default_arguments": lambda spec, q: constant_decay(spec.decay, q),
         "long_arguments": _long_arguments,
         "forgets": lambda spec: True,
+        "widest_gate_sum": widest_gate_sum,
     }

@@ -1,6 +1,7 @@
 """A decay's values: the keyword a kernel takes them by (DECAY_ARGUMENTS), how a family's
-arguments give them (decay_values, pack_decay) and their checks (check_decay, validate);
-shared by the scalar decays, channel gates and the delta rule's gates."""
+arguments give them (decay_values, pack_decay), their checks (check_decay, validate) and how
+far a chunked kernel's prefix sums of them reach (widest_gate_sum); shared by the scalar
+decays, channel gates and the delta rule's gates."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ...inputs import AttentionInputs, as_float64, no_decay, validate
+from ...rounding import DECAY_CHUNK
 from ...specs import Spec, SpecError
 
 # the keyword a kernel takes a decay by (specs.DECAYS)
@@ -60,3 +62,19 @@ def validate_decayed(
 ) -> AttentionInputs:
     """Family.validate of a decay: inputs.validate with the decay checked (check_decay)."""
     return validate(q, k, v, spec, projection, decay, check_decay)
+
+
+def widest_gate_sum(spec: Spec, x: AttentionInputs) -> float:
+    """|G|: the largest sum of |ln w_t| over DECAY_CHUNK consecutive tokens (of a key
+    channel, for channel gates), what a chunked kernel's prefix sums reach; 0 without a
+    decay (Family.widest_gate_sum)."""
+    if spec.decay is None:
+        return 0.0
+    logs = np.abs(np.log(x.decay)) if spec.decay == "constant" else np.abs(x.decay)
+    if spec.decay == "constant":
+        return float(logs.max()) * min(DECAY_CHUNK, x.k.shape[2])
+    sums = np.cumsum(logs, axis=2)  # the token axis: (B, H, N) or (B, H, N, d)
+    pad = [(0, 0)] * sums.ndim
+    pad[2] = (DECAY_CHUNK, 0)
+    ahead = np.pad(sums, pad)[:, :, :-DECAY_CHUNK]
+    return float((sums - ahead).max())

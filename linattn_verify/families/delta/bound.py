@@ -60,8 +60,9 @@ import numpy as np
 
 from ...inputs import AttentionInputs
 from ...reference.certified import SAFETY
-from ...rounding import C_LIB, DECAY_CHUNK, gamma, widest_gate_sum
+from ...rounding import C_LIB, DECAY_CHUNK, gamma
 from ...specs import QK_L2NORM_EPS, Spec
+from ..decayed.values import widest_gate_sum
 from .reference import delta_scale
 
 # the stride of the windows whose condition numbers cover every chunk (_wy_condition): the

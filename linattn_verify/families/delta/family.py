@@ -13,7 +13,7 @@ from ...inputs import AttentionInputs
 from ...reference.certified import Certified
 from ...specs import DELTA_SOURCE, Spec, SpecError
 from ..decayed.notes import DECAY_NOTES
-from ..decayed.values import decay_values
+from ..decayed.values import decay_values, widest_gate_sum
 from ..protocol import ArgumentNotes, Family, StateGradients
 from .bound import delta_scale_and_bound, delta_state_bound
 from .certified_gradients import certified_delta_gradients
@@ -163,6 +163,7 @@ DELTA = Family(
     formula=formula,
     state_bound=_state_bound,
     forgets=lambda spec: spec.decay is not None,
+    widest_gate_sum=widest_gate_sum,
     state_gradients=StateGradients(
         exact=exact_delta_gradients,
         magnitudes=delta_gradient_magnitudes,
