@@ -7,13 +7,14 @@ so that no caller sees a traceback from deep inside numpy, torch or mpmath.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from .specs import DECAY_ARGUMENTS, Spec, SpecError
+from .specs import Spec, SpecError
 
 # Unit roundoff u = 2^-p of each floating dtype we judge (p = significand bits incl. hidden).
 UNIT_ROUNDOFF: dict[str, float] = {
@@ -155,48 +156,31 @@ def exact_tensors(q: Any, k: Any, v: Any, spec: Spec, projection: Any = None) ->
     return AttentionInputs(qa, ka, va, proj, qdtype)
 
 
+# A family's check of its packed argument (the checks' `decay`) against q's shape (B, H, N,
+# d): that argument as exact float64 arrays (None: the spec takes none), SpecError where it
+# is missing, misshapen or out of range (a decay's: families/decayed/values.py)
+ArgumentCheck = Callable[[Any, Spec, tuple[int, ...]], np.ndarray | None]
+
+
+def no_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> None:
+    """The ArgumentCheck of a spec without a decay: SpecError for a decay given."""
+    if decay is not None:
+        raise SpecError(f"{spec} takes no decay (give the spec decay='constant' or 'gates')")
+
+
 def validate(
-    q: Any, k: Any, v: Any, spec: Spec, projection: Any = None, decay: Any = None
+    q: Any,
+    k: Any,
+    v: Any,
+    spec: Spec,
+    projection: Any = None,
+    decay: Any = None,
+    check: ArgumentCheck = no_decay,
 ) -> AttentionInputs:
-    """Check shapes, dtypes and values against the spec; return exact float64 copies (a
-    decayed spec's decay among them)."""
+    """Check shapes, dtypes and values against the spec; return exact float64 copies (the
+    family's packed argument `decay` among them, as its `check` takes it: none by default)."""
     x = exact_tensors(q, k, v, spec, projection)
-    return replace(x, decay=check_decay(decay, spec, x.q.shape))
-
-
-def decay_values(spec: Spec, gamma: Any, g: Any) -> Any:
-    """The decay's values, gamma or g as the spec's decay takes (specs.DECAY_ARGUMENTS);
-    SpecError for the other, or for either where the spec has no decay."""
-    wanted = DECAY_ARGUMENTS.get(spec.decay)
-    for name, value in (("gamma", gamma), ("g", g)):
-        if value is not None and name != wanted:
-            raise SpecError(f"{name} is given, but {spec} takes {wanted or 'no decay'}")
-    return gamma if wanted == "gamma" else g
-
-
-def check_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> np.ndarray | None:
-    """The decay of a decayed spec as an exact float64 array: gamma (H,) in (0, 1] for
-    "constant", log-gates g <= 0, (B, H, N) for "gates" and (B, H, N, d) for
-    "channel-gates" (specs.DECAY_SOURCES); SpecError
-    for a decay given to a spec without one, or one missing, misshapen or out of range."""
-    if spec.decay is None:
-        if decay is not None:
-            raise SpecError(f"{spec} takes no decay (give the spec decay='constant' or 'gates')")
-        return None
-    what = DECAY_ARGUMENTS[spec.decay]
-    if decay is None:
-        raise SpecError(f"{spec} needs its decay: {what}")
-    arr, _ = as_float64(decay, what)
-    b, h, n, d = q_shape
-    want = {"constant": (h,), "gates": (b, h, n), "channel-gates": (b, h, n, d)}[spec.decay]
-    if arr.shape != want:
-        raise SpecError(f"{what} must have shape {want}, got {arr.shape}")
-    if spec.decay == "constant" and not np.all((arr > 0) & (arr <= 1)):
-        raise SpecError(f"gamma must be in (0, 1], got {arr[~((arr > 0) & (arr <= 1))][0]!r}")
-    if spec.decay != "constant" and not np.all(arr <= 0):
-        bad = np.argwhere(arr > 0)[0]
-        raise SpecError(f"g must be <= 0 (log-gates), got {arr[tuple(bad)]} at {tuple(bad)}")
-    return arr
+    return replace(x, decay=check(decay, spec, x.q.shape))
 
 
 def check_cu_seqlens(cu_seqlens: Any, total: int) -> list[int]:

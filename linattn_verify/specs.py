@@ -150,8 +150,6 @@ def feature_map(name: str) -> FeatureMap:
 # the decays a spec may name (Spec.decay): each its family's (families/decayed/fields.py,
 # families/channel_gates/fields.py; the delta rule takes the ones given per token)
 DECAYS = ("constant", "gates", "channel-gates")
-# the keyword a kernel takes it by
-DECAY_ARGUMENTS = {"constant": "gamma", "gates": "g", "channel-gates": "g"}
 RSQRT_D = "d^-0.5"  # the scale 1 / sqrt(d) of the head dimension d (fla's default)
 # The families' rules over their own fields (install_family_rules)
 _FAMILY_RULES: list[Callable[[Spec], object]] = []

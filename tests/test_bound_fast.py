@@ -195,14 +195,12 @@ def test_one_sided_sums_bound_the_exact_decayed_sums_tightly(small_chunks, kind)
     left, right = rng.exponential(1.0, (2, n, m))
     left[5] = 0.0  # a row that meets nothing
     cols = np.concatenate([rng.exponential(1.0, (n, 1)), np.zeros((n, 1)), np.ones((n, 1))], 1)
-    decay_kind = {"constant": "constant", "channels": "channel-gates"}.get(kind, "gates")
-    spec = Spec("elu", causal=True, decay=decay_kind)
     if kind == "constant":
         decay = np.float64(0.8)
     else:  # strong: factors of e^-50 and more a token, underflowing inside a chunk
         scale = {"strong": 50.0, "weak": 1e-6}.get(kind, 0.3)
         decay = -scale * rng.exponential(1.0, (n, m) if kind == "channels" else n)
-    logs, gamma_e = decayed.log_decays(decay, spec, n)
+    logs, gamma_e = decayed.log_decays(decay, n)
     want = _exact_sums(left, right, cols, np.asarray(decay))
     for upper in (True, False):
         blocks = decayed.one_sided_sums(
@@ -230,8 +228,7 @@ def test_every_one_sided_factor_is_on_its_side_of_the_exact_one(small_chunks, up
     rng = np.random.default_rng(4)
     n, channels = 2 * decayed.CHUNK, 2
     logs = -rng.uniform(20.0, 60.0, (n, channels))
-    spec = Spec("elu", causal=True, decay="channel-gates")
-    _, gamma_e = decayed.log_decays(logs, spec, n)
+    _, gamma_e = decayed.log_decays(logs, n)
     f = decayed.one_sided_factors(logs, gamma_e, upper)
     pairs = []  # (computed factor, exact)
     for c in range(n // decayed.CHUNK):

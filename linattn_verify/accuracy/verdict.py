@@ -29,7 +29,6 @@ from ..inputs import (
     dtype_name,
     unit_roundoff,
 )
-from ..rounding import widest_gate_sum
 from ..specs import Spec, SpecError
 from .bound import scale_and_bound
 
@@ -118,8 +117,8 @@ def decay_floor(spec: Spec, x: AttentionInputs, u: float) -> float:
     log-gates within a chunk of DECAY_CHUNK tokens, in its compute precision u_c: an error
     of u_c times the sums' size, |G| <= the largest sum of |ln w_t| over DECAY_CHUNK
     consecutive tokens (the largest channel's for channel gates), relative to each weight
-    (units of u: |G| u_c / u); 0 without a decay (rounding.widest_gate_sum)."""
-    widest = widest_gate_sum(spec, x)
+    (units of u: |G| u_c / u); 0 without a decay (Family.widest_gate_sum)."""
+    widest = family_of(spec).widest_gate_sum(spec, x)
     u_compute = UNIT_ROUNDOFF["float64" if u <= UNIT_ROUNDOFF["float64"] else "float32"]
     return widest * u_compute / u
 

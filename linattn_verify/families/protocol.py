@@ -144,6 +144,9 @@ class Family:
     forgets(spec): whether `spec` forgets old tokens (a decay): the decay check and the long
     checks' one head per memory (long_context.MEMORIES) are for it, the stream API of
     split-resume (no decay) is not, and its output estimates no softmax attention.
+    widest_gate_sum(spec, x): |G|, the largest sum of |ln w_t| over rounding.DECAY_CHUNK
+    consecutive tokens (of a key channel) that a chunked kernel's prefix sums of its decay
+    reach (accuracy/verdict.py's decay_floor); 0 without a decay.
     quadratic: its only form is the quadratic one (no finite feature map): quadratic cost,
     one association (no associativity check), shorter long checks, none in the report's
     long section.
@@ -202,6 +205,7 @@ class Family:
     weights: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None
     per_token: Callable[[Spec], bool] = lambda spec: spec.gated
     forgets: Callable[[Spec], bool] = lambda spec: False
+    widest_gate_sum: Callable[[Spec, AttentionInputs], float] = lambda spec, x: 0.0
     quadratic: bool = False
     state_gradients: StateGradients | None = None
     notes: tuple[ArgumentNotes, ...] = ()

@@ -29,6 +29,7 @@ from .protocol import Family
 NO_ARGUMENTS: dict[str, Any] = {
     "arguments": (),
     "pack": lambda spec, arguments: None,
+    "validate": validate,
     "argument_names": lambda spec: (),
     "keywords": lambda spec, packed, layout: {},
     "case_arguments": lambda case, spec: _tensors(case),
@@ -96,7 +97,6 @@ def sums_family(
     (name, folder, source, claims, weights, sums_bound, ...)."""
     return Family(
         check=check,
-        validate=validate,
         forms=forms.forms_of,
         attention=forms.attention,
         attention_with_state=forms.attention_with_state,

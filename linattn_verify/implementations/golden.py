@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..inputs import validate
+from ..inputs import ArgumentCheck, no_decay, validate
 from ..specs import Spec, SpecError
 
 if TYPE_CHECKING:
@@ -37,16 +37,19 @@ GOLDEN_FORMS: tuple[str, ...] = ("quadratic", "linear")
 Weights = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def check_call(q, k, v, spec, projection, form, decay, forms: tuple[str, ...]) -> None:
+def check_call(
+    q, k, v, spec, projection, form, decay, forms: tuple[str, ...], check: ArgumentCheck = no_decay
+) -> None:
     """Raise SpecError for anything a golden form cannot evaluate as the spec says; forms:
-    the golden forms of the spec's family."""
+    the golden forms of the spec's family, check: its argument's (a decay's, the decayed
+    families'; inputs.ArgumentCheck)."""
     if not isinstance(spec, Spec):
         raise SpecError(f"spec must be a linattn_verify.Spec, got {type(spec).__name__}")
     if form not in GOLDEN_FORMS:
         raise SpecError(f"unknown form {form!r}; golden forms: {', '.join(GOLDEN_FORMS)}")
     if form not in forms:
         raise SpecError(f"{spec} has no golden {form} form: use form='quadratic'")
-    validate(q, k, v, spec, projection, decay)  # shapes, dtypes, values, projection, decay
+    validate(q, k, v, spec, projection, decay, check)  # shapes, dtypes, values, W, decay
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise SpecError(f"{name} must be a torch tensor, got {type(t).__name__}")

@@ -1,6 +1,6 @@
 """The certified engine's decayed sums: sum_(j<=i) sum_m phi(q_i)_m phi(k_j)_m w_ijm x_j in
 float64 at matmul speed, with a rigorous bound on their error (certified.py states the
-contract; specs.DECAY_SOURCES the decays).
+contract; families/*/fields.py the decays).
 
 Form (Yang et al. 2024, "Gated linear attention", sec. 3.2 and 4.2's secondary chunking):
 the log-decays l_t <= 0 (ln gamma, g_t, or g_tm per key channel) are summed only inside
@@ -89,11 +89,12 @@ def path_errors(m: int, n_keys: int) -> tuple[float, int]:
     return (gamma64(depth) + (1 + gamma64(depth)) * math.expm1(exps * LIB)) * SAFETY, depth + exps
 
 
-def log_decays(decay: np.ndarray, spec: Spec, n: int) -> tuple[np.ndarray, float]:
+def log_decays(decay: np.ndarray, n: int) -> tuple[np.ndarray, float]:
     """(l (N, 1) or (N, d): ln w_t per token (and key channel), gamma_e: the relative error
-    of a computed sum of at most CHUNK of them) for one head's decay (inputs.AttentionInputs):
-    ln gamma (within LIB) for "constant", the log-gates themselves otherwise."""
-    if spec.decay == "constant":
+    of a computed sum of at most CHUNK of them) for one head's decay as reference.balls.Head
+    holds it: ln gamma (within LIB) of a gamma (0-d), the log-gates themselves ((N,) or
+    (N, d)) otherwise."""
+    if np.ndim(decay) == 0:
         logs, rel = np.full((n, 1), np.log(np.float64(decay))), LIB
     else:
         logs, rel = decay.reshape(n, -1), 0.0
@@ -219,7 +220,7 @@ def decayed_sums(
     q's and k's rows (values and error bounds, of the spec's map) in place of
     float_features', q and k then unused."""
     n, dv, name = v.shape[0], v.shape[1], spec.feature_map
-    logs, gamma_e = log_decays(decay, spec, n)
+    logs, gamma_e = log_decays(decay, n)
     if given is None:
         m = spec.info.feature_dim(q.shape[1], None if w is None else w.shape[0])
     else:

@@ -9,6 +9,7 @@ import torch
 
 from ...implementations.forms import DEFAULT_CHUNK
 from ...specs import Spec
+from ..decayed.values import check_decay, pack_decay
 from ..kernelised.forms import WithDecay
 from ..kernelised.scaled import Decay, State, scaled_attention
 from .quadratic import weights
@@ -19,8 +20,8 @@ def log_decays(decay: torch.Tensor, spec: Spec, shape: torch.Size, dtype) -> tor
     return decay.to(dtype)
 
 
-DECAY = Decay(log_decays, weights)
-FORMS = WithDecay(DECAY, gate_dims=4)
+DECAY = Decay(log_decays, weights, check_decay)
+FORMS = WithDecay(DECAY, gate_dims=4, pack=pack_decay)
 
 
 def gated_attention(

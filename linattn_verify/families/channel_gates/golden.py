@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...specs import Spec
+from ..decayed.values import check_decay
 from ..kernelised.golden import GoldenDecay, golden_forms, long_form
 from ..kernelised.golden import golden_attention as kernelised_golden
 from .quadratic import gated_products, weights
@@ -41,7 +42,7 @@ def gated_block(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor) -> torch.Tens
     return inner.to(q.dtype)
 
 
-GATED = GoldenDecay(weights, log_decays, gated_block)
+GATED = GoldenDecay(weights, log_decays, check_decay, gated_block)
 
 
 def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None) -> torch.Tensor:

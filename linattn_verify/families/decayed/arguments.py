@@ -1,7 +1,7 @@
-"""A decay's argument hooks (Family.pack, argument_names, keywords, case_arguments,
-default_arguments, long_arguments, forgets): gamma (H,) or the log-gates g, per token,
-drawn by cases.Case.decay; shared by the scalar decays and channel gates (the delta rule
-packs its gates with beta: families/delta/inputs.py)."""
+"""A decay's argument hooks (Family.pack, validate, argument_names, keywords,
+case_arguments, default_arguments, long_arguments, forgets, widest_gate_sum): gamma (H,) or
+the log-gates g, per token (values.py), drawn by cases.Case.decay; shared by the scalar
+decays and channel gates (the delta rule packs its gates with beta: families/delta/inputs.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ...cases import Case, constant_decay, rated_decay
-from ...inputs import decay_values
-from ...specs import DECAY_ARGUMENTS, Spec
+from ...specs import Spec
+from .values import DECAY_ARGUMENTS, pack_decay, validate_decayed, widest_gate_sum
 
 
 def _names(spec: Spec) -> tuple[str, ...]:
@@ -19,7 +19,7 @@ def _names(spec: Spec) -> tuple[str, ...]:
 
 
 def _keywords(spec: Spec, packed: Any, layout: str) -> dict[str, Any]:
-    """gamma= or g= (specs.DECAY_ARGUMENTS); log-gates in the kernel's layout."""
+    """gamma= or g= (DECAY_ARGUMENTS); log-gates in the kernel's layout."""
     if spec.gated and layout == "bnhd":
         packed = packed.transpose(1, 2).contiguous()
     return {name: packed for name in _names(spec)}
@@ -44,11 +44,13 @@ def decay_arguments(names: tuple[str, ...]) -> dict[str, Any]:
     """The hooks of a family whose argument is a decay, taken by the keywords `names`."""
     return {
         "arguments": names,
-        "pack": lambda spec, given: decay_values(spec, given.get("gamma"), given.get("g")),
+        "pack": pack_decay,
+        "validate": validate_decayed,
         "argument_names": _names,
         "keywords": _keywords,
         "case_arguments": _case_arguments,
         "default_arguments": lambda spec, q: constant_decay(spec.decay, q),
         "long_arguments": _long_arguments,
         "forgets": lambda spec: True,
+        "widest_gate_sum": widest_gate_sum,
     }

@@ -126,7 +126,7 @@ def _fast_decayed(head: Head, spec: Spec, features):
     certified_decay.decayed_sums (an interval for the exact D, which cancels)."""
     q, k, v = head.q, head.k, head.v
     n = k.shape[0]
-    logs, gamma_e = log_decays(head.decay, spec, n)
+    logs, gamma_e = log_decays(head.decay, n)
 
     def lefts(start: int, stop: int) -> list[np.ndarray]:
         _, a, psi = features(q, start, stop)

@@ -12,6 +12,7 @@ from ...specs import Spec
 from ..kernelised.forms import WithDecay
 from ..kernelised.scaled import Decay, State, scaled_attention
 from .quadratic import weights
+from .values import check_decay, pack_decay
 
 
 def log_decays(decay: torch.Tensor, spec: Spec, shape: torch.Size, dtype) -> torch.Tensor:
@@ -22,8 +23,8 @@ def log_decays(decay: torch.Tensor, spec: Spec, shape: torch.Size, dtype) -> tor
     return decay.to(dtype)[..., None]
 
 
-DECAY = Decay(log_decays, weights)
-FORMS = WithDecay(DECAY, gate_dims=3)
+DECAY = Decay(log_decays, weights, check_decay)
+FORMS = WithDecay(DECAY, gate_dims=3, pack=pack_decay)
 
 
 def decayed_attention(

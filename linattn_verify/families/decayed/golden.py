@@ -9,6 +9,7 @@ from ...specs import Spec
 from ..kernelised.golden import GoldenDecay, golden_forms, long_form
 from ..kernelised.golden import golden_attention as kernelised_golden
 from .quadratic import weights
+from .values import check_decay
 
 # this family's golden forms are kernelised attention's (the quadratic form alone: a decayed
 # spec is not plain), its long-context form the linear one
@@ -24,7 +25,7 @@ def log_decays(decay: torch.Tensor, spec: Spec, n: int, device: torch.device) ->
     return logs[..., None]
 
 
-DECAYED = GoldenDecay(weights, log_decays)
+DECAYED = GoldenDecay(weights, log_decays, check_decay)
 
 
 def golden_attention(q, k, v, spec: Spec, projection=None, form=None, decay=None) -> torch.Tensor:

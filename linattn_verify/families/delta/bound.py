@@ -60,8 +60,9 @@ import numpy as np
 
 from ...inputs import AttentionInputs
 from ...reference.certified import SAFETY
-from ...rounding import C_LIB, DECAY_CHUNK, gamma, widest_gate_sum
+from ...rounding import C_LIB, DECAY_CHUNK, gamma
 from ...specs import Spec
+from ..decayed.values import widest_gate_sum
 from .fields import QK_L2NORM_EPS
 from .reference import delta_scale
 

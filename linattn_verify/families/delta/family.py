@@ -8,10 +8,11 @@ import numpy as np
 import torch
 
 from ...implementations.forms import check_finite, check_tensors
-from ...inputs import AttentionInputs, decay_values
+from ...inputs import AttentionInputs
 from ...reference.certified import Certified
 from ...specs import Spec, SpecError
 from ..decayed.notes import DECAY_NOTES
+from ..decayed.values import decay_values, widest_gate_sum
 from ..protocol import ArgumentNotes, Family, StateGradients
 from .bound import delta_scale_and_bound, delta_state_bound
 from .certified_gradients import certified_delta_gradients
@@ -163,6 +164,7 @@ DELTA = Family(
     state_bound=_state_bound,
     forgets=lambda spec: spec.decay is not None,
     per_token=lambda spec: True,  # beta, and the gates with it
+    widest_gate_sum=widest_gate_sum,
     state_gradients=StateGradients(
         exact=exact_delta_gradients,
         magnitudes=delta_gradient_magnitudes,

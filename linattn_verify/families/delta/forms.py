@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from ...implementations.recurrence import run_sequences
-from ...inputs import check_decay
 from ...specs import Spec, SpecError
+from ..decayed.values import check_decay
 from .fields import QK_L2NORM_EPS
 
 DELTA_FORMS = ("recurrent", "chunked")

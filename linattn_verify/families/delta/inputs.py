@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from ...cases import Case, constant_decay, rated_decay
-from ...inputs import AttentionInputs, as_float64, check_decay, exact_tensors
+from ...inputs import AttentionInputs, as_float64, exact_tensors
 from ...specs import Spec, SpecError
+from ..decayed.values import check_decay
 
 DELTA_KINDS = ("beta-near-two", "long-keys", "parallel-keys")
 _F64 = {"dtype": torch.float64}

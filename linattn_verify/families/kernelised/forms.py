@@ -23,6 +23,7 @@ and unnormalised specs take scaled.py's forms, as the decayed families built on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -39,7 +40,6 @@ from ...implementations.forms import (
     defined,
     varlen,
 )
-from ...inputs import decay_values
 from ...specs import Spec, SpecError, summing
 from . import native
 from .carry import State, absorb, absorb_token, quotient, rescaled
@@ -377,13 +377,14 @@ attention_varlen = partial(varlen, attention)
 @dataclass(frozen=True)
 class WithDecay:
     """The forms of a family built on these with a decay (families/decayed/,
-    families/channel_gates/): scaled.py's forms with its Decay, its arguments gamma= or g=
-    (specs.DECAY_ARGUMENTS), its log-gates (1, H, T) or per key channel (1, H, T, d)
-    (gate_dims) sliced with a packed batch's tokens. Its methods are the family's
-    attention, attention_with_state and attention_varlen (families.protocol.Family)."""
+    families/channel_gates/): scaled.py's forms with its Decay, its values among its
+    arguments gamma= or g= (pack: Family.pack), its log-gates (1, H, T) or per key channel
+    (1, H, T, d) (gate_dims) sliced with a packed batch's tokens. Its methods are the
+    family's attention, attention_with_state and attention_varlen (families.protocol.Family)."""
 
     decay: Decay
     gate_dims: int
+    pack: Callable[[Spec, dict[str, Any]], Any]
     forms_of = staticmethod(forms_of)  # kernelised attention's forms
 
     def attention(
@@ -399,7 +400,7 @@ class WithDecay:
     ) -> torch.Tensor:
         spec = defined(spec, spec.causal)
         check_tensors(q, k, v, spec, projection)
-        values = _values(spec, arguments)
+        values = self.pack(spec, arguments or {})
         return scaled(q, k, v, spec, form, projection, chunk_size, values, self.decay)
 
     def attention_with_state(
@@ -415,7 +416,7 @@ class WithDecay:
         arguments=None,
     ) -> tuple[torch.Tensor, Any]:
         spec = defined(spec, True)
-        values = _values(spec, arguments)
+        values = self.pack(spec, arguments or {})
         return scaled_with_state(
             q, k, v, spec, form, projection, chunk_size, initial_state, values, self.decay
         )
@@ -445,9 +446,3 @@ class WithDecay:
             arguments,
             self.gate_dims,
         )
-
-
-def _values(spec: Spec, arguments: dict[str, Any] | None) -> Any:
-    """The decay's values among a family's arguments (inputs.decay_values)."""
-    arguments = arguments or {}
-    return decay_values(spec, arguments.get("gamma"), arguments.get("g"))

@@ -29,6 +29,7 @@ from ...implementations.golden import (
     quadratic,
     total,
 )
+from ...inputs import ArgumentCheck, no_decay
 from ...specs import Spec, summing
 from . import quadratic as kernelised
 from .golden_features import at_one_scale, golden_features, shifted_form
@@ -50,12 +51,14 @@ class GoldenDecay:
 
     weights: the quadratic form's weights with the decay in them
     (implementations.golden.Weights); logs(decay, spec, n, device): the scan's float64 log-decay
-    of each token, (H, N, 1), (B, H, N, 1) or per key channel (B, H, N, d); block(q, k, a):
-    the scan's weights inside a block whose log-decays are per key channel (None: per token).
+    of each token, (H, N, 1), (B, H, N, 1) or per key channel (B, H, N, d); check: the
+    decay's check (inputs.ArgumentCheck); block(q, k, a): the scan's weights inside a block
+    whose log-decays are per key channel (None: per token).
     """
 
     weights: Weights
     logs: Callable[..., torch.Tensor]
+    check: ArgumentCheck
     block: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
@@ -100,7 +103,8 @@ def golden_attention(
     """
     if isinstance(spec, Spec):
         form = form or golden_forms(summing(spec, "golden forms"))[0]
-    check_call(q, k, v, spec, projection, form, decay, GOLDEN_FORMS)
+    check = no_decay if decayed is None else decayed.check
+    check_call(q, k, v, spec, projection, form, decay, GOLDEN_FORMS, check)
     if form == "quadratic":
         weights = kernelised.weights if decayed is None else decayed.weights
         return quadratic(q, k, v, spec, projection, decay, weights)

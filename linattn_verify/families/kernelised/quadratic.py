@@ -19,6 +19,7 @@ from ...implementations.golden import (
     quadratic,
     total,
 )
+from ...inputs import ArgumentCheck, no_decay
 from ...specs import Spec
 from .golden_features import at_one_scale, golden_features, shifted_form
 
@@ -80,8 +81,18 @@ def weights(q, k, spec: Spec, w, decay) -> tuple[torch.Tensor, torch.Tensor | No
     return quadratic_weights(q, k, spec, w)
 
 
-def quadratic_form(q, k, v, spec: Spec, projection, decay=None, weighted: Weights = weights):
+def quadratic_form(
+    q,
+    k,
+    v,
+    spec: Spec,
+    projection,
+    decay=None,
+    weighted: Weights = weights,
+    check: ArgumentCheck = no_decay,
+):
     """The quadratic form of `spec` (implementations.golden.quadratic) with the call's
-    checks; weighted: the weights with a decay in them (the decayed families')."""
-    check_call(q, k, v, spec, projection, "quadratic", decay, GOLDEN_FORMS)
+    checks; weighted: the weights with a decay in them, check: the decay's check (the
+    decayed families')."""
+    check_call(q, k, v, spec, projection, "quadratic", decay, GOLDEN_FORMS, check)
     return quadratic(q, k, v, spec, projection, decay, weighted)

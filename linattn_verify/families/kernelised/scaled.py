@@ -39,7 +39,7 @@ import torch
 
 from ...implementations.forms import FORMS
 from ...implementations.golden import Weights
-from ...inputs import check_decay
+from ...inputs import ArgumentCheck, no_decay
 from ...specs import Spec, SpecError
 from .features import (
     add_shifts,
@@ -62,10 +62,12 @@ class Decay:
     (families/decayed/forms.py, families/channel_gates/forms.py): logs(decay, spec, shape,
     dtype), ln w_t in `dtype` of each token, (B, H, N, 1) of `shape`'s (B, H, N, d), or of
     each token and feature channel, (B, H, N, d); weights: the quadratic form's weights with
-    the decay in them (implementations.golden.Weights)."""
+    the decay in them (implementations.golden.Weights); check: the decay's check
+    (inputs.ArgumentCheck)."""
 
     logs: Callable[..., torch.Tensor]
     weights: Weights
+    check: ArgumentCheck
 
 
 def scaled_attention(
@@ -87,13 +89,14 @@ def scaled_attention(
         raise SpecError(f"unknown form {form!r}; forms: {', '.join(FORMS)}")
     if spec.info.needs_projection and projection is None:
         raise SpecError(f"feature map {spec.feature_map!r} needs projection=W of shape (m, d)")
-    if decayed is not None and check_decay(decay, spec, tuple(q.shape)) is None:
+    if decayed is not None and decayed.check(decay, spec, tuple(q.shape)) is None:
         decayed = None  # a spec without a decay
     if form == "quadratic":
         if initial_state is not None:
             raise SpecError("the quadratic form carries no state")
         weighted = weights if decayed is None else decayed.weights
-        return quadratic_form(q, k, v, spec, projection, decay, weighted), None
+        check = no_decay if decayed is None else decayed.check
+        return quadratic_form(q, k, v, spec, projection, decay, weighted, check), None
     if form == "linear" and spec.causal:  # a decay is causal (specs.Spec)
         raise SpecError(f"the linear form is non-causal without a decay, not {spec}")
     if form != "linear" and not spec.causal:
