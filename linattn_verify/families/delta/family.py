@@ -37,7 +37,7 @@ from .reference import (
     exact_delta_state,
     mp_delta,
 )
-from .vectors import formula, known_answer_cases, vector_fields
+from .vectors import KNOWN_ANSWER_SPECS, delta_vector_cases, formula, vector_fields
 
 
 def _pack(spec: Spec, arguments: dict[str, Any]) -> torch.Tensor:
@@ -157,7 +157,8 @@ DELTA = Family(
     stepwise=True,
     scale_and_bound=delta_scale_and_bound,
     exact_decimal=arb_delta_decimal,
-    known_answer_cases=known_answer_cases,
+    known_answer_specs=KNOWN_ANSWER_SPECS,
+    known_answer_cases=delta_vector_cases,
     vector_fields=vector_fields,
     formula=formula,
     state_bound=_state_bound,

@@ -1,6 +1,7 @@
 """The delta rule's known-answer vectors (linattn_verify/known_answers/): the specs that have
 them, fla's layers' DeltaNet, Gated DeltaNet, KDA and DeltaNet with q and k normalised in the
-kernel (scale d^-0.5), each vector's case, and what a vector says of its spec."""
+kernel (scale d^-0.5), in part 4 (Family.known_answer_specs), each vector's case, and what a
+vector says of its spec."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ DELTA_KAT_SPECS = (
     replace(_FLA, decay="channel-gates"),
     replace(_FLA, qk_l2norm=True),
 )
+KNOWN_ANSWER_SPECS = tuple((4, spec) for spec in DELTA_KAT_SPECS)  # part 4, the last
 
 
 def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
@@ -40,11 +42,6 @@ def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
             ("decay-near-zero-float32", Case(*shape, "float32", seed=10, decay_rate=20.0)),
         ]
     return cases
-
-
-def known_answer_cases() -> list[tuple[Spec, str, Case]]:
-    """(spec, label, case) of every delta-rule vector, in a fixed order."""
-    return [(s, label, case) for s in DELTA_KAT_SPECS for label, case in delta_vector_cases(s)]
 
 
 def vector_fields(spec: Spec) -> dict[str, Any]:
