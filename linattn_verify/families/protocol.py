@@ -97,7 +97,8 @@ class Family:
     known_answer_cases(spec): (label, case) of each vector of one of them (None:
     known_answers/cases.py's, the decay check's rates where it forgets);
     vector_fields(spec): what a vector says of its spec beyond map, causality, eps,
-    normalisation, scale and decay; formula(spec): the vector's formula (None: the map's).
+    normalisation, scale and decay; formulas(spec): the vector's formulas by key, "formula"
+    (by default the map's source) and any of its own ("decay_formula").
     lacks: the checks (by name) its folder does not serve yet, each with why: they are
     not applicable to its specs (a family lands with its references before all its models).
     named: chosen by name instead, Spec.family == folder (--family NAME), and check(spec):
@@ -201,7 +202,7 @@ class Family:
     known_answer_specs: tuple[tuple[int, Spec], ...] = ()
     known_answer_cases: Callable[[Spec], list[tuple[str, Any]]] | None = None
     vector_fields: Callable[[Spec], dict[str, Any]] = lambda spec: {}
-    formula: Callable[[Spec], str] | None = None
+    formulas: Callable[[Spec], dict[str, str]] = lambda spec: {"formula": spec.info.source}
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
     weights: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None

@@ -8,6 +8,7 @@ from ...specs import DECAY_SOURCES
 from ..decayed import bound as decayed_bound
 from ..decayed.arguments import decay_arguments
 from ..decayed.notes import DECAY_NOTES
+from ..decayed.vectors import formulas
 from ..kernelised.bound import feature_count
 from ..kernelised.certified_gradients import certified_gradients
 from ..protocol import Family, SumsBound
@@ -37,4 +38,5 @@ CHANNEL_GATED: Family = sums_family(
     state_gradient_bound=decayed_bound.state_gradient_bound,
     notes=(DECAY_NOTES,),
     known_answer_specs=KNOWN_ANSWER_SPECS,
+    formulas=formulas,
 )

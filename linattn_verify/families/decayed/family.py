@@ -15,7 +15,7 @@ from .forms import FORMS
 from .notes import DECAY_NOTES
 from .quadratic import weights
 from .reference import DECAYED as SIMILARITY
-from .vectors import KNOWN_ANSWER_SPECS
+from .vectors import KNOWN_ANSWER_SPECS, formulas
 
 DECAYED: Family = sums_family(
     name="scalar decay and gates",
@@ -35,4 +35,5 @@ DECAYED: Family = sums_family(
     state_gradient_bound=bound.state_gradient_bound,
     notes=(DECAY_NOTES,),
     known_answer_specs=KNOWN_ANSWER_SPECS,
+    formulas=formulas,
 )

@@ -37,7 +37,7 @@ from .reference import (
     exact_delta_state,
     mp_delta,
 )
-from .vectors import KNOWN_ANSWER_SPECS, delta_vector_cases, formula, vector_fields
+from .vectors import KNOWN_ANSWER_SPECS, delta_vector_cases, formulas, vector_fields
 
 
 def _pack(spec: Spec, arguments: dict[str, Any]) -> torch.Tensor:
@@ -160,7 +160,7 @@ DELTA = Family(
     known_answer_specs=KNOWN_ANSWER_SPECS,
     known_answer_cases=delta_vector_cases,
     vector_fields=vector_fields,
-    formula=formula,
+    formulas=formulas,
     state_bound=_state_bound,
     forgets=lambda spec: spec.decay is not None,
     state_gradients=StateGradients(

@@ -50,7 +50,8 @@ def vector_fields(spec: Spec) -> dict[str, Any]:
     return {"delta_rule": True, "qk_l2norm": spec.qk_l2norm}
 
 
-def formula(spec: Spec) -> str:
-    """The vector's formula: DELTA_SOURCE, and the normalisation of q and k under qk_l2norm."""
+def formulas(spec: Spec) -> dict[str, str]:
+    """The vector's formula: DELTA_SOURCE (its gates' too), and the normalisation of q and k
+    under qk_l2norm."""
     l2norm = f"; q and k first x / sqrt(|x|^2 + {QK_L2NORM_EPS:g})" * spec.qk_l2norm
-    return DELTA_SOURCE + l2norm
+    return {"formula": DELTA_SOURCE + l2norm}
