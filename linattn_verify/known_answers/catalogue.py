@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..cases import Case
-from ..families import FAMILIES, family_of
+from ..families import FAMILIES, spec_words
 from ..specs import Spec
 from .cases import spec_cases
 from .files import DEFAULT_DIR
@@ -22,13 +22,12 @@ KAT_SPECS = tuple(spec for _, spec, _ in _PARTS)  # the specs with vectors, in t
 
 def spec_label(spec: Spec) -> str:
     """The part of a vector's name that names its spec: map, causality, and where they are
-    not the plain spec's eps, unnormalised, scaled, delta, its decay, l2norm."""
-    words = [spec.feature_map, "causal" if spec.causal else "full"]
-    words += [f"eps{spec.eps:g}"] * (spec.eps != 0)
-    words += ["unnormalised"] * (not spec.normalize) + ["scaled"] * (spec.scale != 1.0)
-    words += [label] if (label := family_of(spec).label) else []
-    words += [spec.decay] * (spec.decay is not None)
-    return "-".join(words + ["l2norm"] * spec.qk_l2norm)
+    not the plain spec's (families.spec_words) eps, unnormalised, scaled, delta, its decay,
+    l2norm."""
+    words = spec_words(spec) | ({"scale": "scaled"} if spec.scale != 1.0 else {})
+    order = ("eps", "normalize", "scale", "label", "decay", "qk_l2norm")
+    causal = "causal" if spec.causal else "full"
+    return "-".join([spec.feature_map, causal] + [words[f] for f in order if f in words])
 
 
 def all_vectors() -> Iterator[tuple[str, Spec, Case]]:
