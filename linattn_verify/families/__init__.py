@@ -18,6 +18,7 @@ from .dispatch import (
     golden_forms,
     long_form,
     reference,
+    spec_words,
     validate,
 )
 from .protocol import Family
@@ -42,5 +43,6 @@ __all__ = [
     "golden_forms",
     "long_form",
     "reference",
+    "spec_words",
     "validate",
 ]

@@ -99,6 +99,21 @@ def reference_gradients(
     return exact_gradients(validate(q, k, v, spec, projection, decay), spec, g_out)
 
 
+def spec_words(spec: Spec) -> dict[str, str]:
+    """The words that name `spec` beside its map, causality and scale, by field, where it
+    is not the plain spec: eps ("eps1e-06"), normalize ("unnormalised"), its decay, its
+    family's label (Family.label: "delta") and qk_l2norm ("l2norm"); vector names
+    (known_answers.spec_label) and test ids (Implementation.test_id) order them."""
+    words = {
+        "eps": f"eps{spec.eps:g}" * (spec.eps != 0),
+        "normalize": "unnormalised" * (not spec.normalize),
+        "decay": spec.decay or "",
+        "label": family_of(spec).label or "",
+        "qk_l2norm": "l2norm" * spec.qk_l2norm,
+    }
+    return {field: word for field, word in words.items() if word}
+
+
 def forms_of(spec: Spec) -> tuple[str, ...]:
     """The built-in forms that evaluate `spec`, the fast one last."""
     return family_of(spec).forms(spec)

@@ -90,10 +90,15 @@ class Family:
     come from.
     claims(spec): whether `spec` is this family's (the registry asks the families in order);
     exact_decimal(x, spec, digits): the exact output as decimal strings, correctly rounded
-    (its known-answer vectors' engine; None: it has none); known_answer_cases(): (spec,
-    label, case) of each of its known-answer vectors beyond known_answers/'s own catalogue;
+    (its known-answer vectors' engine; None: it has none); known_answer_specs: (part, spec)
+    of each of its specs with known-answer vectors, in their order; the manifest lists the
+    parts in turn, in the order they were published (1 the maps' plain specs, 2 the decays
+    fla computes, 3 shipped kernels' eps, 4 the delta rule's), FAMILIES' order within one;
+    known_answer_cases(spec): (label, case) of each vector of one of them (None:
+    known_answers/cases.py's, the decay check's rates where it forgets);
     vector_fields(spec): what a vector says of its spec beyond map, causality, eps,
-    normalisation, scale and decay; formula(spec): the vector's formula (None: the map's).
+    normalisation, scale and decay; formulas(spec): the vector's formulas by key, "formula"
+    (by default the map's source) and any of its own ("decay_formula").
     lacks: the checks (by name) its folder does not serve yet, each with why: they are
     not applicable to its specs (a family lands with its references before all its models).
     named: chosen by name instead, Spec.family == folder (--family NAME), and check(spec):
@@ -197,9 +202,10 @@ class Family:
     state_gradient_bound: Callable[..., tuple] | None = None
     sums_bound: SumsBound = field(default_factory=SumsBound)
     exact_decimal: Callable[[AttentionInputs, Spec, int], np.ndarray] | None = None
-    known_answer_cases: Callable[[], list[tuple[Spec, str, Any]]] = list
+    known_answer_specs: tuple[tuple[int, Spec], ...] = ()
+    known_answer_cases: Callable[[Spec], list[tuple[str, Any]]] | None = None
     vector_fields: Callable[[Spec], dict[str, Any]] = lambda spec: {}
-    formula: Callable[[Spec], str] | None = None
+    formulas: Callable[[Spec], dict[str, str]] = lambda spec: {"formula": spec.info.source}
     lacks: Mapping[str, str] = field(default_factory=dict)
     named: bool = False
     weights: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None

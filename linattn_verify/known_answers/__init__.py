@@ -10,9 +10,11 @@ without this package), installed with it, so that they are found from any folder
   the sha256 of its file.
 
 The code, one module a concern:
-- catalogue.py: which specs have vectors, the vectors' names and order (all_vectors), and
-  why a spec has none (not_applicable);
-- cases.py: the cases each spec's vectors are built from;
+- catalogue.py: which specs have vectors (each family's folder declares its own:
+  Family.known_answer_specs), the vectors' names and order (all_vectors), and why a spec
+  has none (not_applicable);
+- cases.py: the cases each spec's vectors are built from (a family's own, or the shared
+  ones);
 - files.py: where the vectors are (DEFAULT_DIR), how a tensor is stored and read back
   (encode, decode), the manifest, a stored vector's spec and tensors;
 - generate.py: `build` writes them deterministically (the same bytes twice);
@@ -27,16 +29,7 @@ The code, one module a concern:
 from __future__ import annotations
 
 from .cases import gated_vector_cases, vector_cases
-from .catalogue import (
-    DECAYED_KAT_SPECS,
-    EPS_KAT_SPECS,
-    FAMILY_VECTORS,
-    KAT_MAPS,
-    OTHER_KAT_SPECS,
-    all_vectors,
-    not_applicable,
-    spec_label,
-)
+from .catalogue import KAT_SPECS, all_vectors, not_applicable, spec_label
 from .files import DEFAULT_DIR, decode, encode, load_manifest
 from .generate import GENERATOR_VERSION, KAT_DIGITS, build, make_vector, vector_inputs
 from .run import run_vectors
@@ -44,14 +37,10 @@ from .verify import AGREE_BITS, check
 
 __all__ = [
     "AGREE_BITS",
-    "DECAYED_KAT_SPECS",
     "DEFAULT_DIR",
-    "EPS_KAT_SPECS",
-    "FAMILY_VECTORS",
     "GENERATOR_VERSION",
     "KAT_DIGITS",
-    "KAT_MAPS",
-    "OTHER_KAT_SPECS",
+    "KAT_SPECS",
     "all_vectors",
     "build",
     "check",

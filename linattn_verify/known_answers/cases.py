@@ -1,7 +1,8 @@
 """The cases each spec's vectors are built from (linattn_verify.cases.Case: the few numbers
-that rebuild one input): canonical shapes and dtypes, and the adversarial ones of a plain
-spec (vector_cases) and of a decayed one (gated_vector_cases); a family with its own vectors
-holds their cases (Family.known_answer_cases: families/delta/vectors.py)."""
+that rebuild one input): a family's own (Family.known_answer_cases: families/delta/
+vectors.py), else the canonical shapes and dtypes with the adversarial ones of a spec that
+does not forget (vector_cases) or the decay check's rates of one that does
+(gated_vector_cases); spec_cases picks them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from ..cases import Case
+from ..families import Family
 from ..regimes import magnitude_range
 from ..specs import Spec
 
@@ -121,3 +123,12 @@ def gated_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
         ("decay-wide-float32", Case(1, 2, 64, 4, 4, "float32", seed=9, decay_rate=1.0)),
         ("long-float32", Case(1, 1, 512, 8, 8, "float32", seed=10)),
     ]
+
+
+def spec_cases(family: Family, spec: Spec) -> list[tuple[str, Case]]:
+    """(label, case) of each vector of `spec`, one of `family`'s known-answer specs: its own
+    cases (Family.known_answer_cases), else the decay check's rates where it forgets
+    (gated_vector_cases) and vector_cases' otherwise."""
+    if family.known_answer_cases is not None:
+        return family.known_answer_cases(spec)
+    return gated_vector_cases(spec) if family.forgets(spec) else vector_cases(spec)

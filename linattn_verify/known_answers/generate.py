@@ -18,8 +18,6 @@ import torch
 
 from ..cases import Case
 from ..families import case_arguments, family_of, validate
-from ..families.channel_gates.fields import SOURCE
-from ..families.decayed.fields import SOURCES
 from ..inputs import AttentionInputs
 from ..specs import Spec, SpecError
 from .catalogue import all_vectors
@@ -47,19 +45,13 @@ def make_vector(name: str, spec: Spec, case: Case) -> dict[str, Any]:
     (q, k, v, w, decay), inputs = vector_inputs(spec, case)
     out = exact_decimal(validate(q, k, v, spec, w, decay), spec)
     described = {"feature_map": spec.feature_map, "causal": spec.causal, "eps": spec.eps}
-    family = family_of(spec)
-    formula = (family.formula or (lambda s: s.info.source))(spec)
-    if own := family.vector_fields(spec):  # a family's formula says its decay's too
-        described |= _decayed_fields(spec) | own
-    elif not spec.plain:  # a plain vector's bytes are those of generator version 1
-        described |= _decayed_fields(spec)
-    if spec.decay and not own:
-        described |= {"decay_formula": (SOURCES | {"channel-gates": SOURCE})[spec.decay]}
+    if not spec.plain:  # a plain vector's bytes are those of generator version 1
+        described |= _spec_fields(spec)
     return {
         "format": FORMAT,
         "generator_version": GENERATOR_VERSION,
         "name": name,
-        "spec": described | {"formula": formula},
+        "spec": described | family_of(spec).formulas(spec),
         "case": json.loads(case.to_json()),
         "inputs": inputs,
         "output": {"shape": list(out.shape), "digits": KAT_DIGITS, "values": out.ravel().tolist()},
@@ -74,9 +66,11 @@ def exact_decimal(x: AttentionInputs, spec: Spec) -> np.ndarray:
     return engine(x, spec, KAT_DIGITS)
 
 
-def _decayed_fields(spec: Spec) -> dict[str, Any]:
-    """What a vector's spec and manifest entry say beyond map, causality and eps."""
-    return {"normalize": spec.normalize, "scale": spec.scale, "decay": spec.decay}
+def _spec_fields(spec: Spec) -> dict[str, Any]:
+    """What a vector's spec and manifest entry say beyond map, causality and eps: its
+    normalisation, scale and decay, and its family's own fields (Family.vector_fields)."""
+    described = {"normalize": spec.normalize, "scale": spec.scale, "decay": spec.decay}
+    return described | family_of(spec).vector_fields(spec)
 
 
 def manifest_entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, Any]:
@@ -87,8 +81,7 @@ def manifest_entry(name: str, spec: Spec, case: Case, data: bytes) -> dict[str, 
         "feature_map": spec.feature_map,
         "causal": spec.causal,
         "eps": spec.eps,
-        **_decayed_fields(spec),
-        **family_of(spec).vector_fields(spec),
+        **_spec_fields(spec),
         "dtype": case.dtype,
         "shape_B_H_N_d_dv": [case.b, case.h, case.n, case.d, case.dv],
         "m": case.m,

@@ -19,7 +19,7 @@ import torch
 from .. import triton_interpret
 from ..adapters import ADAPTERS
 from ..cases import Case
-from ..families import family_of
+from ..families import family_of, spec_words
 from ..grammar import words
 from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import RSQRT_D, Spec, SpecError
@@ -93,15 +93,14 @@ class Implementation:
             return self.source.name
         spec, size = self.spec, self.source.chunk_size
         chunk = f"-c{size}" if size not in (None, DEFAULT_CHUNK) else ""
-        eps = f"-eps{spec.eps:g}" if spec.eps else ""
-        causal = "causal" if spec.causal else "full"
-        rest = "-unnormalised" * (not spec.normalize) + f"-{spec.decay}" * bool(spec.decay)
-        label = family_of(spec).label  # the word of a family its fields do not name
-        rest += f"-{label}" * bool(label) + "-l2norm" * spec.qk_l2norm
+        words = spec_words(spec)  # the label: the word of a family its fields do not name
+        order = ("eps", "normalize", "decay", "label", "qk_l2norm")
+        rest = "".join(f"-{words[f]}" for f in order if f in words)
         rest += f"-scale{spec.scale_for(1) if spec.scale != RSQRT_D else 'rsqrtd'}" * (
             spec.scale != 1.0
         )
-        return f"{spec.feature_map}-{causal}-{self.source.name}{chunk}{eps}{rest}"
+        causal = "causal" if spec.causal else "full"
+        return f"{spec.feature_map}-{causal}-{self.source.name}{chunk}{rest}"
 
     @property
     def command(self) -> str:

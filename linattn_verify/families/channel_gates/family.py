@@ -16,6 +16,7 @@ from .bound import ball_sums
 from .forms import FORMS
 from .quadratic import weights
 from .reference import CHANNEL_GATES as SIMILARITY
+from .vectors import KNOWN_ANSWER_SPECS, formulas
 
 CHANNEL_GATED: Family = sums_family(
     name="channel gates",
@@ -35,4 +36,6 @@ CHANNEL_GATED: Family = sums_family(
     state_bound=decayed_bound.state_bound,
     state_gradient_bound=decayed_bound.state_gradient_bound,
     notes=(DECAY_NOTES,),
+    known_answer_specs=KNOWN_ANSWER_SPECS,
+    formulas=formulas,
 )

@@ -14,6 +14,7 @@ from .forms import FORMS
 from .notes import DECAY_NOTES
 from .quadratic import weights
 from .reference import DECAYED as SIMILARITY
+from .vectors import KNOWN_ANSWER_SPECS, formulas
 
 DECAYED: Family = sums_family(
     name="scalar decay and gates",
@@ -33,4 +34,6 @@ DECAYED: Family = sums_family(
     state_bound=bound.state_bound,
     state_gradient_bound=bound.state_gradient_bound,
     notes=(DECAY_NOTES,),
+    known_answer_specs=KNOWN_ANSWER_SPECS,
+    formulas=formulas,
 )

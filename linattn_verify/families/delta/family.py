@@ -38,7 +38,7 @@ from .reference import (
     exact_delta_state,
     mp_delta,
 )
-from .vectors import formula, known_answer_cases, vector_fields
+from .vectors import KNOWN_ANSWER_SPECS, delta_vector_cases, formulas, vector_fields
 
 
 def _pack(spec: Spec, arguments: dict[str, Any]) -> torch.Tensor:
@@ -158,9 +158,10 @@ DELTA = Family(
     stepwise=True,
     scale_and_bound=delta_scale_and_bound,
     exact_decimal=arb_delta_decimal,
-    known_answer_cases=known_answer_cases,
+    known_answer_specs=KNOWN_ANSWER_SPECS,
+    known_answer_cases=delta_vector_cases,
     vector_fields=vector_fields,
-    formula=formula,
+    formulas=formulas,
     state_bound=_state_bound,
     forgets=lambda spec: spec.decay is not None,
     per_token=lambda spec: True,  # beta, and the gates with it

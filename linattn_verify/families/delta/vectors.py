@@ -1,6 +1,7 @@
 """The delta rule's known-answer vectors (linattn_verify/known_answers/): the specs that have
 them, fla's layers' DeltaNet, Gated DeltaNet, KDA and DeltaNet with q and k normalised in the
-kernel (scale d^-0.5), each vector's case, and what a vector says of its spec."""
+kernel (scale d^-0.5), in part 4 (Family.known_answer_specs), each vector's case, and what a
+vector says of its spec."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ DELTA_KAT_SPECS = (
     replace(_FLA, decay="channel-gates"),
     replace(_FLA, qk_l2norm=True),
 )
+KNOWN_ANSWER_SPECS = tuple((4, spec) for spec in DELTA_KAT_SPECS)  # part 4, the last
 
 
 def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
@@ -44,18 +46,14 @@ def delta_vector_cases(spec: Spec) -> list[tuple[str, Case]]:
     return cases
 
 
-def known_answer_cases() -> list[tuple[Spec, str, Case]]:
-    """(spec, label, case) of every delta-rule vector, in a fixed order."""
-    return [(s, label, case) for s in DELTA_KAT_SPECS for label, case in delta_vector_cases(s)]
-
-
 def vector_fields(spec: Spec) -> dict[str, Any]:
     """What a delta-rule vector and its manifest entry say besides map, causality, eps,
     normalisation, scale and decay."""
     return {"delta_rule": True, "qk_l2norm": spec.qk_l2norm}
 
 
-def formula(spec: Spec) -> str:
-    """The vector's formula: DELTA_SOURCE, and the normalisation of q and k under qk_l2norm."""
+def formulas(spec: Spec) -> dict[str, str]:
+    """The vector's formula: DELTA_SOURCE (its gates' too), and the normalisation of q and k
+    under qk_l2norm."""
     l2norm = f"; q and k first x / sqrt(|x|^2 + {QK_L2NORM_EPS:g})" * spec.qk_l2norm
-    return DELTA_SOURCE + l2norm
+    return {"formula": DELTA_SOURCE + l2norm}

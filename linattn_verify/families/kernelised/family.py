@@ -10,6 +10,7 @@ from .certified_gradients import certified_gradients
 from .gradient_bound import state_gradient_bound
 from .quadratic import weights
 from .reference import KERNELISED as SIMILARITY
+from .vectors import KNOWN_ANSWER_SPECS
 
 KERNELISED: Family = sums_family(
     name="kernelised",
@@ -26,4 +27,5 @@ KERNELISED: Family = sums_family(
     ),
     state_bound=bound.state_bound,
     state_gradient_bound=state_gradient_bound,
+    known_answer_specs=KNOWN_ANSWER_SPECS,
 )

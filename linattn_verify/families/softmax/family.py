@@ -12,6 +12,7 @@ from .bound import ball_sums
 from .certified_gradients import certified_gradients
 from .quadratic import weights
 from .reference import SOFTMAX as SIMILARITY
+from .vectors import KNOWN_ANSWER_SPECS
 
 
 def check(spec: Spec) -> None:
@@ -33,4 +34,5 @@ SOFTMAX: Family = sums_family(
     weights=weights,
     sums_bound=SumsBound(ball_sums),
     quadratic=True,
+    known_answer_specs=KNOWN_ANSWER_SPECS,
 )
