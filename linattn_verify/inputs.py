@@ -163,7 +163,10 @@ ArgumentCheck = Callable[[Any, Spec, tuple[int, ...]], np.ndarray | None]
 
 
 def no_decay(decay: Any, spec: Spec, q_shape: tuple[int, ...]) -> None:
-    """The ArgumentCheck of a spec without a decay: SpecError for a decay given."""
+    """The ArgumentCheck of a spec without a decay: SpecError for a decay given, and for a
+    spec that has one (its family's validate checks it: linattn_verify.families)."""
+    if spec.decay is not None:
+        raise SpecError(f"{spec}: its decay is checked by its family (linattn_verify.families)")
     if decay is not None:
         raise SpecError(f"{spec} takes no decay (give the spec decay='constant' or 'gates')")
 

@@ -17,6 +17,7 @@ from linattn_verify.families import FAMILIES, Family, family_of
 from linattn_verify.families.kernelised.forms import forms_of
 from linattn_verify.families.kernelised.golden import golden_attention
 from linattn_verify.families.registry import NAMED
+from linattn_verify.inputs import validate
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
 
 DELTA = Spec("identity", causal=True, normalize=False, scale=RSQRT_D, delta_rule=True)
@@ -86,6 +87,16 @@ def test_a_family_option_is_refused_by_every_other_family() -> None:
         for spec in (named,) + (Spec("elu"),) * (option is not owner.options[0]):
             with pytest.raises(SpecError, match=f"is for the {owner.name}"):
                 dataclasses.replace(spec, **{option.name: value})
+
+
+def test_the_shared_checks_refuse_a_decayed_spec_without_its_family() -> None:
+    """inputs.validate and kernelised's golden form, called without the decay's check (its
+    family's), refuse a decayed spec instead of computing attention without its decay."""
+    q = torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    spec = Spec("identity", causal=True, decay="gates")
+    for call in (lambda: validate(q, q, q, spec), lambda: golden_attention(q, q, q, spec)):
+        with pytest.raises(SpecError, match="its decay is checked by its family"):
+            call()
 
 
 def test_a_call_takes_its_family_arguments_only() -> None:

@@ -101,8 +101,10 @@ class Family:
     (by default the map's source) and any of its own ("decay_formula").
     lacks: the checks (by name) its folder does not serve yet, each with why: they are
     not applicable to its specs (a family lands with its references before all its models).
-    named: chosen by name instead, Spec.family == folder (--family NAME), and check(spec):
-    SpecError for a spec of its name that it does not take.
+    named: chosen by name instead, Spec.family == folder (--family NAME).
+    check(spec): SpecError for a spec of the family that it does not take (its fields.py's
+    rules; Spec(...) runs it through the registry's family_of, which refuses another
+    family's options first).
     arguments: the keywords its kernels take beyond q, k, v and W (gamma, g, beta).
     pack(spec, arguments): those arguments as one per-call tensor (the checks' `decay`);
     argument_names(spec): the keywords a kernel of `spec` takes it by; keywords(spec,
@@ -160,7 +162,9 @@ class Family:
     label: the word that names its specs in vector names and test ids beside their fields'
     words (the delta rule's "delta"; None: the fields' words name them).
     options: its own options in the claim's grammar (grammar.Option: the command line's
-    flags, pytest's options, keywords), beside the spec's shared ones (under_test/claim.py).
+    flags, pytest's options, keywords), beside the spec's shared ones (under_test/claim.py);
+    each a specs.Spec field, which another family's spec must leave at its default
+    (registry.family_of), the first the one that makes a spec the family's.
     notes: how the report's sweeps draw its arguments (ArgumentNotes, one per key, each for
     the specs it `applies` to: a gated delta rule's gates are drawn as a decay's).
     similarity: its hooks into reference/'s shared engines (reference.Similarity: mp, arb,
