@@ -148,9 +148,9 @@ import numpy as np
 from ..inputs import AttentionInputs, as_float64
 from ..specs import Spec, SpecError, summing
 from .common import MAX_PREC, ReferenceAccuracyError, allowed_keys
-from .grad_maps import Kernel, _abs, _transpose
+from .grad_maps import Kernel, _transpose
 from .grad_terms import _b_row, _channel, _gate_gradients, _gate_magnitudes, _row_terms, scale
-from .mp import DEFAULT_PREC, nearest
+from .mp import DEFAULT_PREC, abs_rows, nearest
 from .similarity import Gradients
 
 NAMES = ("q", "k", "v")
@@ -239,7 +239,7 @@ def _head(
         kern = Kernel(spec, qs, ks, w, per_feature, hooks.logits)
         rounding = mp.mpf(2) ** -prec * roundings(x, spec, hooks)
         zero = mp.zero
-        ags, avs = _abs(gs), _abs(vs)
+        ags, avs = abs_rows(gs), abs_rows(vs)
         row = hooks.rows(x, spec, b, h, kern, scale(spec, d))
         # e_ij = b_ij c w_ij weight_ij, r_ij = A_ij / D_i and p_ij = b_ij A_ij (dL/dg's
         # terms), 0 where key j is not used; e and p are lists over the features m where

@@ -10,14 +10,10 @@ from __future__ import annotations
 import mpmath
 
 from ..specs import Spec
-from .mp import features, similarities
+from .mp import abs_rows, features, similarities
 
 NON_NEGATIVE = ("elu", "relu", "cosformer")  # maps whose features are >= 0
 PERFORMER_SIGN = {"performer-positive": -1, "performer-hyperbolic": -1, "performer-trig": 1}
-
-
-def _abs(rows: list) -> list:
-    return [[abs(t) for t in row] for row in rows]
 
 
 def _transpose(rows: list) -> list:
@@ -60,7 +56,7 @@ class Kernel:
             self.scaled = {
                 side: [[t / root for t in x] for x in rows] for side, rows in self.x.items()
             }
-            self.aw = _abs(w)
+            self.aw = abs_rows(w)
             self.w_cols = _transpose(w)
             self.aw_cols = _transpose(self.aw)
         self.f = self.fm = {"q": None, "k": None}
@@ -78,7 +74,7 @@ class Kernel:
         other = {"q": "k", "k": "q"}
         if self.dot:
             self.cols = {side: _transpose(self.x[other[side]]) for side in self.x}
-            self.mcols = {side: _transpose(_abs(self.x[other[side]])) for side in self.x}
+            self.mcols = {side: _transpose(abs_rows(self.x[other[side]])) for side in self.x}
         else:
             self.cols = {side: _transpose(self.f[other[side]]) for side in self.x}
             self.mcols = {side: _transpose(self.fm[other[side]]) for side in self.x}
@@ -87,10 +83,10 @@ class Kernel:
         # magnitude: e_ij = b_ij * weight_ij.
         self.a, self.am, self.wt, self.wtm = [], [], [], []
         sqrt_d = mp.sqrt(self.d)
-        aks = _abs(ks)
+        aks = abs_rows(ks)
         for i, qi in enumerate(qs):
             if logits is not None:  # a_ij, M, da/ds and its M: weight_ij = (da/ds) / sqrt(d)
-                sims, mags, da, dam = logits(qi, ks)
+                sims, mags, da, dam = logits(qi, ks, aks)
                 self.a.append(sims)
                 self.wt.append([t / sqrt_d for t in da])
                 self.wtm.append([m / sqrt_d for m in dam])

@@ -85,23 +85,30 @@ def similarities(
     return [mp.fdot(fq, fk) for fk in key_feats]
 
 
-def _magnitudes(qi: list, fq: list | None, keys: list, key_feats: list | None, sims, spec):
-    """A bound on |sim_j| and on what its evaluation cancels, for the error estimate."""
+def _magnitudes(qi: list, fq: list | None, abs_keys: list, key_feats: list | None, sims, spec):
+    """A bound on |sim_j| and on what its evaluation cancels, for the error estimate
+    (abs_keys: abs_rows of the keys)."""
     mp = mpmath.mp
     name = spec.feature_map
     if key_feats is not None:  # signed features (trig) cancel inside the dot product
         aq = [abs(t) for t in fq]
         return [mp.fdot(aq, [abs(t) for t in fk]) for fk in key_feats]
     if name == "taylor":
-        return [1 + t + t * t / 2 for t in abs_logits(qi, keys)]
+        return [1 + t + t * t / 2 for t in abs_logits(qi, abs_keys)]
     return [abs(a) for a in sims]  # cosformer: a non-negative product
 
 
-def abs_logits(qi: list, keys: list) -> list:
-    """|q_i| . |k_j| / sqrt(d) for every key j, a bound on |s_ij| and on what its
-    evaluation cancels (s_ij = q_i . k_j / sqrt(d), the logit)."""
+def abs_rows(rows: list) -> list:
+    """|x| of every element of a list of mpf rows (a head's keys: once, not once a query)."""
+    return [[abs(t) for t in row] for row in rows]
+
+
+def abs_logits(qi: list, abs_keys: list) -> list:
+    """|q_i| . |k_j| / sqrt(d) for every key j (abs_keys: abs_rows of the keys), a bound on
+    |s_ij| and on what its evaluation cancels (s_ij = q_i . k_j / sqrt(d), the logit)."""
     mp = mpmath.mp
-    return [mp.fdot([abs(t) for t in qi], [abs(t) for t in kj]) / mp.sqrt(len(qi)) for kj in keys]
+    aq, sqrt_d = [abs(t) for t in qi], mp.sqrt(len(qi))
+    return [mp.fdot(aq, akj) / sqrt_d for akj in abs_keys]
 
 
 def decay_weights(decay, i: int, kind: str) -> tuple[list, list]:
@@ -151,11 +158,12 @@ def sim_rows(x: AttentionInputs, spec: Spec, keys: list, w: list | None):
     weight; keys and w: the head's keys and the projection as mpf rows."""
     key_feats = key_features(spec, keys, w)
     big_m = max(x.q.shape[2], len(keys))
+    abs_keys = abs_rows(keys)
 
     def row(i: int, qi: list) -> tuple[list, list]:
         fq = None if key_feats is None else features(qi, w, spec.feature_map)
         sims = similarities(qi, fq, i, keys, key_feats, spec, big_m)
-        return sims, _magnitudes(qi, fq, keys, key_feats, sims, spec)
+        return sims, _magnitudes(qi, fq, abs_keys, key_feats, sims, spec)
 
     return row
 

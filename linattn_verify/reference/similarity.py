@@ -23,7 +23,7 @@ class Gradients:
     weight per key channel), and so is dL/dg_t;
     weight_roundings(nk): the roundings a weight w_ij adds (grad.roundings; 0: none);
     gates(spec): whether the loss is differentiated in log-gates g too (dL/dg);
-    logits(qi, keys): (a_ij, M(a_ij), da_ij/ds_ij, its M) for every key j at the working
+    logits(qi, keys, abs_keys): (a_ij, M(a_ij), da_ij/ds_ij, its M) for every key j at the working
     precision, for a similarity a = F(s) of the logit s = q_i . k_j / sqrt(d) that is the
     family's own (softmax's); None: the feature map's (grad_maps.Kernel).
     """

@@ -15,30 +15,31 @@ from ...reference.balls import Head, direct_sims
 from ...reference.certified import LIB, SAFETY, U64, UNDERFLOW, gamma64
 from ...reference.certified_engine import plain_head
 from ...reference.grad_terms import plain_rows
-from ...reference.mp import abs_logits, scaled
+from ...reference.mp import abs_logits, abs_rows, scaled
 from ...reference.similarity import Gradients, Similarity
 from ...specs import Spec
 
 
-def mp_sims(qi: list, keys: list) -> tuple[list, list]:
+def mp_sims(qi: list, keys: list, abs_keys: list) -> tuple[list, list]:
     """(exp(s_ij), s_ij = q_i . k_j / sqrt(d), and exp(s_ij) (1 + |q_i|.|k_j| / sqrt(d)),
     a bound on it and on what its evaluation cancels: an error in the logit s is a relative
-    error of exp(s)) for every key j at the working precision."""
+    error of exp(s)) for every key j at the working precision (abs_keys: mp.abs_rows)."""
     mp = mpmath.mp
     d = len(qi)
     sims = [mp.exp(mp.fdot(qi, kj) / mp.sqrt(d)) for kj in keys]
-    return sims, [a * (1 + t) for a, t in zip(sims, abs_logits(qi, keys), strict=True)]
+    return sims, [a * (1 + t) for a, t in zip(sims, abs_logits(qi, abs_keys), strict=True)]
 
 
 def mp_rows(x, spec: Spec, b: int, h: int, keys: list, w: list | None):
     """Similarity.mp: mp_sims times the scale c (mp.scaled)."""
-    return scaled(lambda i, qi: mp_sims(qi, keys))
+    abs_keys = abs_rows(keys)
+    return scaled(lambda i, qi: mp_sims(qi, keys, abs_keys))
 
 
-def logits(qi: list, keys: list) -> tuple[list, list, list, list]:
+def logits(qi: list, keys: list, abs_keys: list) -> tuple[list, list, list, list]:
     """Gradients.logits: (a_ij, M(a_ij), da_ij/ds_ij, its M) for every key j, mp_sims' with
     da/ds = a for a = exp(s)."""
-    sims, mags = mp_sims(qi, keys)
+    sims, mags = mp_sims(qi, keys, abs_keys)
     return sims, mags, sims, mags
 
 
