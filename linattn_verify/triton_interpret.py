@@ -22,7 +22,8 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
   kernel fails: it raises (no upstream issue found).
 - `running(tf32=True)` rounds the inputs of a float32 tl.dot to TF32 (a 10-bit mantissa, round to
   nearest even), what an Ampere-or-newer GPU computes with input_precision "tf32" (the
-  default); without it the interpreter computes IEEE float32 products.
+  default); without it the interpreter computes IEEE float32 products. Each such dot is
+  counted (`STATE.tf32_dots`): the evidence vet's "tf32-products" cause needs.
 
 And one instrument: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
 per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits).
@@ -55,11 +56,13 @@ class TritonUnavailable(SpecError):
 @dataclass
 class _State:
     """What the shims were told and what they saw: the config variant in use, the TF32
-    switch, each autotuned kernel's distinct configs (by its name), and the autotuners whose
-    choice must be forgotten when the variant changes."""
+    switch and the tl.dots whose float32 inputs it rounded to TF32 (a count), each
+    autotuned kernel's distinct configs (by its name), and the autotuners whose choice must
+    be forgotten when the variant changes."""
 
     variant: int = 0
     tf32: bool = False
+    tf32_dots: int = 0
     configs: dict[str, list[dict]] = field(default_factory=dict)
     tuners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     installed: bool = False
@@ -418,8 +421,8 @@ def _shim_store_types(interpreter) -> None:
 
 def _shim_dot(interpreter) -> None:
     """With STATE.tf32, a float32 tl.dot whose input precision is TF32 (the default) rounds
-    its inputs to TF32 first, as the GPU's tensor cores do; IEEE and TF32x3 dots are left
-    as they are."""
+    its inputs to TF32 first, as the GPU's tensor cores do, and counts itself
+    (STATE.tf32_dots); IEEE and TF32x3 dots are left as they are."""
     builder = interpreter.InterpreterBuilder
     dot = builder.create_dot
     tl = interpreter.tl
@@ -428,6 +431,7 @@ def _shim_dot(interpreter) -> None:
         precision = getattr(input_precision, "name", str(input_precision)).upper()
         tf32 = STATE.tf32 and precision.endswith("TF32")  # not IEEE, not TF32x3
         if tf32 and a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32:
+            STATE.tf32_dots += 1
             a = interpreter.TensorHandle(interpreter._round_f32_to_tf32(a.data), a.dtype.scalar)
             b = interpreter.TensorHandle(interpreter._round_f32_to_tf32(b.data), b.dtype.scalar)
         return dot(self, a, b, d, input_precision, max_num_imprecise_acc)

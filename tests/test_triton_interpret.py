@@ -172,6 +172,51 @@ def test_tf32_products_are_found_over_float32s_budget_and_pass_when_declared():
     assert restored.passed and "tf32 products" in restored.message, restored.message
 
 
+@triton.jit
+def _half_state_kernel(q, k, v, o, T, K: tl.constexpr, V: tl.constexpr):
+    """Causal identity attention token by token, products elementwise (no tl.dot), its
+    state S (K, V) kept in float16 whatever the inputs' dtype: a bug that errs by 2^-11."""
+    i_bh, rk, rv = tl.program_id(0), tl.arange(0, K), tl.arange(0, V)
+    state = tl.zeros([K, V], dtype=tl.float16)
+    for t in range(T):
+        b_q = tl.load(q + (i_bh * T + t) * K + rk).to(tl.float32)
+        b_k = tl.load(k + (i_bh * T + t) * K + rk).to(tl.float32)
+        b_v = tl.load(v + (i_bh * T + t) * V + rv).to(tl.float32)
+        state = (state.to(tl.float32) + b_k[:, None] * b_v[None, :]).to(tl.float16)
+        b_o = tl.sum(b_q[:, None] * state.to(tl.float32), axis=0)
+        tl.store(o + (i_bh * T + t) * V + rv, b_o.to(o.dtype.element_ty))
+
+
+def _half_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    b, h, n, d = q.shape
+    o = torch.empty_like(v)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    _half_state_kernel[(b * h,)](q, k, v, o, n, d, v.shape[-1])
+    return o
+
+
+def test_no_tf32_cause_for_a_kernel_without_tl_dot():
+    """Issue 51's newcomer case: a Triton kernel without tl.dot that keeps its state in
+    float16 fails float32's budget by about TF32's error, under --tf32; no product of it
+    is TF32's, so the failure is not put down to TF32 products (nor is the flag advised),
+    while the same failure with a recorded TF32 tl.dot would be (the figure the checks set)."""
+    from linattn_verify.cases import Case
+    from linattn_verify.checks import CHECKS
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.causes import name_cause
+
+    case = Case(1, 2, 24, 16, 16, "float32", "normal", 1.0, 3, None, "cpu")
+    claim = {"feature_map": "identity", "causal": True, "normalize": False}
+    impl = resolve(_half_state, triton="interpret", tf32=True, **claim)
+    found = CHECKS["reference"](impl, case)
+    assert not found.passed and "tf32_dots" not in found.figures, found.message
+    assert name_cause(found.to_dict(), impl.spec) is None, found.message
+    row = found.to_dict()
+    row["figures"] = row["figures"] | {"tf32_dots": 1}
+    cause = name_cause(row, impl.spec)
+    assert cause is not None and cause.key == "tf32-products", found.message
+
+
 def _tf32_products(q, k, v, g):
     """A decayed form whose q, k, v are rounded to TF32 first: what tensor cores multiply."""
     from linattn_verify import attention
@@ -182,7 +227,9 @@ def _tf32_products(q, k, v, g):
 
 
 def test_tf32_products_are_named_in_the_decay_check():
-    """The decay check judges a case at a rate of its own: the cause re-evaluates it there."""
+    """The decay check judges a case at a rate of its own: the cause re-evaluates it there
+    (this kernel rounds to TF32 in plain torch: its evidence, a TF32 tl.dot's, is given as
+    the interpreter's figure)."""
     from linattn_verify.cases import Case
     from linattn_verify.checks import CHECKS
     from linattn_verify.under_test import resolve
@@ -196,7 +243,10 @@ def test_tf32_products_are_named_in_the_decay_check():
         found = CHECKS["decay"](impl, case)
         if not found.passed:
             failed += 1
-            cause = name_cause(found.to_dict(), impl.spec)
+            assert name_cause(found.to_dict(), impl.spec) is None  # no tl.dot ran
+            row = found.to_dict()
+            row["figures"] = row["figures"] | {"tf32_dots": 1}
+            cause = name_cause(row, impl.spec)
             assert cause is not None and cause.key == "tf32-products", found.message
     assert failed
 

@@ -17,6 +17,7 @@ from ..inputs import AttentionInputs
 from ..regimes import regime_of
 from ..results import CheckResult
 from ..specs import Spec
+from ..triton_interpret import STATE as TRITON
 from ..under_test import Implementation, ImplementationFailure
 
 
@@ -90,20 +91,23 @@ def watching(watcher: Watcher) -> Iterator[None]:
 
 def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
     """Make body(impl, case, ...) -> Outcome a check returning a CheckResult; an exception or
-    a non-tensor from the implementation fails the check with its message."""
+    a non-tensor from the implementation fails the check with its message. The tl.dots that
+    Triton's interpreter ran with TF32 products meanwhile are its figure "tf32_dots"."""
 
     def wrap(body: Callable[..., Outcome]) -> CheckFn:
         def run(impl: Implementation, case: Case, **options: Any) -> CheckResult:
             for watcher in _WATCHERS:
                 watcher(name, case)
-            cause = None
+            cause, dots = None, TRITON.tf32_dots
             try:
                 outcome = body(impl, case, **options)
             except ImplementationFailure as err:
                 outcome, cause = Outcome(False, f"{impl.name} {err}"), "contract"
             failed = not outcome.passed
+            dots = TRITON.tf32_dots - dots  # the evidence of vet/causes.py's tf32-products
+            figures = outcome.figures | ({"tf32_dots": dots} if dots else {})
             result = CheckResult(
-                name, outcome.passed, outcome.message, case, outcome.figures,
+                name, outcome.passed, outcome.message, case, figures,
                 outcome.by_nature, impl.reproduce(name, case) if failed else None,
                 outcome.severity if failed else None, regime_of(case, impl.spec),
                 outcome.worst if failed else None, cause,

@@ -32,8 +32,11 @@ q_i, the keys k_j it attends to and their values v_jc; each namer below rebuilds
 
 Any spec, first: "tf32-products", a float32 forward row (reference, associativity, decay,
 accuracy) over its budget whose error is within EXPLAINS of the golden forms' on q, k, v
-rounded to TF32, itself over the budget: consistent with products of TF32 inputs (what
-tensor cores take by default; --dot-precision tf32 declares them).
+rounded to TF32, itself over the budget, where TF32 products ran: a tl.dot that Triton's
+interpreter ran on float32 inputs with TF32 products in that check (its figure
+"tf32_dots"), or a CUDA device, where a compiled tl.dot takes them so by default (not
+observed there). A kernel without one (elementwise products, a float16 state erring alike)
+is never told to declare TF32 (--dot-precision tf32).
 
 Anything else is not named: its failures are grouped by their inputs (findings.py). Only
 normalised specs without a decay or an eps, with IEEE products, get the feature namers above
@@ -359,7 +362,15 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
     if (
         forward
         and "max_error" in figures
-        and (tf32 := _tf32(spec, row["case"], _float(figures["max_error"]), name == "decay"))
+        and (
+            tf32 := _tf32(
+                spec,
+                row["case"],
+                _float(figures["max_error"]),
+                int(figures.get("tf32_dots") or 0),
+                name == "decay",
+            )
+        )
     ):
         return tf32
     if spec.feature_map not in NAMERS or spec.dot_precision is not None:
@@ -381,15 +392,21 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause | None:
+def _tf32(spec: Spec, case_json: str, error: float, dots: int, decay_check: bool) -> Cause | None:
     """ "tf32-products": a float32 output of a spec with IEEE products, over its budget by an
     error within a factor EXPLAINS of the golden forms' on q, k, v rounded to TF32 (what
-    tensor cores multiply; inputs.round_to_tf32), itself over the budget; decay_check: the
-    case at the decay rate the decay check judged it at."""
+    tensor cores multiply; inputs.round_to_tf32), itself over the budget, where products of
+    TF32 inputs ran: `dots`, the tl.dots that Triton's interpreter rounded so in this check
+    (the figure "tf32_dots", checks/core.py), or a CUDA device (a compiled tl.dot's default, not
+    observed). Elsewhere no product is TF32's, whatever the error's size: a float16 state
+    errs alike. decay_check: the case at the decay rate the decay check judged it at."""
     case = dataclasses.replace(Case.from_json(case_json), device="cpu")
+    cuda = Case.from_json(case_json).device.startswith("cuda")
     if decay_check:
         case = judged_case(case)[1]
     if case.dtype != "float32" or spec.dot_precision is not None or not math.isfinite(error):
+        return None
+    if not (dots or cuda):
         return None
     judgement = Judgement.of_case(case, spec)
     q, k, v, w, decay = case_arguments(case, spec)
@@ -402,11 +419,15 @@ def _tf32(spec: Spec, case_json: str, error: float, decay_check: bool) -> Cause 
     over = any(v.within_budget is False for v in verdicts)
     if not (budget and over and tf32 / EXPLAINS <= error <= tf32 * EXPLAINS):
         return None
+    ran = (
+        f"{dots} tl.dot calls on float32 inputs ran with TF32 products"
+        if dots
+        else ("on a CUDA device, where a compiled tl.dot takes float32 inputs as TF32 by default")
+    )
     short = "float32 errors of TF32 products (2^-11 per product; --dot-precision tf32 if by design)"
     detail = (
-        f"its error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' on q, k, v "
-        f"rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}: "
-        "consistent with products of TF32 inputs, as tensor cores take them by default"
+        f"{ran}; its error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' on "
+        f"q, k, v rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}"
     )
     return Cause("tf32-products", "inaccurate", "float32", short, detail, {"tf32_error": tf32})
 
