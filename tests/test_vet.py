@@ -50,6 +50,26 @@ def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
     assert out[-1].startswith("time: ") and "long-context " in out[-1]
 
 
+def test_what_the_kernel_prints_goes_to_a_file_the_summary_names(tmp_path, capfd):
+    """Issue 51, item 4: the kernel's prints (Python's stdout and stderr, a write at file
+    descriptor 1) reach neither the terminal's stdout nor its stderr; the summary names the
+    file and its line count, the verdict and the time line stay the last thing."""
+    out = tmp_path / "vet.json"
+    args = ["--dtypes", "float32", "--smallest", "--long", "0", "--json", str(out)]
+    assert _vet("printing", *args) == 0
+    screen = capfd.readouterr()
+    assert "kernel" not in screen.err and "kernel says" not in screen.out
+    printed = json.loads(out.read_text())["printed"]
+    log = Path(printed["file"])
+    text = log.read_text().splitlines()
+    assert printed["lines"] == len(text) == 3 * text.count("kernel says hello") > 0
+    assert {"kernel warns", "kernel writes to fd 1"} <= set(text)
+    lines = screen.out.splitlines()
+    assert lines[-2] == f"the kernel printed {printed['lines']:,} lines: {log}"
+    assert lines[-1].startswith("time: ")
+    log.unlink()
+
+
 def test_a_raising_implementation_fails_every_check_with_its_message(capsys):
     assert _vet("raising", "--dtypes", "float32") == 1
     out = capsys.readouterr().out

@@ -2,6 +2,8 @@
 and ones that raise, crash the process, or hang."""
 
 import ctypes
+import os
+import sys
 import time
 
 import torch
@@ -11,6 +13,15 @@ import linattn_verify as lv
 
 def elu_linear(q, k, v):
     return lv.attention(q, k, v, "elu", form="linear")
+
+
+def printing(q, k, v):
+    """elu_linear that prints on every call: to stdout, to stderr and at file descriptor 1
+    (as a C library would)."""
+    print("kernel says hello")
+    print("kernel warns", file=sys.stderr)
+    os.write(1, b"kernel writes to fd 1\n")
+    return elu_linear(q, k, v)
 
 
 def raising(q, k, v):

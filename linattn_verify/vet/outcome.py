@@ -35,6 +35,7 @@ class VetReport:
     max_rss: dict[str, int] = field(default_factory=dict)  # peak resident bytes per process
     claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
     runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
+    printed: tuple[str, int] | None = None  # the file of its prints, and their lines
 
     @property
     def findings(self) -> list[Finding]:
@@ -69,6 +70,7 @@ class VetReport:
             "checks": self.rows,
             "seconds": self.seconds,
             "max_rss": self.max_rss,
+            "printed": None if self.printed is None else dict(zip(("file", "lines"), self.printed)),
         }
 
 
@@ -85,6 +87,9 @@ def summary(report: VetReport, verbose: bool = False) -> str:
         lines += _finding(number, finding, warning, verbose)
     lines += _checks(report, found, verbose)
     lines += _envelope(report.rows, verbose)
+    if report.printed:
+        path, printed = report.printed
+        lines.append(f"the kernel printed {printed:,} line{'s' * (printed != 1)}: {path}")
     lines += _time(report, verbose)
     return "\n".join(lines)
 

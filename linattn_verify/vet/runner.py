@@ -43,7 +43,16 @@ from .requests import (
     Task,
 )
 from .tasks import DEPENDS, SCALING_MAX_N, SMALLEST_SCALING_MAX_N
-from .worker import Running, Worker, WorkerDied, WorkerHung, describe, max_rss, run_task
+from .worker import (
+    KernelOutput,
+    Running,
+    Worker,
+    WorkerDied,
+    WorkerHung,
+    describe,
+    max_rss,
+    run_task,
+)
 
 DEFAULT_TIMEOUT = 300.0  # seconds per task: a thorough search of a slow kernel takes minutes
 
@@ -259,9 +268,28 @@ def vet(
 ) -> VetReport:
     """Run the plan on `declared` (resolve(..., load=False)) in a worker process; a hang
     stops the run (what is left is "not run"), a crash restarts the worker once. SpecError
-    when the implementation cannot be loaded."""
+    when the implementation cannot be loaded. What the implementation prints is kept in a
+    file the report names (VetReport.printed), removed when it printed nothing."""
     say = progress or (lambda text: None)
-    worker = Worker(declared, options.timeout)
+    output = KernelOutput.new()
+    try:
+        report = _vet_in_worker(declared, options, say, output)
+    finally:
+        lines = output.lines()
+        if not lines:
+            output.path.unlink(missing_ok=True)
+    report.printed = (str(output.path), lines) if lines else None
+    return report
+
+
+def _vet_in_worker(
+    declared: Implementation,
+    options: VetOptions,
+    say: Callable[[str], None],
+    output: KernelOutput,
+) -> VetReport:
+    """vet's plan in worker processes whose prints go to `output` (KernelOutput)."""
+    worker = Worker(declared, options.timeout, output)
     report = _report(declared.source.name, worker.description, options)
     spec = worker.description["spec"]
     crashes = 0
@@ -290,7 +318,7 @@ def vet(
                 stop = f"not run: vet stopped after a second crash, in {name}"
                 if crashes < 2:
                     try:
-                        worker = Worker(declared, options.timeout)
+                        worker = Worker(declared, options.timeout, output)
                         continue
                     except SpecError as restart:
                         stop = f"not run: the worker did not restart ({restart})"

@@ -1,16 +1,23 @@
 """The implementation under test runs in a worker process: an exception, a crash (segfault,
 abort) or a hang of the implementation becomes a failed check, and vet lives on to print its
 verdict. The worker loads the implementation once, then runs tasks (requests.Task) sent over a
-pipe."""
+pipe. What the implementation prints (its stdout and stderr, Python's or a C library's) goes
+to a file of the parent's choosing, not to the terminal, where the verdict is the last thing
+(KernelOutput)."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import resource
 import signal
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,8 +73,40 @@ def run_task(impl: Implementation, task: Task) -> list[Row]:
         return [{**row, "cause": "contract"} if isinstance(err, ImplementationFailure) else row]
 
 
-def _serve(conn, declared: Implementation) -> None:
+@dataclass(frozen=True)
+class KernelOutput:
+    """The file the workers of one vet run write the implementation's stdout and stderr to
+    (appended: a restarted worker adds to it)."""
+
+    path: Path
+
+    @classmethod
+    def new(cls) -> KernelOutput:
+        """An empty file in the temporary directory, vet-kernel-*.log."""
+        fd, name = tempfile.mkstemp(prefix="vet-kernel-", suffix=".log")
+        os.close(fd)
+        return cls(Path(name))
+
+    def lines(self) -> int:
+        """How many lines the implementation printed (a last one without its newline too)."""
+        data = self.path.read_bytes() if self.path.exists() else b""
+        return data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
+
+    def redirect(self) -> None:
+        """This process's file descriptors 1 and 2 (and so sys.stdout, sys.stderr) into the
+        file, from now on."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def _serve(conn, declared: Implementation, output: KernelOutput | None) -> None:
     torch.set_num_threads(1)  # thousands of small calls; see stats/estimators.one_thread
+    if output is not None:
+        output.redirect()
     try:
         impl = declared.load()
     except Exception as err:  # reported to the parent as a usage error
@@ -92,6 +131,8 @@ def _serve(conn, declared: Implementation) -> None:
 
         with watching(running):
             rows = run_task(impl, task)
+        sys.stdout.flush()  # what the task printed is in the file before the parent reads it
+        sys.stderr.flush()
         conn.send(("rows", (rows, max_rss())))
 
 
@@ -101,15 +142,18 @@ def max_rss() -> int:
 
 
 class Worker:
-    """A worker process holding the loaded implementation (declared: resolve(load=False)).
-    max_rss: its peak resident memory in bytes after the last task that returned."""
+    """A worker process holding the loaded implementation (declared: resolve(load=False)),
+    its prints into `output` (None: to this process's terminal). max_rss: its peak resident
+    memory in bytes after the last task that returned."""
 
-    def __init__(self, declared: Implementation, timeout: float) -> None:
+    def __init__(
+        self, declared: Implementation, timeout: float, output: KernelOutput | None = None
+    ) -> None:
         self.timeout = timeout
         self.max_rss = 0
         self.running: Running | None = None  # the case a check of the task is running
         self._conn, child = CONTEXT.Pipe()
-        self._process = CONTEXT.Process(target=_serve, args=(child, declared), daemon=True)
+        self._process = CONTEXT.Process(target=_serve, args=(child, declared, output), daemon=True)
         self._process.start()
         child.close()
         try:
