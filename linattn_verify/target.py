@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -9,6 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .specs import SpecError
+
+
+def did_you_mean(word: str, known) -> str:
+    """ "; did you mean X?" for the name of `known` closest to a misspelled `word`, or ""."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -46,7 +53,9 @@ def load_target(target: str) -> Callable:
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
-            raise SpecError(f"{module_name!r} has no attribute {attr!r}")
+            public = [name for name in dir(module) if not name.startswith("_")]
+            hint = did_you_mean(attr, public) if "." not in attr else ""
+            raise SpecError(f"{module_name!r} has no attribute {attr!r}{hint}")
     if not callable(fn):
         raise SpecError(f"{target!r} is not callable")
     return fn

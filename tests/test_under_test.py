@@ -84,6 +84,7 @@ def test_names_and_ids_say_what_each_is():
         ({"target": "fla.based-naive", "causal": True}, "drop --causal"),
         ({"target": TARGET}, "needs --feature-map"),
         ({"target": "nocolon", "feature_map": "elu"}, "must look like module:function"),
+        ({"target": "fla.simple-gla-chunkk"}, "did you mean 'fla.simple-gla-chunk'"),
         ({"target": TARGET, "form": "linear", "feature_map": "elu"}, "choose a built-in form"),
         ({"form": "fastest", "feature_map": "elu"}, "form must be one of"),
         ({"form": "linear", "feature_map": "elu", "causal": True}, "does not evaluate"),
@@ -98,6 +99,11 @@ def test_what_does_not_fit_is_one_clear_error(arguments: dict, message: str):
     target = arguments.pop("target", None)
     with pytest.raises(SpecError, match=message):
         resolve(target, **arguments, load=False)
+
+
+def test_a_misspelled_function_is_named_with_the_closest_one():
+    with pytest.raises(SpecError, match="no attribute 'elu_cumsumm'; did you mean 'elu_cumsum'"):
+        resolve("tests.zoo.textbook:elu_cumsumm", feature_map="elu")
 
 
 def test_a_declared_implementation_is_loaded_only_when_asked():

@@ -14,7 +14,7 @@ import torch
 from ..adapters import ADAPTERS
 from ..grammar import checked
 from ..specs import Spec, SpecError
-from ..target import split_target
+from ..target import did_you_mean, split_target
 from .builtin import form_of, state_of
 from .claim import (
     CLAIM,
@@ -67,6 +67,12 @@ def resolve(
         raise SpecError("--form and --chunk-size choose a built-in form, not a target")
     if stream is not None and not callable(target):
         raise SpecError("a stream is given with a callable; the built-in forms have theirs")
+    if isinstance(target, str) and ":" not in target and target not in ADAPTERS:
+        raise SpecError(
+            f"no adapter {target!r}{did_you_mean(target, ADAPTERS)} (python -m "
+            "linattn_verify adapters lists them); a target must look like module:function "
+            "or path/file.py:function"
+        )
     if isinstance(target, str) and target in ADAPTERS:
         impl = _adapter(target, values)
     elif values["feature_map"] is None:
