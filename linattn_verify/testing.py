@@ -61,6 +61,7 @@ def assert_linear_attention(
     findings fail; default typical, the others are warnings in the report) and strict
     (every regime, elu features held to relative accuracy)."""
     given = locals()  # the parameters by name
+    __tracebackhide__ = True  # pytest shows the summary, not this function's source
     impl = resolve(fn, **{o.name: given[o.name] for o in CLAIM})
     run = checked(RUN, given)
     options = VetOptions(dtypes=tuple(dtypes), device=device, thorough=thorough,

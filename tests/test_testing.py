@@ -32,6 +32,27 @@ def test_assert_linear_attention_raises_with_the_summary():
         assert_linear_attention(float32_output, "elu", dtypes=("float16",), longest=0)
 
 
+def test_a_failure_in_a_users_pytest_shows_the_summary_not_our_source(tmp_path):
+    """Issue 51, item 5: pytest hides assert_linear_attention's frame (__tracebackhide__):
+    the user's test line and the summary, none of the suite's own source."""
+    (tmp_path / "test_mine.py").write_text(
+        "import linattn_verify as lv\n"
+        "from linattn_verify.testing import assert_linear_attention\n\n"
+        "def in_float32(q, k, v):\n"
+        "    return lv.attention(q.float(), k.float(), v.float(), 'elu')\n\n"
+        "def test_mine():\n"
+        "    assert_linear_attention(in_float32, 'elu', dtypes=('float16',), longest=0)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "wrong on typical inputs: contract" in run.stdout, run.stdout
+    assert "assert_linear_attention(in_float32" in run.stdout
+    assert "given = locals()" not in run.stdout and "vet_in_process" not in run.stdout
+
+
 def _retention(q, k, v, gamma, initial_state=None, state_decayed=True):
     """RetNet's retention (Sun et al. 2023, eq. 5-7), the parallel form continuing a state:
     out_i = d^-1/2 (sum_(j<=i) gamma^(i-j) (q_i . k_j) v_j + gamma^(i+1) q_i S_0) and
