@@ -70,6 +70,26 @@ def test_what_the_kernel_prints_goes_to_a_file_the_summary_names(tmp_path, capfd
     log.unlink()
 
 
+@pytest.mark.parametrize(
+    ("target", "fix"),
+    [("with_state", "--state Sz or S"), ("transposed", "declare --layout bnhd")],
+)
+def test_a_convention_mismatch_is_one_contract_finding_with_its_fix(target, fix, tmp_path):
+    """Issue 51, item 2: a tuple (an undeclared state) or an output in the other layout is
+    the contract finding alone on typical inputs, naming the option that fixes it; the
+    long-context check, which met the same failure, is listed under it (a case whose H is
+    its N cannot tell the layouts apart: a warning on such stress inputs remains)."""
+    out = tmp_path / "vet.json"
+    assert (
+        _vet(target, "--causal", "--dtypes", "float32", "--long", "2048", "--json", str(out)) == 1
+    )
+    report = json.loads(out.read_text())
+    typical = [f for f in report["findings"] if f["regime"] == "typical"]
+    assert [f["checks"] for f in typical] == [["contract"]] and fix in typical[0]["detail"]
+    long = next(c for c in report["checks"] if c["name"] == "long-context")
+    assert long["status"] == "depends" and "the contract's failure" in long["detail"]
+
+
 def test_a_raising_implementation_fails_every_check_with_its_message(capsys):
     assert _vet("raising", "--dtypes", "float32") == 1
     out = capsys.readouterr().out

@@ -20,7 +20,10 @@ def contract(impl: Implementation, case: Case) -> Outcome:
     want = tuple(impl.to_layout(torch.empty(*q.shape[:3], v.shape[-1], device="meta")).shape)
     problems = []
     if tuple(out.shape) != want:
-        problems.append(f"shape {tuple(out.shape)}, expected {want} ({impl.layout})")
+        shape = tuple(out.shape)
+        problems.append(
+            f"shape {shape}, expected {want} ({impl.layout})" + impl.layout_hint(shape, want)
+        )
     if out.dtype != q.dtype:
         problems.append(f"dtype {out.dtype}, expected {q.dtype}")
     if out.device != q.device:

@@ -171,6 +171,7 @@ class Panel:
     golden: dict[int, float] = field(default_factory=dict)
     floors: dict[int, float] = field(default_factory=dict)
     problem: tuple[int, str, str] | None = None  # (N, severity, what) of the first failure
+    contract: bool = False  # that failure is the implementation breaking the contract
     stop: Stop | None = None  # the first length not run, and why
 
     @property
@@ -270,7 +271,7 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
             else:  # counting costs ten times the call for a kernel looping over tokens
                 result = call()
         except ImplementationFailure as err:
-            panel.problem = (n, "wrong", f"the implementation {err}")
+            panel.problem, panel.contract = (n, "wrong", f"the implementation {err}"), True
             return
         out = as_array(result)
         x = validate(qn, kn, vn, spec, w, decay)
@@ -527,9 +528,11 @@ def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
         detail = f"{spec} {first.label}: fails from N = {n}: {what}{also}"
         u = unit_roundoff(first.dtype, spec)
         figures["relative_error"] = first.errors.get(n, math.inf) * u
+        contract = "contract" if all(p.contract for p in failed) else None  # vet's: under it
         return CheckResult(
-            NAME, False, detail, figures=figures, severity=severity, regime="typical"
-        )
+            NAME, False, detail, figures=figures, severity=severity, regime="typical",
+            cause=contract,
+        )  # fmt: skip
     stops = [p for p in panels if p.stop]
     costly = next((p for p in stops if p.stop.superlinear), None)
     if costly:

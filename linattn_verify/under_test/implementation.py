@@ -25,7 +25,7 @@ from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import RSQRT_D, Spec, SpecError
 from ..target import load_target
 from . import builtin
-from .claim import CLAIM, DECLARED, SOURCE, SPEC_FIELDS, default_cost
+from .claim import CLAIM, DECLARED, LAYOUTS, SOURCE, SPEC_FIELDS, STATE_LAYOUTS, default_cost
 from .guard_bands import OutOfBounds, guarded
 from .names import importable_name
 
@@ -200,14 +200,35 @@ class Implementation:
         except Exception as err:  # the implementation's failure is a finding, not a crash
             raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
 
+    def not_a_tensor(self, out: Any, what: str = "") -> ImplementationFailure:
+        """The failure of an output that is no tensor, with the option that declares a
+        tuple of (output, state) where the spec carries one (--state)."""
+        hint = ""
+        if isinstance(out, tuple) and self.state is None and not self.spec.no_state:
+            hint = f" (if it is (output, state), declare it: --state {' or '.join(STATE_LAYOUTS)})"
+        return ImplementationFailure(
+            f"returned {type(out).__name__}{what}, not a torch tensor{hint}"
+        )
+
+    def layout_hint(self, shape: tuple[int, ...], want: tuple[int, ...]) -> str:
+        """ " (--layout X: ...)" where `shape` is the expected shape `want` (in fn's layout)
+        in the other layout, else ""."""
+        other = next(layout for layout in LAYOUTS if layout != self.layout)
+        swapped = (want[0], want[2], want[1], *want[3:]) if len(want) == 4 else None
+        if tuple(shape) == swapped and want[1] != want[2]:
+            return f" (that is the {other} layout's: declare --layout {other})"
+        return ""
+
     def _output(self, out: Any, want: tuple[int, ...], what: str = "") -> torch.Tensor:
         """out (in fn's layout) as (B, H, N, dv) = want; ImplementationFailure otherwise."""
         if not isinstance(out, torch.Tensor):
-            raise ImplementationFailure(f"returned {type(out).__name__}{what}, not a torch tensor")
+            raise self.not_a_tensor(out, what)
         if out.dim() != 4 or tuple(self.to_layout(out).shape) != want:
             shape = tuple(out.shape)
+            native = tuple(self.to_layout(torch.empty(want, device="meta")).shape)
             raise ImplementationFailure(
                 f"returned shape {shape}{what}, expected {want} ({self.layout})"
+                + self.layout_hint(shape, native)
             )
         return self.to_layout(out)
 
@@ -217,7 +238,7 @@ class Implementation:
             return self.call_state(q, k, v, projection, None, True, decay)[0]
         out = self._run(q, k, v, projection, decay)
         if not isinstance(out, torch.Tensor):
-            raise ImplementationFailure(f"returned {type(out).__name__}, not a torch tensor")
+            raise self.not_a_tensor(out)
         return out
 
     def call_state(
