@@ -18,6 +18,7 @@ from linattn_verify.accuracy import (
     judge,
     scale_and_bound,
 )
+from linattn_verify.accuracy.verdict import AccuracyVerdict
 from linattn_verify.families import case_arguments, exact, golden_attention, validate
 from linattn_verify.inputs import UNIT_ROUNDOFF
 
@@ -234,3 +235,16 @@ def test_kept_ball_sums_follow_the_feature_model_and_the_inputs():
     for a, b in zip(got, fresh, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(got[0], got[1]) and not np.array_equal(got[1], got[3])
+
+
+def test_an_error_of_the_outputs_scale_is_wrong_whatever_the_bound():
+    """Issue 51, item 3: within a loose bound (float16's at long sums) and over the budget
+    an error is inaccurate, unless it reaches the output's own scale: then it is wrong."""
+
+    def verdict(share: float) -> AccuracyVerdict:
+        u = 2.0**-11
+        return AccuracyVerdict("elu", "float16", u, share / u, share / u, (0, 0, 0, 0),
+                               1e9, 0, 0, 1.0, 4.0, True, False)  # fmt: skip
+
+    assert verdict(0.5).severity == "inaccurate"
+    assert verdict(1.9).severity == "wrong"

@@ -142,6 +142,10 @@ def error_units(out: np.ndarray, ref: np.ndarray, scale: np.ndarray, u: float) -
     return np.where(np.isnan(out) & ~np.isnan(ref), np.inf, e)
 
 
+# an error of at least this share of the output's scale is wrong whatever the bound says
+WRONG_SHARE = 1.0
+
+
 @dataclass(frozen=True)
 class AccuracyVerdict:
     """The figures of one accuracy judgement and their reading."""
@@ -178,9 +182,12 @@ class AccuracyVerdict:
 
     @property
     def severity(self) -> str:
-        """How much a failure matters (results.SEVERITIES): wrong outside the bound,
-        inaccurate within it and over the budget."""
-        return "wrong" if not self.within_bound else "inaccurate"
+        """How much a failure matters (results.SEVERITIES): wrong outside the bound, or
+        with an error of at least the output's own scale (a loose bound does not make an
+        output that far off merely inaccurate), else inaccurate: within the bound and over
+        the budget."""
+        wrong = not self.within_bound or self.relative_error >= WRONG_SHARE
+        return "wrong" if wrong else "inaccurate"
 
     @property
     def relative_error(self) -> float:
