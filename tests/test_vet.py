@@ -111,6 +111,7 @@ def test_a_hanging_implementation_fails_within_the_timeout(capsys):
     elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
     assert "\n  1. hung: contract took longer than 5 s" in out and "verdict: FAIL" in out
+    assert "--timeout SECONDS gives each task longer" in out  # how to allow it more
     assert "None" not in out
     assert elapsed < 5 + 30  # the timeout plus starting one worker process
 

@@ -310,7 +310,9 @@ def _vet_in_worker(
                 report.rows += rows
                 continue
             except WorkerHung as err:
-                report.rows.append(_stopped(name, f"hung: {err}", worker.running))
+                row = _stopped(name, f"hung: {err}", worker.running)
+                row["detail"] += "; --timeout SECONDS gives each task longer"
+                report.rows.append(row)
                 stop = f"not run: vet stopped after {name} hung"
             except WorkerDied as err:
                 report.rows.append(_stopped(name, f"crashed: {err}", worker.running))
