@@ -90,6 +90,17 @@ def test_a_convention_mismatch_is_one_contract_finding_with_its_fix(target, fix,
     assert long["status"] == "depends" and "the contract's failure" in long["detail"]
 
 
+def test_what_a_target_printed_before_it_failed_to_load_is_named(tmp_path, capsys):
+    target = tmp_path / "bad.py"
+    target.write_text('print("loading my kernel")\nraise ImportError("no such extension")\n')
+    assert main(["vet", f"{target}:fn", "--feature-map", "elu", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "ImportError: no such extension (what it printed: " in err
+    log = Path(err.split("what it printed: ")[1].split(")")[0])
+    assert log.read_text() == "loading my kernel\n"
+    log.unlink()
+
+
 def test_a_raising_implementation_fails_every_check_with_its_message(capsys):
     assert _vet("raising", "--dtypes", "float32") == 1
     out = capsys.readouterr().out

@@ -269,11 +269,16 @@ def vet(
     """Run the plan on `declared` (resolve(..., load=False)) in a worker process; a hang
     stops the run (what is left is "not run"), a crash restarts the worker once. SpecError
     when the implementation cannot be loaded. What the implementation prints is kept in a
-    file the report names (VetReport.printed), removed when it printed nothing."""
+    file the report (or that SpecError) names (VetReport.printed), removed when it printed
+    nothing."""
     say = progress or (lambda text: None)
     output = KernelOutput.new()
     try:
         report = _vet_in_worker(declared, options, say, output)
+    except SpecError as err:
+        if not output.lines():
+            raise
+        raise SpecError(f"{err} (what it printed: {output.path})") from None
     finally:
         lines = output.lines()
         if not lines:
