@@ -159,6 +159,16 @@ class _Lines:
         print(f"report: {self.done}/{self.total} units, {elapsed:.0f} s: {what}", file=sys.stderr)
 
 
+_TERMINATED: list[int] = []  # the SIGTERMs received (_terminate)
+
+
+def _terminate(signum: int, frame) -> None:
+    """SIGTERM's handler: exit 128 + signum, and remember it, so that an exit raised where
+    an exception is ignored (a callback of a C library) still stops the report unpublished."""
+    _TERMINATED.append(signum)
+    sys.exit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     report_options = _options(args)
     old = _old_report(args.compare) if args.compare else None
@@ -173,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C: the staging folder is removed and
     # the previous report stays as it was
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, _terminate)
     with staging(out) as folder:
         total = units(report_options, plan)
         # a bar on a terminal; redirected to a file, a plain line now and then (a bar's
@@ -194,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
             document["comparison"] = comparison.to_dict()
         (folder / "report.json").write_text(dumps(document))
         (folder / "report.md").write_text(render(document, comparison and comparison.markdown()))
+        if _TERMINATED:  # a SIGTERM whose SystemExit a library's callback swallowed
+            sys.exit(128 + _TERMINATED[0])
         publish(folder, out)
     if args.json:
         write_json_atomically(Path(args.json), document)
