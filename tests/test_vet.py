@@ -90,6 +90,31 @@ def test_a_convention_mismatch_is_one_contract_finding_with_its_fix(target, fix,
     assert long["status"] == "depends" and "the contract's failure" in long["detail"]
 
 
+def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):
+    """Issue 51, item 3: a defect float64 shows is in exact arithmetic, so its failures in
+    every dtype, check and length are one finding that lists them; its headline gives the
+    figure its body shows, at the element the body names."""
+    out = tmp_path / "vet.json"
+    args = ["--dtypes", "float16", "float32", "float64", "--smallest", "--long", "2048"]
+    assert _vet("ten_percent_high", *args, "--json", str(out)) == 1
+    report = json.loads(out.read_text())
+    (finding,) = [f for f in report["findings"] if f["regime"] == "typical"]
+    assert finding["exact"] and finding["dtypes"] == ["float16", "float32", "float64"]
+    assert {"accuracy float16", "accuracy float32", "accuracy float64", "long-context"} <= set(
+        finding["checks"]
+    )
+    assert finding["lengths"] == [["long-context", 1024]]
+    shown = next(c for c in report["checks"] if c["detail"] == finding["detail"])
+    assert json.loads(shown["case"])["dtype"] == "float64"
+    assert finding["relative_error"] == shown["figures"]["relative_error"]
+    share = finding["headline"].split("error ")[1].split(" of")[0]
+    assert f"= {share} of the output's scale" in finding["detail"]
+    at = "({})".format(", ".join(map(str, shown["figures"]["worst_index"])))
+    assert f"at {at}" in finding["detail"] and finding["worst"].startswith(
+        f"worst element (b, h, i, c) = {at}"
+    )
+
+
 def test_what_a_target_printed_before_it_failed_to_load_is_named(tmp_path, capsys):
     target = tmp_path / "bad.py"
     target.write_text('print("loading my kernel")\nraise ImportError("no such extension")\n')

@@ -143,6 +143,7 @@ def _result(spec, ns, judged, dtypes, failures, figures, counts) -> CheckResult:
         n, dtype, severity, what = min(failures, key=lambda f: (f[0], f[2] != "wrong"))
         also = f" ({len(failures)} of {len(judged)} dtypes fail)" if len(failures) > 1 else ""
         detail = f"{spec} {dtype}: fails from N = {n}: {what}{also}{uncertified}"
+        figures["first_failing_n"] = n
         return CheckResult(NAME, False, detail, figures=figures, severity=severity,
                            regime="typical")  # fmt: skip
     worst = max(figures, key=figures.get, default=None)

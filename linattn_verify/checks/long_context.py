@@ -528,6 +528,7 @@ def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
         detail = f"{spec} {first.label}: fails from N = {n}: {what}{also}"
         u = unit_roundoff(first.dtype, spec)
         figures["relative_error"] = first.errors.get(n, math.inf) * u
+        figures["first_failing_n"] = n
         contract = "contract" if all(p.contract for p in failed) else None  # vet's: under it
         return CheckResult(
             NAME, False, detail, figures=figures, severity=severity, regime="typical",

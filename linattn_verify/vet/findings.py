@@ -7,7 +7,12 @@ and any dtype, e.g. elu(x) + 1 cancelling in float32), else when their cases do:
 regime, dtype, kind of input and magnitude (several checks failing on one input, or on
 inputs of one kind and size, fail for one reason). The rows of a check that runs no case
 through the kernel's values (positivity, associativity, ...) join the cause named on their
-inputs when it is the only one named there. Rows of a kind of their own:
+inputs when it is the only one named there. A kernel wrong in float64 (outside the
+a-priori bound, or off by the output's own scale), where rounding cannot explain an error,
+is wrong in exact arithmetic: its defect shows in every precision and every check that
+compares values, so the failing rows of that regime with no cause named and of no kind of
+their own are one finding with it ("in float64 too"), which lists the dtypes and checks they
+fail in; nothing separates them from the defect. Rows of a kind of their own:
 - cost: the counted growth of FLOPs or bytes is not the claimed one (rows of cause "cost":
   the scaling task's, and the long-context check's when memory grows faster than claimed);
 - sampler: a projection sampler's statistics, with the W it drew; the rate check, when it
@@ -25,10 +30,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..accuracy.verdict import percent
+from ..inputs import UNIT_ROUNDOFF
 from ..regimes import REGIMES
 from ..results import SEVERITIES
 from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
@@ -68,9 +75,9 @@ class Effect:
 
 @dataclass(frozen=True)
 class Finding:
-    """One cause: its severity and regime, the checks it breaks, its smallest case, the
-    command that reproduces it, its largest error as a share of the output's scale, and the
-    worst element of its case when that case was judged against the exact reference.
+    """One cause: its severity and regime, the checks it breaks, the case it shows (its
+    smallest), the command that reproduces it, the error there as a share of the output's
+    scale, and the worst element of that case when it was judged against the exact reference.
     kind: the word it leads with (KINDS); effects: what its named cause does, per precision
     (none when the cause is not named); text: the finding in one line, where it has one
     better than its detail (a cost, a sampler, the rate)."""
@@ -91,6 +98,9 @@ class Finding:
     # each row's check and regime: a named cause spans regimes, and a check fails a verdict
     # where its own row's regime does (the finding's regime is the mildest of them)
     check_regimes: tuple[tuple[str, str], ...] = ()
+    dtypes: tuple[str, ...] = ()  # the dtypes of its rows' cases
+    exact: bool = False  # wrong in float64, so in exact arithmetic (module docstring)
+    lengths: tuple[tuple[str, int], ...] = ()  # (check, the first N it fails at) at length
 
     def failing(self, regimes: tuple[str, ...]) -> set[str]:
         """The checks this finding fails in a verdict that fails on `regimes`."""
@@ -110,6 +120,10 @@ class Finding:
             return f"{first.severity} on {first.regime} inputs: {first.cause.short}"
         if kind in SEVERITIES:
             where = f"{self.severity} on {self.regime} inputs"
+            if self.exact:
+                where += " in float64 too"
+            elif len(self.dtypes) > 1:
+                where += f" in {', '.join(self.dtypes)}"
             share = self.relative_error
             if share is None:
                 size = ""
@@ -117,7 +131,7 @@ class Finding:
                 size = f", error {percent(share)} of the output's scale"
             else:
                 size = ", a non-finite output"
-            return f"{where}{size}: {', '.join(self.checks)}"
+            return f"{where}{size}: {check_names(self.checks)}"
         where = "" if self.regime == "typical" else f" (on {self.regime} inputs)"
         return f"{kind}{where}: {self.text or self.detail}"
 
@@ -138,7 +152,24 @@ class Finding:
             "reproduce": self.reproduce,
             "reproduces": list(self.reproduces),
             "worst": self.worst,
+            "dtypes": list(self.dtypes),
+            "exact": self.exact,
+            "lengths": [list(pair) for pair in self.lengths],
         }
+
+
+def check_names(names: Iterable[str]) -> str:
+    """Check names, those of one family after the first by their last word ("accuracy
+    float16, bfloat16")."""
+    out, family = [], None
+    for name in names:
+        head, _, tail = name.rpartition(" ")
+        if head and head == family:
+            out.append(tail)
+        else:
+            out.append(name)
+            family = head or None
+    return ", ".join(out)
 
 
 def _key(row: Row) -> tuple:
@@ -169,6 +200,34 @@ def _size(row: Row) -> int:
 
 def _dtype(row: Row) -> str | None:
     return json.loads(row["case"])["dtype"] if row.get("case") else None
+
+
+def _wrong_in_float64(row: Row) -> bool:
+    """A value check's row wrong in float64, where rounding cannot explain its error."""
+    return row.get("severity") == "wrong" and _dtype(row) == "float64" and not row.get("stopped")
+
+
+def _own_kind(key: tuple, group: list[Row]) -> bool:
+    """A group that is a finding of its own whatever else fails: a named cause, a cost, a
+    sampler, the rate, a task that stopped, the contract."""
+    if key[0] == "cause" or key in (("cost",), ("sampler",), ("row", "rate")):
+        return True
+    return any(r.get("stopped") or "contract" in (r["name"], r.get("cause")) for r in group)
+
+
+def _in_exact_arithmetic(groups: dict[tuple, list[Row]]) -> None:
+    """Merge, in place, the groups of the regime where the kernel is wrong in float64 into
+    one (module docstring)."""
+    anchors = [r for key, g in groups.items() if not _own_kind(key, g) for r in g
+               if _wrong_in_float64(r)]  # fmt: skip
+    if not anchors:
+        return
+    regime = min((_regime(r) for r in anchors), key=REGIMES.index)
+    merged = []
+    for key, group in list(groups.items()):
+        if not _own_kind(key, group) and all(_regime(r) == regime for r in group):
+            merged += groups.pop(key)
+    groups[("exact", regime)] = merged
 
 
 def _relative(row: Row) -> float | None:
@@ -202,12 +261,19 @@ def _groups(rows: list[Row], spec: Spec | None) -> tuple[list[list[Row]], dict[i
                 groups.setdefault(("cause", *causes), []).append(row)
             else:
                 groups.setdefault(key, []).append(row)
+    _in_exact_arithmetic(groups)
     rate = groups.get(("row", "rate"), [])
     sampler = groups.get(("sampler",), [])
     if rate and sampler and _sampler(rate[0]).get("target") == _sampler(sampler[0]).get("target"):
         sampler += groups.pop(("row", "rate"))  # its W came from the failing sampler
     order = {id(r): i for i, r in enumerate(rows)}  # each group's rows in the report's order
     return [sorted(g, key=lambda r: order[id(r)]) for g in groups.values()], named
+
+
+def _lengths(group: list[Row]) -> tuple[tuple[str, int], ...]:
+    """(check, the first N it fails at) for the rows of the checks at length."""
+    firsts = [(r["name"], (r.get("figures") or {}).get("first_failing_n")) for r in group]
+    return tuple((name, int(n)) for name, n in firsts if n is not None)
 
 
 def _sampler(row: Row) -> dict[str, Any]:
@@ -322,17 +388,18 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
         effects = _effects(group, named)
         # the row shown: the first effect's, else the smallest case of the mildest regime
         # judged against the exact reference (its worst element shown), else the smallest
+        exact = any(_wrong_in_float64(r) for r in group) and not effects
         shown = min(
             group,
             key=lambda r: (
                 not (effects and r.get("case") == effects[0].case and id(r) in named),
                 REGIMES.index(_regime(r)),
+                not (exact and _wrong_in_float64(r)),
                 not r.get("worst"),
                 _size(r),
             ),
         )
         severity = min((r.get("severity") or "wrong" for r in group), key=SEVERITIES.index)
-        shares = [s for s in map(_relative, group) if s is not None]
         kind = _kind(group, severity)
         others = [r for r in group if r is not shown]
         out.append(
@@ -341,7 +408,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 regime=min((_regime(r) for r in group), key=REGIMES.index),
                 checks=tuple(dict.fromkeys(r["name"] for r in group)),
                 detail=shown.get("detail", ""),
-                relative_error=max(shares) if shares else None,
+                relative_error=_relative(shown),
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),
                 worst=shown.get("worst"),
@@ -353,6 +420,9 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                     dict.fromkeys(r["reproduce"] for r in group if r.get("reproduce"))
                 ),
                 check_regimes=tuple((r["name"], _regime(r)) for r in group),
+                dtypes=tuple(d for d in UNIT_ROUNDOFF if d in {_dtype(r) for r in group}),
+                exact=exact and any(_dtype(r) != "float64" for r in group),
+                lengths=_lengths(group),
             )
         )
     out.sort(

@@ -8,7 +8,6 @@ keeps every figure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from ..checks import GRAD_CHECKS
 from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..results import SEVERITIES
 from ..specs import Spec
-from .findings import Effect, Finding, Row, findings
+from .findings import Effect, Finding, Row, check_names, findings
 
 # a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
 # "skipped": an option left it out, the row's detail names it)
@@ -118,20 +117,6 @@ def _verdict(report: VetReport, found: list[Finding]) -> str:
     return f"verdict: {'FAIL' if report.verdict == 'fail' else 'pass'}: " + "; ".join(counts)
 
 
-def _names(names: Iterable[str]) -> str:
-    """Check names, those of one family after the first by their last word ("accuracy
-    float16, bfloat16")."""
-    out, family = [], None
-    for name in names:
-        head, _, tail = name.rpartition(" ")
-        if head and head == family:
-            out.append(tail)
-        else:
-            out.append(name)
-            family = head or None
-    return ", ".join(out)
-
-
 def _inputs(effect: Effect) -> str:
     return f"{', '.join(effect.dtypes)} inputs"
 
@@ -148,10 +133,17 @@ def _finding(number: int, finding: Finding, warning: bool, verbose: bool) -> lis
             lines.append(f"{INDENT}{_inputs(effect)}{how}: {effect.cause.short}")
             if verbose:
                 lines.append(f"{INDENT}  {effect.cause.detail}")
-        lines.append(f"{INDENT}checks: {_names(finding.checks)}")
+        lines.append(f"{INDENT}checks: {check_names(finding.checks)}")
         if verbose:
             lines.append(f"{INDENT}{finding.detail}")
     elif finding.text is None or finding.kind == "sampler":  # a sampler's figures, each
+        if finding.exact:
+            others = ", ".join(d for d in finding.dtypes if d != "float64")
+            lengths = "".join(f"; {check} from N = {n}" for check, n in finding.lengths)
+            lines.append(
+                f"{INDENT}wrong in float64, where rounding cannot explain it: in exact "
+                f"arithmetic, so in {others} too{lengths}"
+            )
         lines.append(f"{INDENT}{finding.detail}")
     if verbose or finding.kind == "sampler":
         lines += [f"{INDENT}{detail}" for detail in finding.details]
