@@ -242,7 +242,7 @@ TRITON_KERNEL = (
 
 
 def triton_tf32(declared: bool) -> str:
-    """The README's Triton example: the zoo's chunk kernel in Triton's interpreter with TF32
+    """docs/triton.md's TF32 example: the zoo's chunk kernel in Triton's interpreter with TF32
     products, undeclared (the finding names them) and declared (seconds)."""
     command = TRITON_KERNEL + " --dot-precision tf32" * declared
     out = _run([PYTHON, "-m", "linattn_verify", *shlex.split(command), "--quiet"])
@@ -341,18 +341,22 @@ BLOCKS = {
         ),
         Block("pytest-example", "README.md", True, pytest_example, volatile=(TIME,)),
         Block("vet-example", "README.md", False, vet_example, volatile=(r"time: .*",)),
-        Block("bench-vet", "README.md", False, bench_vet),
+        Block("bench-vet", "docs/performance.md", False, bench_vet),
         Block(
-            "triton-tf32", "README.md", False, lambda: triton_tf32(False), volatile=(r"time: .*",)
+            "triton-tf32",
+            "docs/triton.md",
+            False,
+            lambda: triton_tf32(False),
+            volatile=(r"time: .*",),
         ),
         Block(
             "triton-tf32-declared",
-            "README.md",
+            "docs/triton.md",
             False,
             lambda: triton_tf32(True),
             volatile=(r"time: .*",),
         ),
-        Block("bench-triton", "README.md", False, bench_triton),
+        Block("bench-triton", "docs/performance.md", False, bench_triton),
         Block(
             "report-excerpt",
             "docs/report.md",
