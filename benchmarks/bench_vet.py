@@ -11,7 +11,7 @@ run is a fresh process, timed by the wall clock around it; its peak resident mem
 largest of the process tree's (wait4's ru_maxrss: vet's parent or its worker, whichever is
 larger), and vet's --json gives the worker's and the parent's apart and the seconds of each
 step of the plan. The budgets (DESIGN.md, "Budgets that users feel"): 60 s (90 s with
---grad) and 4 GiB. The output is a Markdown table for the README (docs).
+--grad) and 4 GiB. The output is a Markdown table for docs/performance.md ("vet").
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ TRITON_KERNEL = (
 
 
 def triton_tf32(declared: bool) -> str:
-    """The README's Triton example: the zoo's chunk kernel in Triton's interpreter with TF32
+    """docs/triton.md's TF32 example: the zoo's chunk kernel in Triton's interpreter with TF32
     products, undeclared (the finding names them) and declared (seconds)."""
     command = TRITON_KERNEL + " --dot-precision tf32" * declared
     out = _run([PYTHON, "-m", "linattn_verify", *shlex.split(command), "--quiet"])
@@ -252,6 +252,75 @@ def triton_tf32(declared: bool) -> str:
 def bench_triton() -> str:
     """benchmarks/bench_triton.py's table (some 40 minutes: nothing else running)."""
     return _run([PYTHON, "benchmarks/bench_triton.py"], timeout=4 * 3600).rstrip()
+
+
+# docs/vet.md's table of where each check applies: a column a claim, the vet arguments
+# that make it (every one with APPLIES_ALWAYS, so that what those options add shows)
+APPLIES_TARGET = "mykernels.py:attn"
+APPLIES_ALWAYS = "--grad --kat"
+APPLIES_COLUMNS = (
+    f"{APPLIES_TARGET} --feature-map elu",
+    f"{APPLIES_TARGET} --feature-map elu --causal --varlen",
+    "--form chunked --feature-map elu --causal --state",
+    f"{APPLIES_TARGET} --feature-map performer-positive",
+    f"{APPLIES_TARGET} --feature-map softmax --causal",
+    f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --decay gates --state S",
+    f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --scale d^-0.5 "
+    "--decay channel-gates --state S",
+    f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --scale d^-0.5 "
+    "--delta-rule --decay gates --value-heads 2 --varlen",
+    f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --family iplr --state S",
+    f"{APPLIES_TARGET} --feature-map relu --causal --triton interpret --smallest",
+)
+
+
+def applicability_table() -> str:
+    """Where each check applies, from vet's own rules (vet.applicability) on the claims of
+    APPLIES_COLUMNS: a row a check, a column a claim; a reason (not applicable, skipped)
+    given once, by number, below the table."""
+    from linattn_verify.cli import vet as vet_cli
+    from linattn_verify.vet import applicability
+
+    columns = []
+    for argv in APPLIES_COLUMNS:
+        args = vet_cli.parse(shlex.split(f"{argv} {APPLIES_ALWAYS}"))
+        impl, options = vet_cli.planned(args, load=args.target is None)  # a form's stream
+        columns.append(applicability(impl, options))
+    names = list(dict.fromkeys([*_every_task(), *(n for found in columns for n in found)]))
+    reasons: dict[tuple[str, str], int] = {}
+
+    def cell(found: dict[str, tuple[str, str]], name: str) -> str:
+        if name not in found:
+            return "–"
+        status, detail = found[name]
+        if status == "runs":
+            return f"yes, N to {detail}" if detail else "yes"
+        detail = detail.replace(f"{ROOT}{os.sep}", "")  # a path from the repository's root
+        number = reasons.setdefault((status, detail), len(reasons) + 1)
+        return f"{'no' if status == 'not applicable' else 'skipped'} ({number})"
+
+    letters = [chr(ord("A") + i) for i in range(len(columns))]
+    lines = [f"| check | {' | '.join(letters)} |", "| --- |" + " :-: |" * len(columns)]
+    lines += [f"| {n} | {' | '.join(cell(c, n) for c in columns)} |" for n in names]
+    lines += ["", f"The columns, each with `{APPLIES_ALWAYS}`:", ""]
+    lines += [f"- {x}: `vet {a}`" for x, a in zip(letters, APPLIES_COLUMNS, strict=True)]
+    legend = (
+        "yes: in the plan (N to: its longest length); –: not in this claim's plan; no, skipped:"
+    )
+    lines += ["", f"{legend} why, by number:", ""]
+    lines += [f"{i}. {status}: {detail}" for (status, detail), i in reasons.items()]
+    return "\n".join(lines)
+
+
+def _every_task() -> list[str]:
+    """The names of vet's plan in its order, with every option and kind of task on."""
+    from linattn_verify.specs import Spec
+    from linattn_verify.vet import VetOptions, plan
+
+    spec = Spec("performer-positive", causal=True)  # a projection: the rate's task
+    whole = {"spec": spec, "cost": "linear", "triton": "interpret", "not_applicable": {}}
+    options = VetOptions(kat=True, grad=True, sampler="m:draw", claim="iid")
+    return [task.name for task in plan(whole, options)]
 
 
 _walkthrough = functools.cache(vet_walkthrough)
@@ -272,18 +341,22 @@ BLOCKS = {
         ),
         Block("pytest-example", "README.md", True, pytest_example, volatile=(TIME,)),
         Block("vet-example", "README.md", False, vet_example, volatile=(r"time: .*",)),
-        Block("bench-vet", "README.md", False, bench_vet),
+        Block("bench-vet", "docs/performance.md", False, bench_vet),
         Block(
-            "triton-tf32", "README.md", False, lambda: triton_tf32(False), volatile=(r"time: .*",)
+            "triton-tf32",
+            "docs/triton.md",
+            False,
+            lambda: triton_tf32(False),
+            volatile=(r"time: .*",),
         ),
         Block(
             "triton-tf32-declared",
-            "README.md",
+            "docs/triton.md",
             False,
             lambda: triton_tf32(True),
             volatile=(r"time: .*",),
         ),
-        Block("bench-triton", "README.md", False, bench_triton),
+        Block("bench-triton", "docs/performance.md", False, bench_triton),
         Block(
             "report-excerpt",
             "docs/report.md",
@@ -303,6 +376,7 @@ BLOCKS = {
         Block("cli-help", "docs/cli.md", True, cli_help),
         Block("pytest-options", "docs/properties.md", True, pytest_options),
         Block("vet-walkthrough-kernel", "docs/vet.md", True, walkthrough_kernel),
+        Block("vet-applicability", "docs/vet.md", True, applicability_table),
         *(
             Block(name, "docs/vet.md", False, lambda name=name: _walkthrough()[name])
             for name in ("vet-walkthrough-vet", "vet-walkthrough-check", "vet-walkthrough-python")

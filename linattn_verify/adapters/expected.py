@@ -45,7 +45,7 @@ _REASON = re.compile(rf"^#\s*{_KEY}:\s+(?P<text>.*)$")
 # at length): a CPU kernel in float32 to vet's default longest N (checks/long_context.py's
 # LONGEST); a Triton kernel in the interpreter, every dtype, to INTERPRETED_LONGEST, a
 # stepwise family's (Family.stepwise: the delta rule's) to SMALLEST_LONGEST: some two
-# minutes of the interpreter each, what the interpreter's plan affords (README);
+# minutes of the interpreter each, what the interpreter's plan affords (docs/performance.md);
 # tests/test_adapter_verdicts.py holds these N to them.
 LONG_CPU = "--smallest --dtypes float32 --long 65536"
 LONG_TRITON = "--smallest --long 16384"

@@ -14,6 +14,8 @@ from typing import Any
 
 from ..cases import Case
 from ..checks import CHECKS, GRAD_CHECKS
+from ..checks import gradient_length as gradient_length_check
+from ..checks import long_context as long_context_check
 from ..checks.gradient_length import LONGEST_DEFAULT as LONG_GRAD_DEFAULT
 from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..checks.gradient_length import default_longest as long_grad_default
@@ -193,6 +195,33 @@ def _report(target: str, description: dict[str, Any], options: VetOptions) -> Ve
     if not options.envelope:
         skipped("envelope", "--no-envelope")
     return report
+
+
+AT_LENGTH = {  # the tasks whose check says at run time whether it applies (tasks._at_length)
+    LongContext: long_context_check,
+    GradientLength: gradient_length_check,
+}
+
+
+def applicability(impl: Implementation, options: VetOptions) -> dict[str, tuple[str, str]]:
+    """What vet's plan does with each check on `impl` (loaded, or declared when the spec
+    alone decides), before anything runs, in the plan's order: (status, detail) by name,
+    status "runs" (detail: the longest N of a check at length, else ""), "not applicable"
+    (detail: why) or "skipped" (detail: the option). A check absent is not in the plan
+    (autotune-configs outside Triton's interpreter, rate without a projection). The same
+    rules as vet's run: _report, plan and the checks at length's not_applicable; the table
+    of docs/vet.md ("Where each check applies") is made from it."""
+    description = describe(impl)
+    found: dict[str, tuple[str, str]] = {}
+    for task in plan(description, options):
+        check = AT_LENGTH.get(type(task))
+        if check and (reason := check.not_applicable(impl, options.dtypes)):
+            found[task.name] = ("not applicable", reason)
+        else:
+            found[task.name] = ("runs", str(getattr(task, "longest", "")))
+    for row in _report(impl.source.name, description, options).rows:
+        found.setdefault(row["name"], (row["status"], row["detail"]))
+    return found
 
 
 PAST_CONTRACT_TASKS = (PropertyCheck, Accuracy)  # the tasks that pass over what it covers
