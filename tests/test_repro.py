@@ -6,6 +6,7 @@ AssertionError naming the element, with --impl its corrected twin it exits 0."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from linattn_verify.cases import Case
+from linattn_verify.checks import CHECKS
 from linattn_verify.under_test import resolve
 from linattn_verify.vet import VetOptions, VetReport, vet_in_process
 from linattn_verify.vet.repro import write_reproducers
@@ -128,3 +131,24 @@ def test_a_finding_without_a_judged_case_has_no_script(tmp_path: Path):
     none = "1 finding has none (1: a cost)"
     assert written.summary() == f"reproducers: no script in {tmp_path / 'out'}; {none}"
     assert not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core is not installed")
+def test_an_adapter_gets_a_script_where_it_calls_its_library_function_as_is(tmp_path: Path):
+    """fla.based-naive's function is fla's naive_parallel_based itself: the script loads it
+    from fla's file; fla.gla-naive wraps its call (gk=g, [0]): no script, and why."""
+    case = Case(b=1, h=2, n=5, d=4, dv=3, dtype="float32", seed=3)
+    for name, script in (("fla.based-naive", True), ("fla.gla-naive", False)):
+        impl = resolve(name)
+        row = CHECKS["reference"](impl, case).to_dict()
+        figures = {**row["figures"], "worst_index": [0, 1, 4, 2], "worst_exact": 0.5,
+                   "worst_output": 0.25}  # fmt: skip
+        row |= {"status": "fail", "severity": "wrong", "worst": "(0, 1, 4, 2)", "figures": figures}
+        report = VetReport(name, name, str(impl.spec), rows=[row], claimed=impl.spec)
+        written = write_reproducers(report, impl, tmp_path / name)
+        if script:
+            text = written.scripts[1].read_text()
+            assert re.search(r'^TARGET = ".*/fla/ops/based/naive\.py:naive_parallel_based"$',
+                             text, re.MULTILINE), text  # fmt: skip
+        else:
+            assert not written.scripts and "code of its own" in written.none[1]

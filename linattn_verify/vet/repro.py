@@ -6,13 +6,15 @@ recorded as the implementation received them: its layout and the keywords its sp
 (g=, beta=, gamma=, projection=, initial_state=). The expected values are the exact
 reference at the worst elements; the tolerance is the a-priori bound there for a wrong
 finding, the budget there for an inaccurate one, each in units of roundoff times the
-output's scale. A finding of another kind (a cost, a sampler, a crash, a hang), and a kernel
-that is not a module:function or path.py:function target, gets no script: the reason is
-said instead."""
+output's scale. The kernel: a module:function or path.py:function target, or the library
+function an adapter calls as is. A finding of another kind (a cost, a sampler, a crash, a
+hang), an adapter with code of its own around its call, a built-in form and a kernel run in
+Triton's interpreter get no script: the reason is said instead."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from ..accuracy import K_BUDGET, Judgement
+from ..adapters import ADAPTERS
 from ..cases import Case
 from ..checks.decay import judged_case
 from ..families import case_arguments
@@ -39,6 +42,7 @@ from .repro_script import SCRIPT
 # the checks whose failing rows are judged against the exact reference, by the case each
 # judges a row's case at (the accuracy task's rows are the reference check's)
 JUDGED_AT = {"reference": lambda case: case, "decay": lambda case: judged_case(case)[1]}
+PACKAGE = Path(__file__).resolve().parents[1]  # linattn_verify's own code: no adapter's library
 # why a finding of another kind has no script (findings.KINDS)
 NOT_JUDGED = {"cost": "a cost", "sampler": "a sampler", "rate": "the rate", "crashed": "a crash",
               "hung": "a hang"}  # fmt: skip
@@ -108,7 +112,7 @@ def _target(impl: Implementation, root: Path) -> tuple[str, str | None]:
     if impl.triton:
         return "", "its kernels ran in Triton's interpreter (no script for those yet)"
     if kind == "adapter":
-        return "", "an adapter's library call (scripts are for module:function targets)"
+        return _library_function(impl)
     if kind == "form":
         return "", "a built-in form of linattn_verify"
     if kind == "callable":
@@ -119,6 +123,25 @@ def _target(impl: Implementation, root: Path) -> tuple[str, str | None]:
     if where.endswith(".py"):
         where = os.path.abspath(root / where)
     return f"{where}:{attr}", None
+
+
+def _library_function(impl: Implementation) -> tuple[str, str | None]:
+    """The function an adapter calls as it is, by module:function (path.py:function for a
+    file its adapter loads by path, fla's naive.py files), or why there is none: an adapter
+    with code of its own around the call (a layout, a feature map, a keyword renamed)."""
+    adapter = ADAPTERS[impl.source.name]
+    fn = (adapter.load_state if impl.state else adapter.load)()
+    try:
+        source = inspect.getsourcefile(fn)
+    except TypeError:
+        source = None
+    if source is None or Path(source).resolve().is_relative_to(PACKAGE):
+        return "", (
+            "an adapter with code of its own around its library's call (scripts are written "
+            "for module:function targets and adapters that call the library's function as is)"
+        )
+    module, name = fn.__module__, fn.__qualname__
+    return (f"{source}:{name}" if module.startswith("_") else f"{module}:{name}"), None
 
 
 def _judged_rows(rows: list[Row], finding: Finding) -> list[Row]:
