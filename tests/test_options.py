@@ -25,7 +25,7 @@ from tests.zoo.correct import elu_einsum
 # what each entry point takes besides the options: vet's own (what to run, how to report)
 VET_ONLY = {"target", "form", "chunk_size", "list", "dtypes", "device", "sampler",
             "claim", "kat", "thorough", "smallest", "seed", "no_envelope", "fail_on", "strict",
-            "timeout", "json", "quiet", "verbose"}  # fmt: skip
+            "timeout", "json", "quiet", "verbose", "repro"}  # fmt: skip
 PLUGIN_ONLY = {"impl", "form", "chunk_size", "fail_on", "strict_accuracy"}
 ASSERT_ONLY = {"fn", "dtypes", "device", "thorough", "smallest", "fail_on", "strict"}
 TARGET = "tests/vet_targets.py:elu_linear"

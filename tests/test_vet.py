@@ -50,6 +50,22 @@ def test_a_correct_implementation_passes_with_a_json_report(tmp_path, capsys):
     assert out[-1].startswith("time: ") and "long-context " in out[-1]
 
 
+def test_repro_writes_a_script_the_summary_and_the_json_name(tmp_path, capsys):
+    """--repro DIR (vet/repro.py, tests/test_repro.py): the last line names DIR and the
+    script; the JSON gives each finding's script."""
+    repro, out = tmp_path / "repro", tmp_path / "vet.json"
+    args = ["--causal", "--smallest", "--long", "0", "--dtypes", "float32", "--no-envelope"]
+    assert _vet("bf16_state_elu", *args, "--repro", str(repro), "--json", str(out)) == 1
+    script = repro / "finding-1.py"
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"reproducers: 1 script in {repro} (finding 1): finding-1.py"
+    report = json.loads(out.read_text())
+    assert [f["reproducer"] for f in report["findings"]] == [str(script)]
+    assert report["reproducers"] == {"directory": str(repro), "scripts": {"1": str(script)},
+                                     "none": {}}  # fmt: skip
+    assert f'TARGET = "{TARGETS}:bf16_state_elu"' in script.read_text()
+
+
 def test_what_the_kernel_prints_goes_to_a_file_the_summary_names(tmp_path, capfd):
     """Issue 51, item 4: the kernel's prints (Python's stdout and stderr, a write at file
     descriptor 1) reach neither the terminal's stdout nor its stderr; the summary names the
@@ -213,6 +229,10 @@ def test_a_biased_sampler_fails_the_random_feature_statistics(tmp_path, capsys):
         ),
         (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--long", "100"], "at least"),
         (["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--long", "2" * 14], "GiB"),
+        (
+            ["vet", f"{TARGETS}:elu_linear", "--feature-map", "elu", "--repro", "pyproject.toml"],
+            "not a folder",
+        ),
     ],
 )
 def test_usage_errors_exit_2(args, message, capsys):

@@ -15,7 +15,7 @@ from ..families import case_arguments, exact, golden_attention, golden_forms, va
 from ..inputs import AttentionInputs, round_to_tf32
 from ..specs import Spec
 from .bound import FEATURE_MODEL
-from .verdict import AccuracyVerdict, judge
+from .verdict import AccuracyVerdict, bound_of, judge
 
 
 @dataclass
@@ -46,6 +46,11 @@ class Judgement:
         case, spec and feature model (a search and vet's accuracy task meet the same cases,
         and the zoo's kernels of one spec do; callers must not modify its arrays)."""
         return _of_case(case, spec, FEATURE_MODEL.get())
+
+    def bound(self, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """(s, bound) of outputs in `dtype`: the scale and the a-priori bound in units of u s
+        that judge holds them to, per element."""
+        return bound_of(self.x, self.spec, self.ref, dtype, self.bounds)
 
     def __call__(self, out: Any) -> AccuracyVerdict:
         """Judge `out`: bound, and budget K_BUDGET times the worst golden form's error."""

@@ -269,6 +269,23 @@ def percent(share: float) -> str:
     return f"{100 * share:.2g} %" if math.isfinite(share) else "non-finite"
 
 
+def bound_of(
+    x: AttentionInputs,
+    spec: Spec,
+    ref: np.ndarray,
+    dtype: str,
+    bounds: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(s, bound) for outputs of `dtype` (bound.scale_and_bound at its unit roundoff and
+    smallest subnormal), taken from and kept in `bounds` when given (judge's cache)."""
+    if bounds is not None and dtype in bounds:
+        return bounds[dtype]
+    found = scale_and_bound(x, spec, ref, unit_roundoff(dtype, spec), SMALLEST_SUBNORMAL[dtype])
+    if bounds is not None:
+        bounds[dtype] = found
+    return found
+
+
 def judge(
     out: Any,
     x: AttentionInputs,
@@ -296,12 +313,7 @@ def judge(
         raise SpecError(f"output dtype {dtype} has no unit roundoff; expected a float dtype")
     u = unit_roundoff(dtype, spec)
     out64 = _output(out, ref.shape, "output")
-    if bounds is not None and dtype in bounds:
-        scale, bound = bounds[dtype]
-    else:
-        scale, bound = scale_and_bound(x, spec, ref, u, SMALLEST_SUBNORMAL[dtype])
-        if bounds is not None:
-            bounds[dtype] = scale, bound
+    scale, bound = bound_of(x, spec, ref, dtype, bounds)
     defined = ~np.isnan(ref)
     overflow = beyond_range(ref, dtype)
     counted = defined & ~rounded_to_inf(out64, ref, dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..checks.long_context import SMALLEST_LONGEST
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
@@ -14,6 +15,7 @@ from ..run_options import RUN
 from ..target import load_target
 from ..under_test import Implementation
 from ..vet import VetOptions, vet
+from ..vet.repro import write_reproducers
 from ..vet.runner import DEFAULT_TIMEOUT
 from . import options
 from .adapter_list import list_adapters
@@ -46,6 +48,7 @@ def add(sub) -> None:
             "python -m linattn_verify vet mykernels.py:gla --feature-map identity --causal \\",
             "    --no-normalize --scale d^-0.5 --decay channel-gates --state S --grad",
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --long 1048576",
+            "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal --repro out",
             "python -m linattn_verify vet --list",
         ],
     )
@@ -89,6 +92,13 @@ def add(sub) -> None:
         default=DEFAULT_TIMEOUT,
         help=f"seconds a task (default {DEFAULT_TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--repro",
+        metavar="DIR",
+        help="write DIR/finding-<n>.py for each finding judged against the exact reference: "
+        "a script that needs only torch and the kernel (its inputs in DIR/finding-<n>.pt) "
+        "and fails where the kernel does; `--impl module:function` runs it on another",
+    )
     options.add_output(parser)
     parser.set_defaults(func=run)
 
@@ -112,6 +122,8 @@ def planned(args: argparse.Namespace, load: bool = False) -> tuple[Implementatio
     options.cuda_check(args.device)
     if args.timeout <= 0:
         raise options.UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.repro and Path(args.repro).exists() and not Path(args.repro).is_dir():
+        raise options.UsageError(f"--repro {args.repro}: not a folder")
     run_values = checked(RUN, vars(args), from_text=True)
     if args.sampler:
         if not declared.spec.info.needs_projection:
@@ -150,11 +162,19 @@ def run(args: argparse.Namespace) -> int:
         declared, vet_options, None if args.quiet else lambda t: options.progress(False, t)
     )
     print(report.summary(verbose=args.verbose))
+    found = report.to_dict()
+    if args.repro:
+        written = write_reproducers(report, declared, Path(args.repro))
+        print(written.summary())
+        for number, finding in enumerate(found["findings"], 1):
+            script = written.scripts.get(number)
+            finding["reproducer"] = None if script is None else str(script)
+        found["reproducers"] = written.to_dict()
     again = " ".join(filter(None, (declared.command, shlex.join(words(RUN, run_values)))))
     options.write_json(
         args.json,
         {
-            **report.to_dict(),
+            **found,
             "reproduce": f"python -m linattn_verify vet {again}",
             "environment": environment(args.device),
         },
