@@ -237,7 +237,9 @@ PROGRESS_EVERY = 10.0  # seconds between progress lines within a task
 
 class _Progress:
     """A line on the task's cases every PROGRESS_EVERY seconds: "[3/11] permutation: 57 of
-    about 95 cases, 12 s"."""
+    at most 95 cases, 12 s", and the cases beyond the plan (a failure shrunk or checked
+    again, checks.core.beyond_plan) apart: "..., 95 of at most 95 cases and 40 shrinking or
+    re-checking a failure, 30 s"."""
 
     def __init__(self, say: Callable[[str], None], step: str, total: int | None) -> None:
         self.say, self.step, self.total = say, step, total
@@ -248,8 +250,10 @@ class _Progress:
         if now - self.last < PROGRESS_EVERY:
             return
         self.last = now
-        of = f" of about {self.total}" if self.total else ""
-        self.say(f"{self.step}: {running['done']}{of} cases, {now - self.start:.0f} s")
+        of = f" of at most {self.total}" if self.total else ""
+        beyond = running.get("beyond", 0)
+        more = f" and {beyond} shrinking or re-checking a failure" if beyond else ""
+        self.say(f"{self.step}: {running['done']}{of} cases{more}, {now - self.start:.0f} s")
 
 
 def _stopped(name: str, how: str, running: Running | None) -> Row:

@@ -24,7 +24,7 @@ import torch
 
 from ..accuracy.bound import feature_model
 from ..checks import ALL_CHECKS, not_applicable
-from ..checks.core import watching
+from ..checks.core import in_plan, watching
 from ..regimes import regime_of
 from ..specs import SpecError
 from ..under_test import Implementation, ImplementationFailure
@@ -45,7 +45,9 @@ class WorkerDied(Exception):
     """The worker process ended without answering (a crash of the implementation)."""
 
 
-Running = dict[str, Any]  # what the worker last said it runs: check, case, reproduce, ...
+# what the worker last said it runs: check, case, reproduce, ..., done (the task's planned
+# cases so far: requests.Task.planned_cases) and beyond (cases beyond them: checks.core.beyond_plan)
+Running = dict[str, Any]
 
 
 def describe(impl: Implementation) -> dict[str, Any]:
@@ -116,17 +118,21 @@ def _serve(conn, declared: Implementation, output: KernelOutput | None) -> None:
         return
     conn.send(("ready", describe(impl)))
     while (task := conn.recv()) is not None:
-        done = 0
+        done = beyond = 0  # the cases the task's plan counts, and those beyond it
 
         def running(check: str, case) -> None:
-            nonlocal done
+            nonlocal done, beyond
             if case is None:  # the check has returned
                 conn.send(("running", None))
                 return
-            done += 1
+            if in_plan():
+                done += 1
+            else:
+                beyond += 1
             regime = regime_of(case, impl.spec)
             reproduce = impl.reproduce(check, case)
             said = {"check": check, "case": case.to_json(), "regime": regime, "done": done}
+            said["beyond"] = beyond
             conn.send(("running", {**said, "reproduce": reproduce}))
 
         with watching(running):
