@@ -286,7 +286,11 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     figures = {"offset_share": share}
     row = CheckResult(INT32_OFFSETS, False, message, case, figures, severity="wrong",
                       regime="typical")  # fmt: skip
-    return [{k: v for k, v in row.to_dict().items() if k != "reproduce"}]
+    # no `check` command runs it (its two calls are not one case): vet's smallest plan does,
+    # on the same two calls, in float32 as they are
+    rerun = ["--smallest", "--dtypes", "float32", "--long", "0", "--no-envelope"]
+    rerun += ["--device", device] if device != "cpu" else []
+    return [{**row.to_dict(), "reproduce": vet_command(impl, *rerun)}]
 
 
 SCALING_MAX_N = 2048  # the scaling task's largest N
