@@ -50,6 +50,7 @@ from .worker import (
     WorkerDied,
     WorkerHung,
     describe,
+    edited_since,
     max_rss,
     run_task,
 )
@@ -256,6 +257,18 @@ class _Progress:
         self.say(f"{self.step}: {running['done']}{of} cases{more}, {now - self.start:.0f} s")
 
 
+def _stop_if_edited(worker: Worker) -> None:
+    """SpecError, a usage error (vet's exit status 2), when a file the kernel is read from
+    (worker.kernel_files) changed since the worker loaded it: what failed since may be the
+    edit's doing, not the kernel's (Triton's interpreter reads the source again at each
+    call: an edit makes every later case raise "KeyError: '_chunk_gla_h'")."""
+    edited = edited_since(worker.description.get("files", {}))
+    if edited is not None:
+        name, when = edited
+        at = time.strftime("%H:%M:%S", time.localtime(when))
+        raise SpecError(f"the kernel's file {name} changed while vet ran (at {at}): rerun vet")
+
+
 def _stopped(name: str, how: str, running: Running | None) -> Row:
     """The failed row of a task that crashed or hung, a finding of its own that fails the
     verdict whatever its inputs (findings.py: "stopped"): with the case a check was running
@@ -313,17 +326,21 @@ def _vet_in_worker(
             start = time.monotonic()
             try:
                 rows = worker.run(task, _timeout(task, options), on_case)
+                if any(row["status"] == "fail" for row in rows):
+                    _stop_if_edited(worker)
                 report.seconds[name] = time.monotonic() - start
                 say(f"{step} done in {report.seconds[name]:.1f} s")
                 report.max_rss["worker"] = max(report.max_rss.get("worker", 0), worker.max_rss)
                 report.rows += rows
                 continue
             except WorkerHung as err:
+                _stop_if_edited(worker)
                 row = _stopped(name, f"hung: {err}", worker.running)
                 row["detail"] += "; --timeout SECONDS gives each task longer"
                 report.rows.append(row)
                 stop = f"not run: vet stopped after {name} hung"
             except WorkerDied as err:
+                _stop_if_edited(worker)
                 report.rows.append(_stopped(name, f"crashed: {err}", worker.running))
                 crashes += 1
                 stop = f"not run: vet stopped after a second crash, in {name}"

@@ -8,6 +8,7 @@ to a file of the parent's choosing, not to the terminal, where the verdict is th
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import resource
@@ -63,6 +64,42 @@ def describe(impl: Implementation) -> dict[str, Any]:
     }
 
 
+def kernel_files(impl: Implementation) -> dict[str, str]:
+    """The files a target's kernel is read from, each with the SHA-256 of its text as the
+    worker loaded it: the target's file (path.py:fn) or its module's (module:fn); none for
+    a built-in form, an adapter's library or a callable. Triton's interpreter reads a
+    kernel's source again, by line, at each call, so an edit made while vet runs changes
+    what later calls run (edited_since)."""
+    if impl.source.kind != "target":
+        return {}
+    module_name = impl.source.name.rpartition(":")[0]
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+    else:
+        path = Path(getattr(sys.modules.get(module_name), "__file__", None) or "")
+    if not path.is_file():
+        return {}
+    return {str(path.resolve()): _digest(path)}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def edited_since(files: dict[str, str]) -> tuple[str, float] | None:
+    """(the first of kernel_files' `files` whose text is no longer the one loaded, the
+    time it was last modified, seconds since the epoch), or None when none changed (one
+    removed counts as changed, at the time of asking)."""
+    for name, digest in files.items():
+        path = Path(name)
+        try:
+            if _digest(path) != digest:
+                return name, path.stat().st_mtime
+        except OSError:
+            return name, time.time()
+    return None
+
+
 def run_task(impl: Implementation, task: Task) -> list[Row]:
     """One task, its bounds under its feature model (task.features, accuracy/bound.py); an
     exception that escapes it (the implementation raising outside a check, a sampler that
@@ -116,7 +153,7 @@ def _serve(conn, declared: Implementation, output: KernelOutput | None) -> None:
             ("error", str(err) if isinstance(err, SpecError) else f"{type(err).__name__}: {err}")
         )
         return
-    conn.send(("ready", describe(impl)))
+    conn.send(("ready", {**describe(impl), "files": kernel_files(impl)}))
     while (task := conn.recv()) is not None:
         done = beyond = 0  # the cases the task's plan counts, and those beyond it
 
