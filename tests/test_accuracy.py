@@ -248,3 +248,30 @@ def test_an_error_of_the_outputs_scale_is_wrong_whatever_the_bound():
 
     assert verdict(0.5).severity == "inaccurate"
     assert verdict(1.9).severity == "wrong"
+
+
+@pytest.mark.parametrize("sets", ["floor", "golden"])
+def test_the_budget_in_words_adds_up_and_names_what_set_it(sets):
+    """Issue 51, item 9: "budget 4 = 4 x golden 0.578" did not add up (4 x 0.578 = 2.31):
+    the floor had raised it. The words name the floor when it sets the budget, and the
+    golden when the golden does; either way the product they state is the budget."""
+    dtype = torch.float16 if sets == "floor" else torch.float64
+    spec, tensors, x, ref = _case("elu", False, dtype)
+    golden = golden_attention(**tensors, spec=spec, form="linear")
+    if sets == "golden":  # 1e6 units off in float64: a budget far above the floor
+        noise = torch.randn(golden.shape, generator=torch.Generator().manual_seed(1))
+        golden = golden + 1e-10 * noise.to(golden.dtype)
+    verdict = judge(golden, x, spec, ref, golden=golden)
+    floor = attainable_floor(spec, x, verdict.unit_roundoff)
+    g, k = verdict.golden_max_error, K_BUDGET
+    words = verdict.message.split("budget ", 1)[1]
+    if sets == "floor":
+        assert g < floor  # half precision: the golden errs below the 1 unit of the floor
+        assert verdict.budget == k * floor
+        assert words.startswith(f"{k * floor:.3g} = {k:g} x the floor {floor:.3g}"), words
+        assert f"{k:g} x golden {g:.3g} = {k * g:.3g}" in words, words
+    else:
+        assert g > floor
+        assert verdict.budget == k * g
+        assert words.startswith(f"{k * g:.3g} = {k:g} x golden {g:.3g}"), words
+        assert "floor" not in words, words

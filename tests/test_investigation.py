@@ -10,8 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import linattn_verify as lv
 from linattn_verify.cases import Case
 from linattn_verify.checks import CHECKS
+from linattn_verify.checks.core import in_plan, watching
+from linattn_verify.checks.search import find_failure
 from linattn_verify.cli import main
 from linattn_verify.families import reference
 from linattn_verify.under_test import resolve
@@ -123,13 +126,66 @@ def test_progress_within_a_task(monkeypatch, capsys):
 
     def counts(step: str) -> list[tuple[int, int]]:
         said = [x.split(": ")[1].split(" cases")[0] for x in err if f"] {step}: " in x]
-        return [tuple(int(t) for t in x.split(" of about ")) for x in said]
+        return [tuple(int(t) for t in x.split(" of at most ")) for x in said]
 
     # the accuracy task runs its panel and nothing else: the count is exact, case by case
     accuracy = counts("accuracy")
     assert [d for d, _ in accuracy] == list(range(1, len(accuracy) + 1))
     assert {t for _, t in accuracy} == {len(accuracy)}
     assert counts("contract") and all(d >= 1 for d, _ in counts("contract"))
+
+
+def _progress(target: str, *args: str, monkeypatch, capsys) -> dict[str, list[tuple[int, int]]]:
+    """vet's progress lines on `target`, a line after every case: per step, the (count,
+    estimate) pairs it printed."""
+    monkeypatch.setattr(runner, "PROGRESS_EVERY", 0.0)
+    base = ["vet", *([target] if target else []), "--dtypes", "float32", "--long", "0"]
+    assert main([*base, "--no-envelope", *args]) in (0, 1)
+    lines = [x for x in capsys.readouterr().err.splitlines() if " cases" in x and "] " in x]
+    steps: dict[str, list[tuple[int, int]]] = {}
+    for line in lines:
+        step, said = line.split("] ", 1)[1].split(": ", 1)
+        count, total = said.split(" cases")[0].split(" of at most ")
+        steps.setdefault(step, []).append((int(count), int(total)))
+    return steps
+
+
+def test_a_checks_count_never_passes_its_estimate(monkeypatch, capsys):
+    """Issue 51, item 9: "v-affine: 116 of about 51 cases" (fla's linear attention): past a
+    failed contract each failure the contract covers was checked again by the contract
+    check, and a found failure was checked again (and shrunk), all counted as the task's
+    cases. Those are told apart ("and 2 shrinking or re-checking a failure"), and the count
+    of the plan's cases stays within the estimate, which is reached where no failure stops
+    the search early."""
+    target = f"{TARGETS}:contiguous_only_and_no_large"  # the contract fails on extreme inputs
+    steps = _progress(target, "--feature-map", "elu", monkeypatch=monkeypatch, capsys=capsys)
+    assert {"contract", "v-affine", "layout", "accuracy"} <= set(steps)
+    for step, counts in steps.items():
+        assert all(count <= total for count, total in counts), (step, counts)
+    assert max(steps["v-affine"]) == (51, 51)  # 16 corner and vet cases, 35 searched
+    assert max(steps["accuracy"])[0] == max(steps["accuracy"])[1]
+
+
+def test_a_search_counts_its_shrinking_beyond_the_plan():
+    """find_failure's cases: the planned ones (corners, then at most max_examples searched)
+    up to the first failure; shrinking it and checking it again are beyond the plan."""
+    impl = resolve(_wrong_past_four_tokens, feature_map="elu")
+    seen = {True: 0, False: 0}
+
+    def watch(check, case):
+        if case is not None:
+            seen[in_plan()] += 1
+
+    with watching(watch):
+        found = find_failure("reference", impl, max_examples=10, shrink=True, corners=False,
+                             dtypes=("float32",), regimes=("typical",))  # fmt: skip
+    assert found is not None and not found.passed and found.case.n > 4
+    assert 1 <= seen[True] <= 10 and seen[False] >= 2, seen  # shrunk, then checked again
+
+
+def _wrong_past_four_tokens(q, k, v):
+    out = lv.attention(q, k, v, "elu", form="linear")
+    return out * 1.5 if q.shape[2] > 4 else out
 
 
 def test_worst_element_of_a_large_case_has_no_rows():

@@ -127,6 +127,30 @@ def test_a_kernel_with_a_bfloat16_state_fails_here_and_fails_the_verdict(tmp_pat
     assert path.read_bytes()[:8] == PNG
 
 
+def test_the_plot_draws_the_budget_the_verdict_judges_by(tmp_path, monkeypatch):
+    """Issue 51, item 9: the plot drew the golden's error, not the budget its crosses fail
+    against (K_BUDGET x the golden's error over the rows the budget compares, or the
+    floor). A kernel with a bfloat16 state fails the budget: its errors lie above the budget
+    line, which is the rows' budget at each N."""
+    import matplotlib.pyplot as plt
+
+    impl = resolve(f"{TARGETS}:bf16_state_elu", feature_map="elu", causal=True)
+    rows = long.long_rows(impl.spec, {"impl": impl}, NS, long.LongSweep(("float32",), "cpu"),
+                          lambda done: None)  # fmt: skip
+    assert not any(r["within_budget"] for r in rows)
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    plot_long_context(rows, "float32", tmp_path / "long.png")
+    (ax,) = [ax for ax in kept[0].axes if ax.get_visible()]
+    lines = {line.get_label(): line for line in ax.lines}
+    (budget,) = [line for label, line in lines.items() if label.startswith("budget")]
+    assert list(budget.get_xdata()) == list(NS)
+    assert list(budget.get_ydata()) == [r["budget"] for r in rows]
+    errors = lines["implementation"].get_ydata()
+    assert all(e > b for e, b in zip(errors, budget.get_ydata(), strict=True))
+    plt.close(kept[0])
+
+
 def test_the_plot_is_one_png_per_dtype_with_every_spec(elu_causal, tmp_path):
     rows, _ = elu_causal
     more = long.long_rows(Spec("elu"), _forms(Spec("elu")), NS[:2],

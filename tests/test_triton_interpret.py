@@ -4,6 +4,8 @@ what a GPU does where the bare interpreter does not, and the guard bands
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import sys
 
@@ -322,3 +324,23 @@ def test_int32_offsets_are_flagged_where_they_grow_with_the_batch_or_heads():
     assert wide["status"] == "pass", wide["detail"]
     (narrow,) = int32_offsets(resolve(_scaled_by_head(False), **claim), "cpu")
     assert narrow["status"] == "fail" and "_per_head's v" in narrow["detail"], narrow["detail"]
+
+
+def test_an_int32_offsets_finding_has_a_command_that_reruns_it(tmp_path):
+    """Issue 51, item 9: the int32-offsets row had no reproduce line (no `check` command runs
+    it). Its command, run, finds the same offsets again."""
+    from linattn_verify.cli import main
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.tasks import INT32_OFFSETS, int32_offsets
+
+    target = "tests.zoo.triton_kernels:triton_int32_offsets"  # (i_bh T + t) K in int32
+    claim = {"feature_map": "identity", "causal": True, "normalize": False,
+             "triton": "interpret"}  # fmt: skip
+    (row,) = int32_offsets(resolve(target, **claim), "cpu")
+    assert row["status"] == "fail" and row["reproduce"], row
+    words = shlex.split(row["reproduce"])
+    assert words[:4] == ["python", "-m", "linattn_verify", "vet"] and target in words, words
+    out = tmp_path / "vet.json"
+    assert main([*words[3:], "--quiet", "--json", str(out)]) == 1
+    rows = [r for r in json.loads(out.read_text())["checks"] if r["name"] == INT32_OFFSETS]
+    assert [(r["status"], r["detail"]) for r in rows] == [("fail", row["detail"])]

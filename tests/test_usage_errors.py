@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,54 @@ def test_a_bad_plugin_option_is_a_usage_error_before_any_test(tmp_path, options,
     assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage-error code
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("ERROR: ") and message in line and "test_it" not in done.stdout
+
+
+EDITS_ITSELF = '''
+from pathlib import Path
+
+import linattn_verify as lv
+
+HERE = Path(__file__)
+LOADED = HERE.read_text()
+
+
+def attn(q, k, v):
+    """elu linear attention that edits its own file on its first call ({edit}) and, as
+    Triton's interpreter reading an edited kernel's source by line, raises once its file
+    is not the one it was loaded from."""
+    if HERE.read_text() != LOADED:
+        raise KeyError("_chunk_gla_h")
+    if {edit}:
+        HERE.write_text(LOADED + "# edited while vet ran\\n")
+    return lv.attention(q, k, v, "elu", form="linear")
+'''
+
+
+@pytest.mark.parametrize("edit", [True, False])
+def test_a_kernel_file_edited_while_vet_runs_is_named_not_judged(tmp_path, capsys, edit):
+    """Issue 51, item 9: a kernel whose file is edited while vet runs raised in every later
+    case, reported as the kernel's failure. A failure after its file changed is a usage
+    error naming the file (exit 2); the same kernel left alone passes."""
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(EDITS_ITSELF.format(edit=edit))
+    args = ["vet", f"{kernel}:attn", "--feature-map", "elu", "--dtypes", "float32"]
+    code = main([*args, "--long", "0", "--no-envelope", "--quiet"])
+    out, err = capsys.readouterr()
+    if not edit:
+        assert code == 0, out
+        return
+    assert code == 2, out
+    (line,) = err.strip().splitlines()
+    head, at = line.split(" (at ")
+    assert head == f"error: the kernel's file {kernel.resolve()} changed while vet ran", line
+    assert at == f"{time.strftime('%H:%M:%S', time.localtime(kernel.stat().st_mtime))}): rerun vet"
+    assert "verdict" not in out  # no verdict on a kernel that changed under it
+
+
+def test_the_file_of_a_module_target_is_watched_too():
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.worker import kernel_files
+
+    impl = resolve("tests.vet_targets:elu_linear", feature_map="elu").load()
+    assert list(kernel_files(impl)) == [str(Path(TARGET.split(":")[0]).resolve())]
+    assert kernel_files(resolve(form="linear", feature_map="elu").load()) == {}

@@ -21,9 +21,10 @@ from linattn_verify.regimes import ELU_ROW_FLOOR, REGIMES, regime_of
 from linattn_verify.specs import Spec
 from linattn_verify.strategies import cases, corner_cases
 from linattn_verify.under_test import resolve
-from linattn_verify.vet import VetOptions, vet_in_process
+from linattn_verify.vet import VetOptions, VetReport, vet_in_process
 from linattn_verify.vet.envelope import envelope
 from linattn_verify.vet.findings import findings
+from tests.zoo import delta as zoo_delta
 from tests.zoo import textbook
 
 ELU = Spec("elu")
@@ -161,3 +162,39 @@ def test_the_envelope_brackets_where_a_kernel_stops_holding():
     # sigma is the scale of N(0, sigma^2) draws whose largest of 2 x 17 x 8 entries is ~3 sigma
     assert low <= 1e-3 and 10 / 5 < high < 10, row["detail"]
     assert "above" in row["detail"] and np.isfinite(high)
+
+
+def test_the_envelope_says_what_sigma_scales_for_the_spec():
+    """Issue 51, item 9: "envelope: does not hold at sigma = 1" said nothing of what sigma
+    is. For the delta rule it scales q alone: its keys are unit vectors and beta is drawn in
+    (0, 1) whatever sigma; a kernel that breaks on large keys or beta therefore holds over
+    the whole span, one that breaks on large queries stops below them, and the line says so.
+    For elu it scales q and k."""
+    spec = Spec("identity", causal=True, normalize=False, delta_rule=True)
+
+    def breaks_above(limit_q: float, limit_k: float, limit_beta: float):
+        def kernel(q, k, v, beta):
+            large = q.abs().max() > limit_q or k.abs().max() > limit_k or beta.max() > limit_beta
+            out = zoo_delta.delta_recurrent(q, k, v, beta)
+            return torch.zeros_like(out) if large else out
+
+        return envelope(resolve(kernel, spec=spec), "cpu", ("float64",))[0]
+
+    unscaled = breaks_above(math.inf, 1.5, 1.5)  # a unit key has no coordinate above 1
+    assert unscaled["figures"]["high"] == pytest.approx(1e4), unscaled["detail"]
+    scaled = breaks_above(10, math.inf, math.inf)
+    assert scaled["figures"]["high"] < 10, scaled["detail"]
+    line = summary_line(VetReport("t", "i", str(spec), [scaled]))
+    said = line.split("(sigma: ", 1)[1]
+    assert said.startswith("the standard deviation of q's coordinates;"), line
+    assert "k, v and beta not scaled" in said, line
+
+    (elu,) = envelope(resolve(textbook.elu_einsum, feature_map="elu"), "cpu", ("float32",))
+    line = summary_line(VetReport("t", "i", "elu", [elu]))
+    assert "(sigma: the standard deviation of q's and k's coordinates; v not scaled): " in line
+    assert "holds for sigma in float32 " in line, line
+
+
+def summary_line(report: VetReport) -> str:
+    (line,) = [x for x in report.summary().splitlines() if x.startswith("envelope")]
+    return line

@@ -175,6 +175,9 @@ class AccuracyVerdict:
     # there) of the element furthest over its own
     budget_at_worst: float | None = None
     over_budget: tuple[tuple[int, ...], float, float] | None = None
+    # attainable_floor (units of u s): the budget is K_BUDGET times the larger of it and
+    # golden_max_error, so where it is the larger the floor, not the golden, sets the budget
+    budget_floor: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -231,7 +234,7 @@ class AccuracyVerdict:
             parts.append(f"{above} element(s) above the a-priori bound")
         if self.budget is not None:
             parts.append(
-                f"budget {self.budget:.3g} = {K_BUDGET:g} x golden {self.golden_max_error:.3g}"
+                f"budget {self.budget:.3g} = {self._budget_terms}"
                 + self._raised
                 + ("" if self.over_budget is None else self._exceeded)
             )
@@ -239,6 +242,19 @@ class AccuracyVerdict:
             parts.append(f"{self.undefined} element(s) of exact value 0/0, NaN as they must be")
         head = f"{self.spec} {self.dtype}: "
         return head + "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
+
+    @property
+    def _budget_terms(self) -> str:
+        """K_BUDGET times what sets the budget: the golden's largest error, or the floor
+        where that is larger (then the golden's product, which does not add up to the
+        budget, beside it)."""
+        golden = f"{K_BUDGET:g} x golden {self.golden_max_error:.3g}"
+        if self.budget_floor is None or self.budget_floor <= self.golden_max_error:
+            return golden
+        return (
+            f"{K_BUDGET:g} x the floor {self.budget_floor:.3g} (the floor sets it: "
+            f"{golden} = {K_BUDGET * self.golden_max_error:.3g})"
+        )
 
     @property
     def _raised(self) -> str:
@@ -319,12 +335,13 @@ def judge(
     counted = defined & ~rounded_to_inf(out64, ref, dtype)
     e = np.where(counted, error_units(out64, ref, scale, u), 0.0)
     worst = np.unravel_index(int(np.argmax(e)), e.shape)
-    golden_max = budget = within_budget = over_budget = budget_at_worst = None
+    golden_max = budget = within_budget = over_budget = budget_at_worst = floor = None
     if golden is not None:
         budgeted = defined if resolvable is None else defined & resolvable
         goldens = golden if isinstance(golden, list | tuple) else [golden]
         golden_max = max(_largest_finite_error(g, ref, scale, u, budgeted) for g in goldens)
-        budget = K_BUDGET * max(golden_max, attainable_floor(spec, x, u))
+        floor = attainable_floor(spec, x, u)
+        budget = K_BUDGET * max(golden_max, floor)
         allowed = element_budgets(x, spec, ref, scale, u, budget)
         excess = np.where(budgeted & (e > allowed), e / allowed, 0.0)
         within_budget = not excess.any()
@@ -364,6 +381,7 @@ def judge(
         failing_exact=failing_exact,
         budget_at_worst=budget_at_worst,
         over_budget=over_budget,
+        budget_floor=floor,
     )
 
 

@@ -75,6 +75,24 @@ class Outcome:
 CheckFn = Callable[..., CheckResult]
 Watcher = Callable[[str, Case | None], None]
 _WATCHERS: list[Watcher] = []
+_BEYOND_PLAN: list[None] = []  # one entry per beyond_plan block the caller is in
+
+
+@contextmanager
+def beyond_plan() -> Iterator[None]:
+    """The checks run in the block are beyond the cases a plan counts (vet's requests.Task.
+    planned_cases): a found failure shrunk or checked again, the contract checked on a
+    failure (vet/tasks.py: ContractCovered). A watcher tells them apart by in_plan()."""
+    _BEYOND_PLAN.append(None)
+    try:
+        yield
+    finally:
+        _BEYOND_PLAN.pop()
+
+
+def in_plan() -> bool:
+    """Whether a check run now is one of the cases its plan counts (not beyond_plan)."""
+    return not _BEYOND_PLAN
 
 
 @contextmanager

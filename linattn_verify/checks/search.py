@@ -8,6 +8,7 @@ result, shrunk to a small case when asked.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import pkgutil
@@ -24,6 +25,7 @@ from ..results import CheckResult
 from ..strategies import DTYPES, cases, corner_cases
 from ..under_test import Implementation
 from . import ALL_CHECKS
+from .core import beyond_plan
 
 PACKAGE = Path(__file__).resolve().parents[1]  # linattn_verify/, every module of which loads
 
@@ -83,17 +85,27 @@ def find_failure(
     import_whole_package()
     check = ALL_CHECKS[name]
 
+    found = False  # the cases after the first failure (shrinking it) are beyond the plan
+
     def fails(case) -> bool:
-        result = check(impl, case, **options)
+        nonlocal found
+        with beyond_plan() if found else contextlib.nullcontext():
+            result = check(impl, case, **options)
         if pass_over is not None and not result.passed and pass_over(result):
             return False
-        return not result.passed and bool(result.by_nature) == nature
+        failed = not result.passed and bool(result.by_nature) == nature
+        found = found or failed
+        return failed
+
+    def again(case) -> CheckResult:
+        with beyond_plan():
+            return check(impl, case, **options)
 
     fixed = corner_cases(impl.spec, dtypes, device, regimes) if corners else []
     extra = [c for c in extra_cases if regime_of(c, impl.spec) in regimes]
     for case in [*fixed, *extra]:  # every one
         if fails(case):
-            return check(impl, case, **options)
+            return again(case)
 
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     search = settings(
@@ -109,7 +121,7 @@ def find_failure(
         case = find(strategy, fails, settings=search)
     except NoSuchExample:
         return None
-    return check(impl, case, **options)
+    return again(case)
 
 
 def search_regimes(

@@ -234,7 +234,8 @@ def _sigma(x: float) -> str:
 
 
 def _envelope(rows: list[Row], verbose: bool) -> list[str]:
-    """One line: per dtype, the sigma (q, k ~ N(0, sigma^2)) over which it holds."""
+    """One line: what sigma is for the spec (envelope.what_sigma_scales), and per dtype the
+    sigma over which it holds."""
     rows = [r for r in rows if r["status"] == "envelope"]
     if not rows:
         return []
@@ -248,10 +249,11 @@ def _envelope(rows: list[Row], verbose: bool) -> list[str]:
             nowhere.append(dtype)
         else:
             holds.append(f"{dtype} {_sigma(low)} to {_sigma(high)}")
-    parts = [f"holds for sigma (q, k ~ N(0, sigma^2)) in {', '.join(holds)}"] if holds else []
+    parts = [f"holds for sigma in {', '.join(holds)}"] if holds else []
     if nowhere:
         parts.append(f"does not hold at sigma = 1 in {', '.join(nowhere)}")
-    return ["envelope: " + "; ".join(parts)]
+    sigma = f" (sigma: {rows[0]['sigma']})" if rows[0].get("sigma") else ""
+    return [f"envelope{sigma}: " + "; ".join(parts)]
 
 
 def _seconds(s: float) -> str:

@@ -50,8 +50,10 @@ class Task(abc.ABC):
         """The rows of this work on `impl`."""
 
     def planned_cases(self, spec: Spec) -> int | None:
-        """About how many cases it runs a check on (a search's shrinking adds a few), for
-        progress; None for the tasks that run none through a check."""
+        """The most cases it runs a check on, for progress (worker.py counts them alike):
+        fewer when a search stops at a failure; the cases that shrink a failure or check
+        one again are beyond them (checks.core.beyond_plan). None for the tasks that run
+        none through a check."""
         return None
 
 

@@ -52,6 +52,7 @@ from .worker import (
     WorkerDied,
     WorkerHung,
     describe,
+    edited_since,
     max_rss,
     run_task,
 )
@@ -266,7 +267,9 @@ PROGRESS_EVERY = 10.0  # seconds between progress lines within a task
 
 class _Progress:
     """A line on the task's cases every PROGRESS_EVERY seconds: "[3/11] permutation: 57 of
-    about 95 cases, 12 s"."""
+    at most 95 cases, 12 s", and the cases beyond the plan (a failure shrunk or checked
+    again, checks.core.beyond_plan) apart: "..., 95 of at most 95 cases and 40 shrinking or
+    re-checking a failure, 30 s"."""
 
     def __init__(self, say: Callable[[str], None], step: str, total: int | None) -> None:
         self.say, self.step, self.total = say, step, total
@@ -277,8 +280,22 @@ class _Progress:
         if now - self.last < PROGRESS_EVERY:
             return
         self.last = now
-        of = f" of about {self.total}" if self.total else ""
-        self.say(f"{self.step}: {running['done']}{of} cases, {now - self.start:.0f} s")
+        of = f" of at most {self.total}" if self.total else ""
+        beyond = running.get("beyond", 0)
+        more = f" and {beyond} shrinking or re-checking a failure" if beyond else ""
+        self.say(f"{self.step}: {running['done']}{of} cases{more}, {now - self.start:.0f} s")
+
+
+def _stop_if_edited(worker: Worker) -> None:
+    """SpecError, a usage error (vet's exit status 2), when a file the kernel is read from
+    (worker.kernel_files) changed since the worker loaded it: what failed since may be the
+    edit's doing, not the kernel's (Triton's interpreter reads the source again at each
+    call: an edit makes every later case raise "KeyError: '_chunk_gla_h'")."""
+    edited = edited_since(worker.description.get("files", {}))
+    if edited is not None:
+        name, when = edited
+        at = time.strftime("%H:%M:%S", time.localtime(when))
+        raise SpecError(f"the kernel's file {name} changed while vet ran (at {at}): rerun vet")
 
 
 def _stopped(name: str, how: str, running: Running | None) -> Row:
@@ -338,17 +355,21 @@ def _vet_in_worker(
             start = time.monotonic()
             try:
                 rows = worker.run(task, _timeout(task, options), on_case)
+                if any(row["status"] == "fail" for row in rows):
+                    _stop_if_edited(worker)
                 report.seconds[name] = time.monotonic() - start
                 say(f"{step} done in {report.seconds[name]:.1f} s")
                 report.max_rss["worker"] = max(report.max_rss.get("worker", 0), worker.max_rss)
                 report.rows += rows
                 continue
             except WorkerHung as err:
+                _stop_if_edited(worker)
                 row = _stopped(name, f"hung: {err}", worker.running)
                 row["detail"] += "; --timeout SECONDS gives each task longer"
                 report.rows.append(row)
                 stop = f"not run: vet stopped after {name} hung"
             except WorkerDied as err:
+                _stop_if_edited(worker)
                 report.rows.append(_stopped(name, f"crashed: {err}", worker.running))
                 crashes += 1
                 stop = f"not run: vet stopped after a second crash, in {name}"

@@ -8,6 +8,7 @@ to a file of the parent's choosing, not to the terminal, where the verdict is th
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import resource
@@ -24,7 +25,7 @@ import torch
 
 from ..accuracy.bound import feature_model
 from ..checks import ALL_CHECKS, not_applicable
-from ..checks.core import watching
+from ..checks.core import in_plan, watching
 from ..regimes import regime_of
 from ..specs import SpecError
 from ..under_test import Implementation, ImplementationFailure
@@ -45,7 +46,9 @@ class WorkerDied(Exception):
     """The worker process ended without answering (a crash of the implementation)."""
 
 
-Running = dict[str, Any]  # what the worker last said it runs: check, case, reproduce, ...
+# what the worker last said it runs: check, case, reproduce, ..., done (the task's planned
+# cases so far: requests.Task.planned_cases) and beyond (cases beyond them: checks.core.beyond_plan)
+Running = dict[str, Any]
 
 
 def describe(impl: Implementation) -> dict[str, Any]:
@@ -59,6 +62,42 @@ def describe(impl: Implementation) -> dict[str, Any]:
         "tf32": impl.tf32,
         "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
+
+
+def kernel_files(impl: Implementation) -> dict[str, str]:
+    """The files a target's kernel is read from, each with the SHA-256 of its text as the
+    worker loaded it: the target's file (path.py:fn) or its module's (module:fn); none for
+    a built-in form, an adapter's library or a callable. Triton's interpreter reads a
+    kernel's source again, by line, at each call, so an edit made while vet runs changes
+    what later calls run (edited_since)."""
+    if impl.source.kind != "target":
+        return {}
+    module_name = impl.source.name.rpartition(":")[0]
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+    else:
+        path = Path(getattr(sys.modules.get(module_name), "__file__", None) or "")
+    if not path.is_file():
+        return {}
+    return {str(path.resolve()): _digest(path)}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def edited_since(files: dict[str, str]) -> tuple[str, float] | None:
+    """(the first of kernel_files' `files` whose text is no longer the one loaded, the
+    time it was last modified, seconds since the epoch), or None when none changed (one
+    removed counts as changed, at the time of asking)."""
+    for name, digest in files.items():
+        path = Path(name)
+        try:
+            if _digest(path) != digest:
+                return name, path.stat().st_mtime
+        except OSError:
+            return name, time.time()
+    return None
 
 
 def run_task(impl: Implementation, task: Task) -> list[Row]:
@@ -114,19 +153,23 @@ def _serve(conn, declared: Implementation, output: KernelOutput | None) -> None:
             ("error", str(err) if isinstance(err, SpecError) else f"{type(err).__name__}: {err}")
         )
         return
-    conn.send(("ready", describe(impl)))
+    conn.send(("ready", {**describe(impl), "files": kernel_files(impl)}))
     while (task := conn.recv()) is not None:
-        done = 0
+        done = beyond = 0  # the cases the task's plan counts, and those beyond it
 
         def running(check: str, case) -> None:
-            nonlocal done
+            nonlocal done, beyond
             if case is None:  # the check has returned
                 conn.send(("running", None))
                 return
-            done += 1
+            if in_plan():
+                done += 1
+            else:
+                beyond += 1
             regime = regime_of(case, impl.spec)
             reproduce = impl.reproduce(check, case)
             said = {"check": check, "case": case.to_json(), "regime": regime, "done": done}
+            said["beyond"] = beyond
             conn.send(("running", {**said, "reproduce": reproduce}))
 
         with watching(running):
