@@ -106,6 +106,31 @@ def test_a_convention_mismatch_is_one_contract_finding_with_its_fix(target, fix,
     assert long["status"] == "depends" and "the contract's failure" in long["detail"]
 
 
+@pytest.mark.parametrize(
+    ("target", "claim", "first_line"),
+    [
+        ("upcast", (), "dtype torch.float32, expected torch.float16"),
+        ("without_gates", ("--feature-map", "identity", "--causal", "--no-normalize",
+                           "--decay", "gates"), "(vet passes g= for the spec identity"),
+    ],
+)  # fmt: skip
+def test_a_wrong_dtype_or_a_rejected_keyword_is_the_contract_finding_alone(
+    target, claim, first_line, tmp_path
+):
+    """Issue 51, item 2: float32 returned for 16-bit and float64 inputs, or a keyword the
+    spec passes rejected, is one contract finding saying what was returned or raised (and
+    the keyword vet passes); the checks that met it on the same cases (associativity in
+    float64 by float32's rounding) are listed under it, none a finding of its own."""
+    out = tmp_path / "vet.json"
+    args = ["--smallest", "--long", "0", "--json", str(out)]
+    assert (
+        main(["vet", f"{TARGETS}:{target}", "--feature-map", "elu", *claim, "--quiet", *args]) == 1
+    )
+    report = json.loads(out.read_text())
+    (finding,) = report["findings"]
+    assert finding["checks"][0] == "contract" and first_line in finding["detail"]
+
+
 def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):
     """Issue 51, item 3: a defect float64 shows is in exact arithmetic, so its failures in
     every dtype, check and length are one finding that lists them; its headline gives the

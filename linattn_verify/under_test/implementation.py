@@ -9,6 +9,7 @@ The options that name it again (command) and the line that reruns a check on a c
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -198,7 +199,22 @@ class Implementation:
         except OutOfBounds as err:
             raise ImplementationFailure(str(err)) from None
         except Exception as err:  # the implementation's failure is a finding, not a crash
-            raise ImplementationFailure(f"raised {type(err).__name__}: {err}") from None
+            hint = self._keyword_hint(err, kwargs)
+            raise ImplementationFailure(f"raised {type(err).__name__}: {err}{hint}") from None
+
+    def _keyword_hint(self, err: Exception, kwargs: dict[str, Any]) -> str:
+        """ " (vet passes X= for ...)" where fn rejected a keyword vet passes, else ""."""
+        rejected = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        name = rejected.group(1) if isinstance(err, TypeError) and rejected else None
+        if name not in kwargs:
+            return ""
+        claims = {"initial_state": "--state", "cu_seqlens": "--varlen",
+                  "projection": f"--feature-map {self.spec.feature_map}"}  # fmt: skip
+        claim = claims.get(name, f"the spec {self.spec}")
+        return (
+            f" (vet passes {name}= for {claim}, docs/contract.md: take it under that name, "
+            "or claim what the kernel computes)"
+        )
 
     def not_a_tensor(self, out: Any, what: str = "") -> ImplementationFailure:
         """The failure of an output that is no tensor, with the option that declares a
