@@ -124,3 +124,21 @@ def test_the_plugin_adds_the_impl_options_outside_this_repository(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
+
+
+def test_reproduce_lines_load_the_kernel_from_the_users_working_directory(tmp_path, monkeypatch):
+    """Issue 51, item 5: a kernel in a module a fresh interpreter here cannot import (a test
+    module pytest put on sys.path) is named by its file; an importable one by its module."""
+    from linattn_verify.under_test.names import importable_name
+    from tests import vet_targets
+
+    (tmp_path / "my_kernels_elsewhere.py").write_text("def attn(q, k, v):\n    return v\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_kernels_elsewhere
+
+    named = importable_name(my_kernels_elsewhere.attn)
+    assert named == f"{tmp_path}/my_kernels_elsewhere.py:attn"
+    command = [sys.executable, "-m", "linattn_verify", "check", "contract", "--impl", named]
+    done = subprocess.run([*command, "--feature-map", "elu"], capture_output=True, text=True)
+    assert done.returncode == 0 and "contract: pass" in done.stdout, done.stderr
+    assert importable_name(vet_targets.elu_linear) == "tests.vet_targets:elu_linear"

@@ -4,6 +4,7 @@ which it can be loaded again (the --impl of the commands that rerun a check)."""
 from __future__ import annotations
 
 import functools
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,47 @@ def label(fn: Any) -> str:
 
 
 def importable_name(fn: Any) -> str:
-    """module:name (path.py:name for a script's) under which `fn` itself can be loaded, found
-    among its module's attributes; else <qualname>, which names it but cannot be loaded."""
+    """module:name (path.py:name for a script's, or a module's that a fresh interpreter in
+    this working directory cannot import: a test module pytest put on sys.path) under which
+    `fn` itself can be loaded, found among its module's attributes; else <qualname>, which
+    names it but cannot be loaded."""
     inner = fn.func if isinstance(fn, functools.partial) else fn
     module = sys.modules.get(getattr(inner, "__module__", None) or "")
     for attr, value in vars(module).items() if module is not None else ():
         if value is fn:
-            if module.__name__ == "__main__" and getattr(module, "__file__", None):
-                return f"{Path(module.__file__)}:{attr}"
+            file = getattr(module, "__file__", None)
+            if file and (
+                module.__name__ == "__main__" or not _importable_here(module.__name__, file)
+            ):
+                return f"{_shown(Path(file))}:{attr}"
             return f"{module.__name__}:{attr}"
     return f"<{label(fn)}>"
+
+
+def _shown(path: Path) -> Path:
+    """The path relative to the working directory where it lies below it."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
+
+
+@functools.lru_cache(maxsize=32)
+def _importable_here(name: str, file: str) -> bool:
+    """Whether `python -m linattn_verify` started in this working directory imports module
+    `name` from `file`: its top-level package found there, where the module's is."""
+    top = name.partition(".")[0]
+    root = Path(file).resolve().parents[name.count(".") + (Path(file).name == "__init__.py")]
+    found = subprocess.run(
+        [sys.executable, "-c", FIND, top], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return bool(found) and Path(found).resolve() == root
+
+
+# prints the directory a top-level module or package is found in (nothing if none), without
+# importing it
+FIND = (
+    "import importlib.util, os, sys; s = importlib.util.find_spec(sys.argv[1]); "
+    "p = s and (list(s.submodule_search_locations or []) or [s.origin])[0]; "
+    "print(os.path.dirname(p) if p else '')"
+)

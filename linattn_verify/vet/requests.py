@@ -31,6 +31,7 @@ from .tasks import (
     rate,
     sampler_statistics,
     scaling,
+    tf32_dots,
     vet_cases,
 )
 
@@ -55,6 +56,17 @@ class Task(abc.ABC):
         one again are beyond them (checks.core.beyond_plan). None for the tasks that run
         none through a check."""
         return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tf32Dots(Task):
+    """tf32_dots: the tl.dots with TF32 products one float32 call runs (no check's row)."""
+
+    name: ClassVar[str] = "tf32-dots"
+    device: str
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return tf32_dots(impl, self.device)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,6 +43,7 @@ from .requests import (
     SamplerStatistics,
     Scaling,
     Task,
+    Tf32Dots,
 )
 from .tasks import DEPENDS, SCALING_MAX_N, SMALLEST_SCALING_MAX_N
 from .worker import (
@@ -158,16 +159,42 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[Task]:
     return [replace(task, features=features) for task in steps]
 
 
-def _report(target: str, description: dict[str, Any], options: VetOptions) -> VetReport:
+def _declares_tf32(description: dict[str, Any], options: VetOptions) -> bool:
+    """Whether the spec declares TF32 products of a kernel in Triton's interpreter, where
+    the tl.dots that take them are counted (tasks.tf32_dots)."""
+    return (
+        description.get("triton") == "interpret"
+        and description["spec"].dot_precision == "tf32"
+        and "float32" in options.dtypes
+    )
+
+
+def _without_tf32(impl: Implementation) -> Implementation:
+    """The implementation judged in float32's own unit: its declared TF32 products never
+    ran (a tl.dot on float32 inputs with TF32 rounding), so there is nothing to widen."""
+    return replace(impl, spec=replace(impl.spec, dot_precision=None))
+
+
+UNUSED_TF32 = (
+    "; --dot-precision tf32 has nothing to apply to (no tl.dot ran on float32 inputs): "
+    "float32 is judged in its own unit"
+)
+
+
+def _report(
+    target: str, description: dict[str, Any], options: VetOptions, claimed: Spec
+) -> VetReport:
     """The report before the plan runs: a row for each check that does not apply (and why)
-    and for each that an option leaves out (status "skipped", the option in its detail)."""
+    and for each that an option leaves out (status "skipped", the option in its detail).
+    claimed: the spec as claimed; the description's, as judged (_without_tf32)."""
     spec = description["spec"]
     report = VetReport(
-        target, description["name"], str(spec), [], options.failing_regimes, claimed=spec
+        target, description["name"], str(claimed), [], options.failing_regimes, claimed=spec
     )
     if description.get("triton") == "interpret":
         products = "TF32 (--tf32)" if description.get("tf32") else "IEEE"
         report.runs_in = f"Triton's interpreter on CPU tensors, float32 products {products}"
+        report.runs_in += UNUSED_TF32 if spec.dot_precision != claimed.dot_precision else ""
     rows = report.rows
     for name, reason in description["not_applicable"].items():
         if options.grad or name not in GRAD_CHECKS:
@@ -220,7 +247,7 @@ def applicability(impl: Implementation, options: VetOptions) -> dict[str, tuple[
             found[task.name] = ("not applicable", reason)
         else:
             found[task.name] = ("runs", str(getattr(task, "longest", "")))
-    for row in _report(impl.source.name, description, options).rows:
+    for row in _report(impl.source.name, description, options, impl.spec).rows:
         found.setdefault(row["name"], (row["status"], row["detail"]))
     return found
 
@@ -341,7 +368,18 @@ def _vet_in_worker(
 ) -> VetReport:
     """vet's plan in worker processes whose prints go to `output` (KernelOutput)."""
     worker = Worker(declared, options.timeout, output)
-    report = _report(declared.source.name, worker.description, options)
+    claimed = worker.description["spec"]
+    if _declares_tf32(worker.description, options):
+        try:
+            (dots,) = worker.run(Tf32Dots(device=options.device))
+        except (WorkerHung, WorkerDied):  # the contract check will say so
+            worker.close()
+            dots = {"figures": {"tf32_dots": 1}}
+            worker = Worker(declared, options.timeout, output)
+        if not dots["figures"]["tf32_dots"]:
+            worker.close()
+            worker = Worker(_without_tf32(declared), options.timeout, output)
+    report = _report(declared.source.name, worker.description, options, claimed)
     spec = worker.description["spec"]
     crashes = 0
     try:
@@ -395,8 +433,12 @@ def vet_in_process(
     """The same plan in this process, for an implementation that is already loaded (a
     closure in a test suite): no protection against crashes or hangs."""
     say = progress or (lambda text: None)
+    claimed = impl.spec
+    if _declares_tf32(describe(impl), options):
+        (dots,) = run_task(impl, Tf32Dots(device=options.device))
+        impl = impl if dots["figures"].get("tf32_dots") else _without_tf32(impl)
     description = describe(impl)
-    report = _report(impl.source.name, description, options)
+    report = _report(impl.source.name, description, options, claimed)
     steps = plan(description, options)
     for i, task in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {task.name} ...")

@@ -75,6 +75,19 @@ def smallest_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Cas
     return [Case(b, h, n, d, dv, t, "normal", 1.0, 7, m, device) for t in dtypes]
 
 
+def tf32_dots(impl: Implementation, device: str) -> list[Row]:
+    """The tl.dots Triton's interpreter ran on float32 inputs with TF32 products in one call
+    on the smallest float32 case (figure "tf32_dots"): what a declared --dot-precision tf32
+    applies to (runner.py)."""
+    (case,) = smallest_cases(impl.spec, ("float32",), device)
+    result = CHECKS["contract"](impl, case)
+    dots = int(result.figures.get("tf32_dots", 0))
+    return [{"name": TF32_PROBE, "status": "probe", "detail": "", "figures": {"tf32_dots": dots}}]
+
+
+TF32_PROBE = "tf32-dots"
+
+
 class ContractCovered:
     """Past a failed contract check (its finding in `regime`): the failures it already
     stands for, counted: any failure on a case of that regime or a harsher one on which the
