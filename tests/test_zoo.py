@@ -47,7 +47,15 @@ def implementation(entry: Entry) -> Implementation:
         delta_rule=entry.delta_rule,
         value_heads=entry.value_heads,
         triton="interpret" if entry.triton else None,
+        tf32=entry.tf32,
     )
+
+
+def _advised(impl: Implementation, words: tuple[str, ...]) -> Implementation:
+    """The implementation claiming what a finding advises (Cause.advice)."""
+    option, value = words
+    name, parse = {"--eps": ("eps", float), "--dot-precision": ("dot_precision", str)}[option]
+    return replace(impl, spec=replace(impl.spec, **{name: parse(value)}))
 
 
 # a figure or threshold printed as infinite ("inf", "-inf"), not as what is not finite
@@ -114,6 +122,9 @@ def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
         assert report.verdict == "pass", report.summary()
     if entry.grad:  # a backward bug under a right forward: only the gradient checks see it
         assert set(killers) <= {*GRAD_CHECKS, GRADIENT_LENGTH}, report.summary()
+    for words in {words for f in found for words in f.advice}:  # issue 51, item 1
+        again = vet_in_process(_advised(implementation(entry), words), options)
+        assert again.verdict == "fail", f"vet's advice {words} rescues {entry.name}:\n{summary}"
 
 
 def test_the_zoo_is_big_enough():

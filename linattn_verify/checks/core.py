@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,17 @@ def watching(watcher: Watcher) -> Iterator[None]:
         _WATCHERS.remove(watcher)
 
 
+def _ieee_passes(body, impl: Implementation, case: Case, options) -> bool:
+    """Whether a check that failed with the tl.dots' TF32 products passes when Triton's
+    interpreter gives them IEEE products: the experiment that tells TF32 from another
+    cause of the same size (a float16 state), beyond the plan's cases."""
+    with beyond_plan():
+        try:
+            return body(replace(impl, tf32=False), case, **options).passed
+        except ImplementationFailure:
+            return False
+
+
 def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
     """Make body(impl, case, ...) -> Outcome a check returning a CheckResult; an exception or
     a non-tensor from the implementation fails the check with its message. The tl.dots that
@@ -124,6 +135,8 @@ def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
             failed = not outcome.passed
             dots = TRITON.tf32_dots - dots  # the evidence of vet/causes.py's tf32-products
             figures = outcome.figures | ({"tf32_dots": dots} if dots else {})
+            if failed and dots and impl.tf32:
+                figures["ieee_products_pass"] = _ieee_passes(body, impl, case, options)
             result = CheckResult(
                 name, outcome.passed, outcome.message, case, figures,
                 outcome.by_nature, impl.reproduce(name, case) if failed else None,

@@ -79,7 +79,8 @@ class Cause:
     and dtype, are one finding), `effect` what it does there ("nan", "not nan", "inaccurate")
     in the precision `compute` that shows it; `short` says it in one line with where it
     starts, `detail` how it comes about on this row's element; `figures` carry the
-    threshold, the precision and the element."""
+    threshold, the precision and the element; `advice`, the claim's option its words
+    suggest where the kernel does so by design (vet's words, e.g. ("--eps", "1e-06"))."""
 
     key: str
     effect: str
@@ -87,6 +88,7 @@ class Cause:
     short: str
     detail: str
     figures: dict[str, Any] = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -340,6 +342,7 @@ def _relu(el: _Element) -> Cause | None:
         f"{where}, so relu(q_i) . relu(k_j) = 0 for every key (a kernel that adds an eps to "
         "its denominator declares it: --eps)",
         {"output": el.output},
+        ("--eps", "1e-06"),
     )
 
 
@@ -369,6 +372,7 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
                 _float(figures["max_error"]),
                 int(figures.get("tf32_dots") or 0),
                 name == "decay",
+                figures.get("ieee_products_pass"),
             )
         )
     ):
@@ -392,21 +396,26 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _tf32(spec: Spec, case_json: str, error: float, dots: int, decay_check: bool) -> Cause | None:
+def _tf32(
+    spec: Spec, case_json: str, error: float, dots: int, decay_check: bool, ieee: bool | None
+) -> Cause | None:
     """ "tf32-products": a float32 output of a spec with IEEE products, over its budget by an
     error within a factor EXPLAINS of the golden forms' on q, k, v rounded to TF32 (what
     tensor cores multiply; inputs.round_to_tf32), itself over the budget, where products of
     TF32 inputs ran: `dots`, the tl.dots that Triton's interpreter rounded so in this check
     (the figure "tf32_dots", checks/core.py), or a CUDA device (a compiled tl.dot's default, not
     observed). Elsewhere no product is TF32's, whatever the error's size: a float16 state
-    errs alike. decay_check: the case at the decay rate the decay check judged it at."""
+    errs alike; nor where the check failed again with the tl.dots' products IEEE (`ieee`
+    False, the figure "ieee_products_pass"): then something else errs as much, and nothing
+    is put down to TF32. decay_check: the case at the decay rate the decay check judged it
+    at."""
     case = dataclasses.replace(Case.from_json(case_json), device="cpu")
     cuda = Case.from_json(case_json).device.startswith("cuda")
     if decay_check:
         case = judged_case(case)[1]
     if case.dtype != "float32" or spec.dot_precision is not None or not math.isfinite(error):
         return None
-    if not (dots or cuda):
+    if not (dots or cuda) or ieee is False:
         return None
     judgement = Judgement.of_case(case, spec)
     q, k, v, w, decay = case_arguments(case, spec)
@@ -429,7 +438,10 @@ def _tf32(spec: Spec, case_json: str, error: float, dots: int, decay_check: bool
         f"{ran}; its error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' on "
         f"q, k, v rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}"
     )
-    return Cause("tf32-products", "inaccurate", "float32", short, detail, {"tf32_error": tf32})
+    return Cause(
+        "tf32-products", "inaccurate", "float32", short, detail, {"tf32_error": tf32},
+        ("--dot-precision", "tf32"),
+    )  # fmt: skip
 
 
 def _float(x: Any) -> float:

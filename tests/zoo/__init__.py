@@ -40,6 +40,7 @@ class Entry:
     v and beta of G H), or 1.
     smallest: vet it at the smallest plan (one typical case per dtype, no search), as the
     Triton entries: a backward bug whose forward is a correct entry's, judged there.
+    tf32: its Triton kernels run with TF32 products (--tf32), as on a GPU by default.
     """
 
     name: str
@@ -64,6 +65,7 @@ class Entry:
     delta_rule: bool = False
     value_heads: int = 1
     smallest: bool = False
+    tf32: bool = False
 
 
 # The entry modules import Entry from here, so they come after its definition.
