@@ -134,7 +134,8 @@ def test_findings_group_a_shared_cause_and_rank_what_matters_first():
         ("scaling",),
         ("positivity",),
     ]
-    assert found[0].severity == "wrong" and found[0].relative_error == 2e-5
+    assert found[0].severity == "wrong" and found[0].largest_error == 2e-5
+    assert found[0].relative_error == 1e-5  # the shown row's, the one its body gives
     assert [f.regime for f in found] == ["typical", "typical", "extreme"]
 
 

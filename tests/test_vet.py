@@ -132,7 +132,7 @@ def test_a_wrong_dtype_or_a_rejected_keyword_is_the_contract_finding_alone(
 
 
 def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):
-    """Issue 51, item 3: a defect float64 shows is in exact arithmetic, so its failures in
+    """Issue 51, item 3: a defect float64 shows is one of every precision, so its failures in
     every dtype, check and length are one finding that lists them; its headline gives the
     figure its body shows, at the element the body names."""
     out = tmp_path / "vet.json"

@@ -8,11 +8,12 @@ regime, dtype, kind of input and magnitude (several checks failing on one input,
 inputs of one kind and size, fail for one reason). The rows of a check that runs no case
 through the kernel's values (positivity, associativity, ...) join the cause named on their
 inputs when it is the only one named there. A kernel wrong in float64 (outside the
-a-priori bound, or off by the output's own scale), where rounding cannot explain an error,
-is wrong in exact arithmetic: its defect shows in every precision and every check that
-compares values, so the failing rows of that regime with no cause named and of no kind of
-their own are one finding with it ("in float64 too"), which lists the dtypes and checks they
-fail in; nothing separates them from the defect. Rows of a kind of their own:
+a-priori bound, or off by the output's own scale), beyond what float64's rounding explains,
+has a defect of every precision (wrong in exact arithmetic, or rounding to a precision of
+its own): it shows in every dtype and every check that compares values, so the failing
+rows of that regime with no cause named and of no kind of their own are one finding with
+it ("in float64 too"), which lists the dtypes and checks they fail in; nothing separates
+them from the defect. Rows of a kind of their own:
 - cost: the counted growth of FLOPs or bytes is not the claimed one (rows of cause "cost":
   the scaling task's, and the long-context check's when memory grows faster than claimed);
 - sampler: a projection sampler's statistics, with the W it drew; the rate check, when it
@@ -99,13 +100,19 @@ class Finding:
     # where its own row's regime does (the finding's regime is the mildest of them)
     check_regimes: tuple[tuple[str, str], ...] = ()
     dtypes: tuple[str, ...] = ()  # the dtypes of its rows' cases
-    exact: bool = False  # wrong in float64, so in exact arithmetic (module docstring)
+    exact: bool = False  # wrong in float64 too: a defect of every precision (module docstring)
     lengths: tuple[tuple[str, int], ...] = ()  # (check, the first N it fails at) at length
+    largest_error: float | None = None  # the largest share among its rows: its rank
 
     def failing(self, regimes: tuple[str, ...]) -> set[str]:
         """The checks this finding fails in a verdict that fails on `regimes`."""
         pairs = self.check_regimes or tuple((c, self.regime) for c in self.checks)
         return {check for check, regime in pairs if regime in regimes}
+
+    @property
+    def advice(self) -> tuple[tuple[str, ...], ...]:
+        """The claim's options its named causes suggest (Cause.advice), each once."""
+        return tuple(dict.fromkeys(e.cause.advice for e in self.effects if e.cause.advice))
 
     @property
     def cause(self) -> str | None:
@@ -142,6 +149,7 @@ class Finding:
             "kind": self.kind or self.severity,
             "headline": self.headline(),
             "cause": self.cause,
+            "advice": [list(words) for words in self.advice],
             "effects": [e.to_dict() for e in self.effects],
             "checks": list(self.checks),
             "check_regimes": [list(pair) for pair in self.check_regimes],
@@ -155,6 +163,7 @@ class Finding:
             "dtypes": list(self.dtypes),
             "exact": self.exact,
             "lengths": [list(pair) for pair in self.lengths],
+            "largest_error": self.largest_error,
         }
 
 
@@ -203,7 +212,7 @@ def _dtype(row: Row) -> str | None:
 
 
 def _wrong_in_float64(row: Row) -> bool:
-    """A value check's row wrong in float64, where rounding cannot explain its error."""
+    """A value check's row wrong in float64, beyond what float64's rounding explains."""
     return row.get("severity") == "wrong" and _dtype(row) == "float64" and not row.get("stopped")
 
 
@@ -401,6 +410,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
         )
         severity = min((r.get("severity") or "wrong" for r in group), key=SEVERITIES.index)
         kind = _kind(group, severity)
+        shares = [share for share in map(_relative, group) if share is not None]
         others = [r for r in group if r is not shown]
         out.append(
             Finding(
@@ -423,13 +433,14 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 dtypes=tuple(d for d in UNIT_ROUNDOFF if d in {_dtype(r) for r in group}),
                 exact=exact and any(_dtype(r) != "float64" for r in group),
                 lengths=_lengths(group),
+                largest_error=max(shares, default=None),
             )
         )
     out.sort(
         key=lambda f: (
             REGIMES.index(f.regime),
             SEVERITIES.index(f.severity),
-            -(f.relative_error if f.relative_error is not None else 0.0),
+            -(f.largest_error if f.largest_error is not None else 0.0),
         )
     )
     return out

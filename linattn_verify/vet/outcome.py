@@ -141,8 +141,8 @@ def _finding(number: int, finding: Finding, warning: bool, verbose: bool) -> lis
             others = ", ".join(d for d in finding.dtypes if d != "float64")
             lengths = "".join(f"; {check} from N = {n}" for check, n in finding.lengths)
             lines.append(
-                f"{INDENT}wrong in float64, where rounding cannot explain it: in exact "
-                f"arithmetic, so in {others} too{lengths}"
+                f"{INDENT}wrong in float64, beyond what float64's rounding explains: a defect "
+                f"of every precision, so in {others} too{lengths}"
             )
         lines.append(f"{INDENT}{finding.detail}")
     if verbose or finding.kind == "sampler":
