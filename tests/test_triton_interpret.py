@@ -175,6 +175,19 @@ def test_tf32_products_are_found_over_float32s_budget_and_pass_when_declared():
     assert restored.passed and "tf32 products" in restored.message, restored.message
 
 
+def test_the_long_context_failure_of_tf32_products_is_their_finding():
+    """Issue 51, item 3: at length, the failure TF32 products make passes with IEEE ones
+    (the same length rerun), so it is listed under the tf32-products finding, not beside it."""
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.runner import VetOptions, vet_in_process
+
+    claim = {"feature_map": "identity", "causal": True, "normalize": False, "triton": "interpret"}
+    impl = resolve(zoo.triton_chunked, tf32=True, **claim)
+    options = VetOptions(dtypes=("float32",), smallest=True, longest=1024, envelope=False)
+    (finding,) = vet_in_process(impl, options).findings
+    assert finding.cause == "tf32-products" and "long-context" in finding.checks
+
+
 @triton.jit
 def _half_state_kernel(q, k, v, o, T, K: tl.constexpr, V: tl.constexpr):
     """Causal identity attention token by token, products elementwise (no tl.dot), its

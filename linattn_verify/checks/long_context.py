@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -72,6 +72,7 @@ from ..results import CheckResult
 from ..scaling.cost import Cost, counted
 from ..scaling.growth import SLOPE_TOLERANCE
 from ..specs import Spec
+from ..triton_interpret import STATE as TRITON
 from ..under_test import Implementation, ImplementationFailure
 from .core import as_array
 
@@ -173,6 +174,9 @@ class Panel:
     problem: tuple[int, str, str] | None = None  # (N, severity, what) of the first failure
     contract: bool = False  # that failure is the implementation breaking the contract
     stop: Stop | None = None  # the first length not run, and why
+    # where the failure's call ran tl.dots with TF32 products: whether the same length
+    # passes with IEEE ones (the evidence of vet's tf32-products cause, checks/core.py)
+    ieee_passes: bool | None = None
 
     @property
     def label(self) -> str:
@@ -264,6 +268,7 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
             return
         qn, kn, vn, w, decay = draw.tensors(n)
         call = functools.partial(impl, qn, kn, vn, w, decay)
+        dots = TRITON.tf32_dots
         try:
             if len(costs) < 2 < len(ns):  # the two shortest lengths' counts predict the rest
                 result, cost = counted(call, n)
@@ -292,6 +297,9 @@ def _run_panel(impl, panel: Panel, ns, device: str, seed: int) -> None:
             bad = (~np.isfinite(out) & ~beyond_range(ref, panel.dtype) & ~np.isnan(ref)).any()
             what = "non-finite" if bad else "bound" if not verdict.within_bound else "budget"
             panel.problem = (n, verdict.severity, f"{what}: {verdict.message}")
+            if impl.tf32 and TRITON.tf32_dots > dots:
+                ieee = replace(impl, tf32=False)(qn, kn, vn, w, decay)
+                panel.ieee_passes = judge(ieee, x, spec, ref, golden, bounds, resolvable).passed
             return
         if prefix_stable and n != ns[0]:
             problem = _prefix_problem(runs, n, u, bounds[panel.dtype][0], ref, panel.dtype)
@@ -529,6 +537,8 @@ def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
         u = unit_roundoff(first.dtype, spec)
         figures["relative_error"] = first.errors.get(n, math.inf) * u
         figures["first_failing_n"] = n
+        if all(p.ieee_passes for p in failed):  # every failure is TF32 products' (core.py)
+            figures["ieee_products_pass"] = True
         contract = "contract" if all(p.contract for p in failed) else None  # vet's: under it
         return CheckResult(
             NAME, False, detail, figures=figures, severity=severity, regime="typical",

@@ -395,6 +395,9 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
     )
 
 
+TF32 = "tf32-products"  # the cause's key
+
+
 @functools.lru_cache(maxsize=64)
 def _tf32(
     spec: Spec, case_json: str, error: float, dots: int, decay_check: bool, ieee: bool | None
@@ -439,7 +442,7 @@ def _tf32(
         f"q, k, v rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}"
     )
     return Cause(
-        "tf32-products", "inaccurate", "float32", short, detail, {"tf32_error": tf32},
+        TF32, "inaccurate", "float32", short, detail, {"tf32_error": tf32},
         ("--dot-precision", "tf32"),
     )  # fmt: skip
 

@@ -41,7 +41,7 @@ from ..regimes import REGIMES
 from ..results import SEVERITIES
 from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
 from ..specs import Spec
-from .causes import Cause, name_cause
+from .causes import TF32, Cause, name_cause
 
 Row = dict[str, Any]
 
@@ -268,6 +268,9 @@ def _groups(rows: list[Row], spec: Spec | None) -> tuple[list[list[Row]], dict[i
             # named, fails for it (a row judged and not named has a cause of its own)
             elif len(causes) == 1 and not row.get("worst"):
                 groups.setdefault(("cause", *causes), []).append(row)
+            # a check at length whose failures pass with IEEE products: TF32's, where named
+            elif _ieee_passes(row) and TF32 in {c.key for c in named.values()}:
+                groups.setdefault(("cause", TF32), []).append(row)
             else:
                 groups.setdefault(key, []).append(row)
     _in_exact_arithmetic(groups)
@@ -277,6 +280,11 @@ def _groups(rows: list[Row], spec: Spec | None) -> tuple[list[list[Row]], dict[i
         sampler += groups.pop(("row", "rate"))  # its W came from the failing sampler
     order = {id(r): i for i, r in enumerate(rows)}  # each group's rows in the report's order
     return [sorted(g, key=lambda r: order[id(r)]) for g in groups.values()], named
+
+
+def _ieee_passes(row: Row) -> bool:
+    """A row without a case that fails with TF32 products and passes with IEEE ones."""
+    return not row.get("case") and bool((row.get("figures") or {}).get("ieee_products_pass"))
 
 
 def _lengths(group: list[Row]) -> tuple[tuple[str, int], ...]:
