@@ -27,7 +27,13 @@ element, as s_ic is for an output element.
   orders of magnitude, and by different orders for dq, dk and dv (the Performer maps:
   exponents with large arguments, trig's cancelling features): one budget for all three,
   or a floor of 1 unit of u M, would admit errors in dq and dk thousands of times the
-  golden ones.
+  golden ones. Where a family's backward ends in a difference of terms that agree to
+  rounding (Family.cancelled_terms: the delta rule's qk_l2norm projection, dx = (dxh - xh
+  (xh . dxh)) / r, families/delta/gradient_bound.py), one rounding of the exact result is
+  no floor: every evaluation errs by the rounding of the terms, and the golden form's error
+  there is luck. The floor is then at least the typical error of the c roundings of those
+  terms in the golden's compute precision, sum_roundings(c, u) A / M (A their size per
+  element; `cancellation_floor`).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from ..inputs import SMALLEST_SUBNORMAL
 from ..reference.grad import NAMES as NAMES  # re-exported: q, k, v; per spec, gradient_names
 from ..rounding import gamma
 from ..specs import Spec
-from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, typical_roundings
+from .verdict import BUDGET_FLOOR, K_BUDGET, error_units, sum_roundings, typical_roundings
 
 
 def gradient_names(spec: Spec) -> tuple[str, ...]:
@@ -65,13 +71,15 @@ class GradientVerdict:
     bound: float  # units of u M (inf: vacuous)
     max_error: dict[str, float]
     golden_max_error: dict[str, float] | None
-    rounding_floor: dict[str, float]  # the exact gradient rounded typical_roundings times, u M
+    # the exact gradient rounded typical_roundings times, u M (or the cancelled terms')
+    rounding_floor: dict[str, float]
     budget: dict[str, float] | None
     violations: int  # elements above the bound, or non-finite where the exact one is finite
     worst: tuple[str, tuple[int, ...]]
     rounded_to_inf: int = (
         0  # infinite where the exact value is beyond (or within the budget of) the range
     )
+    cancelled: tuple[str, ...] = ()  # the tensors whose floor holds cancelled terms
 
     @property
     def over_budget(self) -> list[str]:
@@ -110,8 +118,10 @@ class GradientVerdict:
         if self.budget is not None:
             budgets = ", ".join(f"d{n} {b:.3g}" for n, b in self.budget.items())
             over = ", ".join(f"d{n}" for n in self.over_budget)
+            cancelled = ", ".join(f"d{n}" for n in self.cancelled)
+            terms = f"; {cancelled}: or of the terms they cancel" * bool(cancelled)
             parts.append(
-                f"budget {budgets} ({K_BUDGET:g} x the golden error or one rounding)"
+                f"budget {budgets} ({K_BUDGET:g} x the golden error or one rounding{terms})"
                 + (f" EXCEEDED by {over}" if over else "")
             )
         return "; ".join(parts) + (" -> pass" if self.passed else " -> FAIL")
@@ -141,6 +151,17 @@ def rounding_floor(exact: np.ndarray, scale: np.ndarray, dtype: str, u: float) -
     return float(ratio) or BUDGET_FLOOR
 
 
+def cancellation_floor(
+    cancelled: tuple[int, np.ndarray], scale: np.ndarray, dtype: str, u: float
+) -> float:
+    """The typical error, in units of u M, of c roundings in the golden's compute precision
+    of terms of size A per element that a correct evaluation cancels (cancelled = (c, A)):
+    the largest sum_roundings(c, u) A / M (Higham & Mary 2019, as verdict.sum_roundings)."""
+    c, sizes = cancelled
+    ratio = np.nanmax(sizes / effective_scale(scale, dtype, u), initial=0.0)
+    return float(sum_roundings(c, u) * ratio)
+
+
 def judge_gradients(
     grads: Mapping[str, np.ndarray],
     exact: Mapping[str, np.ndarray],
@@ -149,10 +170,13 @@ def judge_gradients(
     u: float,
     roundings: int,
     golden: Sequence[Mapping[str, np.ndarray]] = (),
+    cancelled: Mapping[str, tuple[int, np.ndarray]] | None = None,
 ) -> GradientVerdict:
     """Judge float64 copies of an implementation's gradients (dtype `dtype`, unit roundoff
     u) against the exact ones and their magnitudes M: every tensor `exact` has (dq, dk,
-    dv, and dg for a gates spec: gradient_names)."""
+    dv, and dg for a gates spec: gradient_names). cancelled: per tensor, (c, A) of the
+    terms its last step cancels (Family.cancelled_terms), whose cancellation_floor the
+    floor is at least."""
     names = tuple(exact)
     bound = gradient_bound(roundings, u)
     top = float(torch.finfo(getattr(torch, dtype)).max)
@@ -177,6 +201,9 @@ def judge_gradients(
 
     typical = typical_roundings(roundings, u)
     floor = {n: rounding_floor(exact[n], scale[n], dtype, u) * typical for n in names}
+    cancelled = {n: terms for n, terms in (cancelled or {}).items() if n in floor}
+    for n, terms in cancelled.items():
+        floor[n] = max(floor[n], cancellation_floor(terms, scale[n], dtype, u))
     golden_max = budget = None
     if golden:
         golden_errors = [errors_of(g)[0] for g in golden]
@@ -208,4 +235,5 @@ def judge_gradients(
         violations=violations,
         worst=(worst_name, tuple(int(t) for t in worst_at)),
         rounded_to_inf=rounded_to_inf,
+        cancelled=tuple(cancelled),
     )

@@ -113,7 +113,8 @@ def gradient_length(
                 exact[name] = np.where(loose, np.nan, exact[name])
             golden = golden_samples(q, k, v, w, g, spec, decay, forms=(long_form(spec),))
             u = unit_roundoff(dtype, spec)
-            verdict = judge_gradients(grads, exact, magnitude, dtype, u, rounds, golden)
+            cancelled = family_of(spec).cancelled_terms(x, spec, as_array(g))
+            verdict = judge_gradients(grads, exact, magnitude, dtype, u, rounds, golden, cancelled)
             rounded_to_inf += verdict.rounded_to_inf
             for name, e in verdict.max_error.items():
                 figures[f"max_error_d{name} {dtype} N={n}"] = e

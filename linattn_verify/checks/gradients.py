@@ -213,6 +213,14 @@ def _setup(impl: Implementation, case: Case):
     return inputs, g, *exact, grads
 
 
+@functools.lru_cache(maxsize=EXACT_KEPT)
+def _cancelled(case: Case, spec: Spec) -> dict[str, tuple[int, np.ndarray]]:
+    """The family's cancelled terms of the case's loss (Family.cancelled_terms: the budget's
+    floor where the backward's last step cancels); cached as _exact."""
+    (q, _, v, _, _), x = inputs_of(case, spec)
+    return family_of(spec).cancelled_terms(x, spec, as_array(loss_weights(case, q, v)))
+
+
 def _exact_defined(case: Case, spec: Spec) -> tuple[Grads, Grads, int]:
     """_exact, or UndefinedLoss where some exact denominator is 0."""
     exact = _exact(case, spec)
@@ -242,8 +250,8 @@ def gradient(impl: Implementation, case: Case) -> Outcome:
     times the golden forms' error."""
     (q, k, v, w, decay), g, exact, magnitude, n, grads = _setup(impl, case)
     golden = golden_samples(q, k, v, w, g, impl.spec, decay)
-    u = UNIT_ROUNDOFF[case.dtype]
-    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, golden)
+    u, cancelled = UNIT_ROUNDOFF[case.dtype], _cancelled(case, impl.spec)
+    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, golden, cancelled)
     figures = {f"max_error_d{name}": e for name, e in verdict.max_error.items()}
     figures["max_error"] = max(verdict.max_error.values())
     figures["bound"] = verdict.bound
@@ -333,7 +341,8 @@ def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
     goldens = golden_gradients(q, k, v, w, g, impl.spec, decay)
     u = UNIT_ROUNDOFF[case.dtype]
     samples = golden_samples(q, k, v, w, g, impl.spec, decay)
-    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, samples)
+    cancelled = _cancelled(case, impl.spec)
+    verdict = judge_gradients(grads, exact, magnitude, case.dtype, u, n, samples, cancelled)
     units = {name: verdict.budget[name] + verdict.golden_max_error[name] for name in exact}
     allowance = _allowance(magnitude, n, case.dtype, units)
     for form, golden in zip(forms, goldens, strict=True):

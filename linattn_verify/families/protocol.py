@@ -159,6 +159,10 @@ class Family:
     long section.
     state_gradients: its own model of the state-gradient check (StateGradients; None: the
     model of checks/state_gradient.py, the normaliser's and the final state's terms).
+    cancelled_terms(x, spec, g, g_state=None, initial_state=None): per gradient whose last
+    step is a difference of terms that agree to rounding, (c, A): its c roundings and the
+    terms' size A per element, for the gradient budget's floor (accuracy/gradient.py
+    cancellation_floor; the delta rule's qk_l2norm projection); {} by default.
     label: the word that names its specs in vector names and test ids beside their fields'
     words (the delta rule's "delta"; None: the fields' words name them).
     options: its own options in the claim's grammar (grammar.Option: the command line's
@@ -218,6 +222,7 @@ class Family:
     widest_gate_sum: Callable[[Spec, AttentionInputs], float] = lambda spec, x: 0.0
     quadratic: bool = False
     state_gradients: StateGradients | None = None
+    cancelled_terms: Callable[..., dict[str, tuple[int, np.ndarray]]] = lambda *a, **kw: {}
     notes: tuple[ArgumentNotes, ...] = ()
     options: tuple[Option, ...] = ()
     label: str | None = None

@@ -19,7 +19,7 @@ from .certified_gradients import certified_delta_gradients
 from .fields import DELTA_SOURCE, OPTIONS, check
 from .forms import DELTA_FORMS, delta_attention, grouped
 from .golden import GOLDEN_DELTA_FORMS, golden_delta, golden_delta_with_state
-from .gradient_bound import delta_gradient_magnitudes, delta_roundings
+from .gradient_bound import delta_cancelled_terms, delta_gradient_magnitudes, delta_roundings
 from .gradients import exact_delta_gradients
 from .inputs import (
     DELTA_KINDS,
@@ -173,6 +173,7 @@ DELTA = Family(
         golden_with_state=golden_delta_with_state,
         arguments=delta_arguments,
     ),
+    cancelled_terms=delta_cancelled_terms,
     notes=(DECAY_NOTES, NOTES),
     options=OPTIONS,
 )
