@@ -26,6 +26,7 @@ from ..known_answers import not_applicable as kat_not_applicable
 from ..regimes import REGIMES
 from ..specs import Spec, SpecError
 from ..stats import rate_not_applicable
+from ..stats.estimators import one_thread
 from ..strategies import DTYPES
 from ..under_test import Implementation
 from .findings import Row
@@ -431,7 +432,15 @@ def vet_in_process(
     impl: Implementation, options: VetOptions, progress: Callable[[str], None] | None = None
 ) -> VetReport:
     """The same plan in this process, for an implementation that is already loaded (a
-    closure in a test suite): no protection against crashes or hangs."""
+    closure in a test suite): no protection against crashes or hangs; torch on one thread
+    while it runs, as in vet's worker."""
+    with one_thread():
+        return _vet_in_process(impl, options, progress)
+
+
+def _vet_in_process(
+    impl: Implementation, options: VetOptions, progress: Callable[[str], None] | None
+) -> VetReport:
     say = progress or (lambda text: None)
     claimed = impl.spec
     if _declares_tf32(describe(impl), options):
