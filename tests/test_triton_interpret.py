@@ -170,6 +170,13 @@ def test_tf32_products_are_found_over_float32s_budget_and_pass_when_declared():
     assert not found.passed
     cause = name_cause(found.to_dict(), tf32.spec)
     assert cause is not None and cause.key == "tf32-products", found.message
+    assert cause.advice == ("--dot-precision", "tf32")
+    # on CUDA no tl.dot is counted: the same size is said to have two explanations, no flag
+    row = found.to_dict()
+    row["case"] = row["case"].replace('"device":"cpu"', '"device":"cuda"')
+    row["figures"] = {k: v for k, v in row["figures"].items() if k != "tf32_dots"}
+    cuda = name_cause(row, tf32.spec)
+    assert cuda is not None and cuda.advice == () and "no experiment here tells" in cuda.detail
     declared = resolve(zoo.triton_chunked, tf32=True, dot_precision="tf32", **claim)
     restored = CHECKS["reference"](declared, case)
     assert restored.passed and "tf32 products" in restored.message, restored.message

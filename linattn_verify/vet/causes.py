@@ -431,20 +431,25 @@ def _tf32(
     over = any(v.within_budget is False for v in verdicts)
     if not (budget and over and tf32 / EXPLAINS <= error <= tf32 * EXPLAINS):
         return None
-    ran = (
-        f"{dots} tl.dot calls on float32 inputs ran with TF32 products"
-        if dots
-        else ("on a CUDA device, where a compiled tl.dot takes float32 inputs as TF32 by default")
-    )
-    short = "float32 errors of TF32 products (2^-11 per product; --dot-precision tf32 if by design)"
+    if dots:  # the interpreter's evidence: TF32 tl.dots ran, and IEEE ones pass (core.py)
+        ran = f"{dots} tl.dot calls on float32 inputs ran with TF32 products"
+        short = (
+            "float32 errors of TF32 products (2^-11 per product; --dot-precision tf32 if by design)"
+        )
+        advice: tuple[str, ...] = ("--dot-precision", "tf32")
+    else:  # on CUDA nothing here tells TF32 products from another rounding to 2^-11
+        ran = (
+            "on a CUDA device, where a compiled tl.dot takes float32 inputs as TF32 by default; "
+            "no experiment here tells its products from another rounding to 2^-11 (a float16 "
+            "state errs alike): Triton's interpreter (--triton interpret --tf32) can"
+        )
+        short = "float32 errors of the size of TF32 products' (2^-11), or of another rounding"
+        advice = ()
     detail = (
         f"{ran}; its error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' on "
         f"q, k, v rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}"
     )
-    return Cause(
-        TF32, "inaccurate", "float32", short, detail, {"tf32_error": tf32},
-        ("--dot-precision", "tf32"),
-    )  # fmt: skip
+    return Cause(TF32, "inaccurate", "float32", short, detail, {"tf32_error": tf32}, advice)
 
 
 def _float(x: Any) -> float:
