@@ -131,6 +131,19 @@ def test_a_wrong_dtype_or_a_rejected_keyword_is_the_contract_finding_alone(
     assert finding["checks"][0] == "contract" and first_line in finding["detail"]
 
 
+def test_an_undeclared_dtype_limit_names_the_option_that_declares_it(tmp_path):
+    """Issue 51, item 6: a raise on one dtype, every other dtype's panel passing, is the
+    contract finding, naming --dtypes with the others; declared so, the verdict passes."""
+    out = tmp_path / "vet.json"
+    args = ["--smallest", "--long", "0", "--no-envelope"]
+    assert _vet("no_float32", *args, "--json", str(out)) == 1
+    (finding,) = json.loads(out.read_text())["findings"]
+    assert finding["detail"].endswith(
+        "declare the dtypes it takes, --dtypes float16 bfloat16 float64)"
+    )
+    assert _vet("no_float32", *args, "--dtypes", "float16", "bfloat16", "float64") == 0
+
+
 def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):
     """Issue 51, item 3: a defect float64 shows is one of every precision, so its failures in
     every dtype, check and length are one finding that lists them; its headline gives the

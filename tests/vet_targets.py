@@ -44,6 +44,12 @@ def without_gates(q, k, v):
     return lv.attention(q, k, v, "identity", causal=True, normalize=False, form="quadratic")
 
 
+def no_float32(q, k, v):
+    """elu_linear refusing float32 inputs, as fla's chunk_delta_rule asserts."""
+    assert q.dtype != torch.float32, "does not support float32. Please use bfloat16."
+    return elu_linear(q, k, v)
+
+
 def raising(q, k, v):
     raise ValueError("this kernel always fails")
 

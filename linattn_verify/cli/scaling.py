@@ -35,6 +35,9 @@ def add(sub) -> None:
     parser.add_argument("--time", action="store_true", help="also time it and plot")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per N (default 5)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", choices=options.DTYPES, default="float32", help="the inputs' dtype (float32)"
+    )
     parser.add_argument("--out", default="reports/scaling", help="folder of the plot")
     options.add_output(parser)
     parser.set_defaults(func=run)
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return impl(q, k, v, w, default_arguments(impl.spec, q))
 
     try:  # one small call first: an implementation that fails at all fails here, by name
-        fn(*attention_inputs(256, d=args.d, dv=args.d))
+        fn(*attention_inputs(256, d=args.d, dv=args.d, dtype=args.dtype))
     except ImplementationFailure as err:
         print(f"{impl.name}: {err} on a first small call -> FAIL")
         return 1
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             args.repeats,
             d=args.d,
             dv=args.d,
+            dtype=args.dtype,
         )
     except (ImplementationFailure, RuntimeError, MemoryError) as err:  # out of memory, say
         print(f"{impl.name}: failed while measured: {err} -> FAIL")

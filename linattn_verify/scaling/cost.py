@@ -117,12 +117,21 @@ def counted(fn: Callable[[], object], n: int) -> tuple[object, Cost]:
 
 
 def attention_inputs(
-    n: int, b: int = 1, h: int = 1, d: int = 64, dv: int = 64, seed: int = 0, device="cpu"
+    n: int,
+    b: int = 1,
+    h: int = 1,
+    d: int = 64,
+    dv: int = 64,
+    seed: int = 0,
+    device="cpu",
+    dtype: str = "float32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Standard normal float32 q, k (B, H, n, d) and v (B, H, n, dv) from a seeded generator."""
+    """Standard normal q, k (B, H, n, d) and v (B, H, n, dv) from a seeded generator, drawn in
+    float32 and given in `dtype`."""
     g = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(b, h, n, d, generator=g) for _ in range(2))
-    return q.to(device), k.to(device), torch.randn(b, h, n, dv, generator=g).to(device)
+    v = torch.randn(b, h, n, dv, generator=g)
+    return tuple(t.to(device=device, dtype=getattr(torch, dtype)) for t in (q, k, v))
 
 
 def cost_curve(impl: Implementation, ns: Sequence[int], **inputs) -> list[Cost]:

@@ -18,10 +18,11 @@ def target_words(impl: Implementation) -> list[str]:
     return words
 
 
-def scaling_command(impl: Implementation, max_n: int, d: int) -> str:
+def scaling_command(impl: Implementation, max_n: int, d: int, dtype: str) -> str:
     """The `scaling` command counting what vet's scaling task counts (N = 256 ... max_n,
-    d = dv, W orthogonal from seed 0)."""
+    d = dv, inputs in `dtype`, W orthogonal from seed 0)."""
     words = [*target_words(impl), "--max-n", str(max_n), "--d", str(d)]
+    words += [] if dtype == "float32" else ["--dtype", dtype]
     return "python -m linattn_verify scaling " + shlex.join(words)
 
 

@@ -42,6 +42,7 @@ from ..results import SEVERITIES
 from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
 from ..specs import Spec
 from .causes import TF32, Cause, name_cause
+from .tasks import DEPENDS
 
 Row = dict[str, Any]
 
@@ -396,6 +397,24 @@ def _text(kind: str, group: list[Row]) -> str | None:
     return None
 
 
+def _dtype_limit(rows: list[Row], shown: Row) -> str:
+    """ " (...: --dtypes ...)" for a contract failure that raised on a dtype whose accuracy
+    panel met the contract's failure alone, while every other dtype's panel passed: an
+    undeclared limit, and the option that declares it (issue 51, item 6); else ""."""
+    dtype = _dtype(shown)
+    if shown["name"] != "contract" or " raised " not in shown.get("detail", "") or not dtype:
+        return ""
+    panels = {r["name"].removeprefix("accuracy "): r["status"] for r in rows
+              if r["name"].startswith("accuracy ")}  # fmt: skip
+    others = [d for d, status in panels.items() if d != dtype]
+    if panels.get(dtype) != DEPENDS or not others or any(panels[d] != "pass" for d in others):
+        return ""
+    return (
+        f" (it raises on {dtype} inputs and passes in {', '.join(others)}: if it does not "
+        f"take {dtype}, declare the dtypes it takes, --dtypes {' '.join(others)})"
+    )
+
+
 def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
     """The failing rows as findings, ranked (module docstring); `spec`, the spec claimed,
     names the causes it can (causes.py)."""
@@ -425,7 +444,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 severity=severity,
                 regime=min((_regime(r) for r in group), key=REGIMES.index),
                 checks=tuple(dict.fromkeys(r["name"] for r in group)),
-                detail=shown.get("detail", ""),
+                detail=shown.get("detail", "") + _dtype_limit(rows, shown),
                 relative_error=_relative(shown),
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),

@@ -139,15 +139,17 @@ class Int32Offsets(Task):
 
 @dataclass(frozen=True, kw_only=True)
 class Scaling(Task):
-    """scaling: the counted growth against the `expected` one, up to max_n."""
+    """scaling: the counted growth against the `expected` one, up to max_n, on inputs of
+    `dtype` (float32, or the first dtype vet judges where float32 is not among them)."""
 
     name: ClassVar[str] = "scaling"
     device: str
     expected: str
     max_n: int = SCALING_MAX_N
+    dtype: str = "float32"
 
     def run(self, impl: Implementation) -> list[Row]:
-        return scaling(impl, self.device, self.expected, self.max_n)
+        return scaling(impl, self.device, self.expected, self.max_n, self.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,7 +137,8 @@ def plan(description: dict[str, Any], options: VetOptions) -> list[Task]:
         steps.append(AutotuneConfigs(device=device, dtypes=dtypes, smallest=smallest))
         steps.append(Int32Offsets(device=device))
     max_n = SMALLEST_SCALING_MAX_N if smallest else SCALING_MAX_N
-    steps.append(Scaling(device=device, expected=description["cost"], max_n=max_n))
+    dtype = "float32" if "float32" in dtypes else dtypes[0]  # one the kernel takes
+    steps.append(Scaling(device=device, expected=description["cost"], max_n=max_n, dtype=dtype))
     if longest := options.long_n(
         description.get("triton") == "interpret", family_of(spec).stepwise
     ):

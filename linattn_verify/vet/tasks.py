@@ -313,10 +313,14 @@ SMALLEST_SCALING_MAX_N = 1024  # in the smallest plan (VetOptions.smallest)
 
 
 def scaling(
-    impl: Implementation, device: str, expected: str, max_n: int = SCALING_MAX_N
+    impl: Implementation,
+    device: str,
+    expected: str,
+    max_n: int = SCALING_MAX_N,
+    dtype: str = "float32",
 ) -> list[Row]:
-    """Counted FLOPs and peak bytes over N = 256 ... max_n (float32, d = dv = 32) grow as
-    `expected` ("linear" or "quadratic")."""
+    """Counted FLOPs and peak bytes over N = 256 ... max_n (inputs in `dtype`, d = dv = 32)
+    grow as `expected` ("linear" or "quadratic")."""
     spec = impl.spec
     d = 32
     w = None
@@ -334,6 +338,7 @@ def scaling(
         d=d,
         dv=d,
         device=device,
+        dtype=dtype,
     )
     figures = {
         "flops_slope": result.growth.flops and result.growth.flops.slope,
@@ -341,14 +346,15 @@ def scaling(
     }
     row = CheckResult("scaling", result.growth.passed, result.growth.message, figures=figures)
     # a cost finding (vet/findings.py): what it claims, and the command that counts it again
-    return [{**row.to_dict(), **_cost_fields(impl, result.growth.passed, expected, max_n, d)}]
+    command = scaling_command(impl, max_n, d, dtype)
+    return [{**row.to_dict(), **_cost_fields(result.growth.passed, expected, command)}]
 
 
-def _cost_fields(impl: Implementation, passed: bool, expected: str, max_n: int, d: int) -> Row:
+def _cost_fields(passed: bool, expected: str, command: str) -> Row:
     """The scaling row's claim, and when it fails its cause ("cost") and reproduce command."""
     if passed:
         return {"claim": expected}
-    return {"claim": expected, "cause": "cost", "reproduce": scaling_command(impl, max_n, d)}
+    return {"claim": expected, "cause": "cost", "reproduce": command}
 
 
 def long_context(
