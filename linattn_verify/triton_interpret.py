@@ -26,7 +26,9 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
   counted (`STATE.tf32_dots`): the evidence vet's "tf32-products" cause needs.
 
 And one instrument: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
-per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits).
+per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits). And one saving,
+no change to what is computed: a launch patches triton.language for the interpreter once, and
+the @jit functions the kernel calls no longer patch it again on each call (_patch_once).
 """
 
 from __future__ import annotations
@@ -195,6 +197,7 @@ def _install() -> None:
     _shim_store_types(interpreter)
     _shim_dot(interpreter)
     _watch_offsets(interpreter)
+    _patch_once(interpreter)
 
 
 def _reinterpret_library() -> None:
@@ -465,3 +468,46 @@ def _watch_offsets(interpreter) -> None:
 
     interpreter.GridExecutor.__call__ = call
     interpreter.InterpreterBuilder.create_addptr = create_addptr
+
+
+def _patch_once(interpreter) -> None:
+    """Time, not values: each call of a @jit function from inside a kernel
+    (InterpretedFunction.__call__) runs _patch_lang, which walks triton.language, tl.tensor,
+    tl.math and tensor_descriptor_base (inspect.getmembers) to wrap their builtins for the
+    interpreter, and drops the scope it returns, so nothing it sets is undone. Inside a launch
+    (GridExecutor.__call__, whose own _patch_lang holds until the launch ends), a call whose
+    function sees no triton.language module but ones already patched in this launch would find
+    no builtin left to wrap and set the other patches to equal ones again: it is skipped. Any
+    other runs as before (a module not yet patched; none at all, which _patch_lang asserts).
+    interpreter._patch_lang.__wrapped__ is triton's."""
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    tl = interpreter.tl
+    launches: list[list] = []  # per launch in progress: its kernel, and the modules patched
+
+    def patched_modules(fn) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def patch_once(fn):
+        if not launches:
+            return patch_lang(fn)
+        kernel, done = launches[-1]
+        modules = patched_modules(fn)
+        if done is not None and modules and modules <= done:
+            return None  # InterpretedFunction.__call__ drops what _patch_lang returns
+        scope = patch_lang(fn)
+        if fn is kernel and done is None:  # the launch's own
+            launches[-1][1] = modules
+        elif done is not None:  # patched until the process ends: the scope is dropped
+            done |= modules
+        return scope
+
+    def call(self, *args, **kwargs):
+        launches.append([self.fn, None])
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_once.__wrapped__ = patch_lang
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = call
