@@ -334,16 +334,28 @@ def _shim_bfloat16(interpreter) -> None:
     tl, handle, builder = interpreter.tl, interpreter.TensorHandle, interpreter.InterpreterBuilder
     np_dtype, valid = interpreter._get_np_dtype, interpreter._validate_np_data_size
 
+    scalars: dict[str, np.dtype] = {}  # a plain tl.dtype's, by name: _get_np_dtype's dict by name
+
+    def is_bfloat16(ty) -> bool:
+        """ty == tl.bfloat16; for a plain tl.dtype (most calls) its name, which is what
+        dtype.__eq__ compares, without its unwrapping (a share of every operation's time)."""
+        return ty.name == "bf16" if type(ty) is tl.dtype else ty == tl.bfloat16
+
     def get_np_dtype(ty):
-        return np.dtype(np.float32) if ty == tl.bfloat16 else np_dtype(ty)
+        if type(ty) is not tl.dtype:
+            return np.dtype(np.float32) if ty == tl.bfloat16 else np_dtype(ty)
+        if (found := scalars.get(ty.name)) is None:
+            found = np.dtype(np.float32) if ty.name == "bf16" else np_dtype(ty)
+            scalars[ty.name] = found
+        return found
 
     def validate(array, ty):
-        return (ty == tl.bfloat16 and array.dtype == np.float32) or valid(array, ty)
+        return (is_bfloat16(ty) and array.dtype == np.float32) or valid(array, ty)
 
     post_init = handle.__post_init__
 
     def rounded(self):
-        if self.dtype == tl.bfloat16:
+        if is_bfloat16(self.dtype):
             self.data = _to_bfloat16(np.asarray(self.data))
         post_init(self)
 
@@ -389,6 +401,7 @@ def _shim_bfloat16(interpreter) -> None:
             return handle(np.abs(arg.data), tl.bfloat16)
         return fabs(self, arg)
 
+    get_np_dtype.__wrapped__ = np_dtype
     interpreter._get_np_dtype = get_np_dtype
     interpreter._validate_np_data_size = validate
     handle.__post_init__ = rounded

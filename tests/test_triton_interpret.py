@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,6 +105,18 @@ def test_bfloat16_is_rounded_to_nearest_even_not_summed_as_bits():
     *_, bf, out = _run(tf32=False)
     expected = (bf.float().sum(0) * 3.0).bfloat16()  # torch rounds float32 to nearest even
     assert torch.equal(out, expected)
+
+
+def test_numpy_types_looked_up_by_name_are_tritons_but_bfloat16s():
+    """The shim's cache of a plain dtype's numpy type by its name: triton's own type for each,
+    float32 for bfloat16 (its values carried as numbers), pointers and blocks as before."""
+    from triton.runtime import interpreter
+
+    ours, theirs = interpreter._get_np_dtype, interpreter._get_np_dtype.__wrapped__
+    known = [tl.dtype(n) for n in ("int1", "int8", "int32", "uint64", "fp16", "fp32", "fp64")]
+    for ty in [*known, tl.pointer_type(tl.float32), tl.block_type(tl.float16, [4])] * 2:
+        assert ours(ty) == theirs(ty), ty
+    assert ours(tl.dtype("bf16")) == ours(tl.bfloat16) == np.float32
 
 
 def test_the_autotuner_runs_the_chosen_config_and_names_it():
