@@ -510,7 +510,7 @@ def _patch_once(interpreter) -> None:
         scope = patch_lang(fn)
         if fn is kernel and done is None:  # the launch's own
             launches[-1][1] = modules
-        elif done is not None:  # patched until the process ends: the scope is dropped
+        elif done is not None:  # its scope is dropped: what it patched stays patched
             done |= modules
         return scope
 
