@@ -26,7 +26,9 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
   counted (`STATE.tf32_dots`): the evidence vet's "tf32-products" cause needs.
 
 And one instrument: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
-per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits).
+per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits). And one saving,
+no change to what is computed: a launch patches triton.language for the interpreter once, and
+the @jit functions the kernel calls no longer patch it again on each call (_patch_once).
 """
 
 from __future__ import annotations
@@ -195,6 +197,7 @@ def _install() -> None:
     _shim_store_types(interpreter)
     _shim_dot(interpreter)
     _watch_offsets(interpreter)
+    _patch_once(interpreter)
 
 
 def _reinterpret_library() -> None:
@@ -331,16 +334,28 @@ def _shim_bfloat16(interpreter) -> None:
     tl, handle, builder = interpreter.tl, interpreter.TensorHandle, interpreter.InterpreterBuilder
     np_dtype, valid = interpreter._get_np_dtype, interpreter._validate_np_data_size
 
+    scalars: dict[str, np.dtype] = {}  # a plain tl.dtype's, by name: _get_np_dtype's dict by name
+
+    def is_bfloat16(ty) -> bool:
+        """ty == tl.bfloat16; for a plain tl.dtype (most calls) its name, which is what
+        dtype.__eq__ compares, without its unwrapping (a share of every operation's time)."""
+        return ty.name == "bf16" if type(ty) is tl.dtype else ty == tl.bfloat16
+
     def get_np_dtype(ty):
-        return np.dtype(np.float32) if ty == tl.bfloat16 else np_dtype(ty)
+        if type(ty) is not tl.dtype:
+            return np.dtype(np.float32) if ty == tl.bfloat16 else np_dtype(ty)
+        if (found := scalars.get(ty.name)) is None:
+            found = np.dtype(np.float32) if ty.name == "bf16" else np_dtype(ty)
+            scalars[ty.name] = found
+        return found
 
     def validate(array, ty):
-        return (ty == tl.bfloat16 and array.dtype == np.float32) or valid(array, ty)
+        return (is_bfloat16(ty) and array.dtype == np.float32) or valid(array, ty)
 
     post_init = handle.__post_init__
 
     def rounded(self):
-        if self.dtype == tl.bfloat16:
+        if is_bfloat16(self.dtype):
             self.data = _to_bfloat16(np.asarray(self.data))
         post_init(self)
 
@@ -386,6 +401,7 @@ def _shim_bfloat16(interpreter) -> None:
             return handle(np.abs(arg.data), tl.bfloat16)
         return fabs(self, arg)
 
+    get_np_dtype.__wrapped__ = np_dtype
     interpreter._get_np_dtype = get_np_dtype
     interpreter._validate_np_data_size = validate
     handle.__post_init__ = rounded
@@ -465,3 +481,46 @@ def _watch_offsets(interpreter) -> None:
 
     interpreter.GridExecutor.__call__ = call
     interpreter.InterpreterBuilder.create_addptr = create_addptr
+
+
+def _patch_once(interpreter) -> None:
+    """Time, not values: each call of a @jit function from inside a kernel
+    (InterpretedFunction.__call__) runs _patch_lang, which walks triton.language, tl.tensor,
+    tl.math and tensor_descriptor_base (inspect.getmembers) to wrap their builtins for the
+    interpreter, and drops the scope it returns, so nothing it sets is undone. Inside a launch
+    (GridExecutor.__call__, whose own _patch_lang holds until the launch ends), a call whose
+    function sees no triton.language module but ones already patched in this launch would find
+    no builtin left to wrap and set the other patches to equal ones again: it is skipped. Any
+    other runs as before (a module not yet patched; none at all, which _patch_lang asserts).
+    interpreter._patch_lang.__wrapped__ is triton's."""
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    tl = interpreter.tl
+    launches: list[list] = []  # per launch in progress: its kernel, and the modules patched
+
+    def patched_modules(fn) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def patch_once(fn):
+        if not launches:
+            return patch_lang(fn)
+        kernel, done = launches[-1]
+        modules = patched_modules(fn)
+        if done is not None and modules and modules <= done:
+            return None  # InterpretedFunction.__call__ drops what _patch_lang returns
+        scope = patch_lang(fn)
+        if fn is kernel and done is None:  # the launch's own
+            launches[-1][1] = modules
+        elif done is not None:  # its scope is dropped: what it patched stays patched
+            done |= modules
+        return scope
+
+    def call(self, *args, **kwargs):
+        launches.append([self.fn, None])
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_once.__wrapped__ = patch_lang
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = call

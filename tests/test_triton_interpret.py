@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,6 +107,18 @@ def test_bfloat16_is_rounded_to_nearest_even_not_summed_as_bits():
     assert torch.equal(out, expected)
 
 
+def test_numpy_types_looked_up_by_name_are_tritons_but_bfloat16s():
+    """The shim's cache of a plain dtype's numpy type by its name: triton's own type for each,
+    float32 for bfloat16 (its values carried as numbers), pointers and blocks as before."""
+    from triton.runtime import interpreter
+
+    ours, theirs = interpreter._get_np_dtype, interpreter._get_np_dtype.__wrapped__
+    known = [tl.dtype(n) for n in ("int1", "int8", "int32", "uint64", "fp16", "fp32", "fp64")]
+    for ty in [*known, tl.pointer_type(tl.float32), tl.block_type(tl.float16, [4])] * 2:
+        assert ours(ty) == theirs(ty), ty
+    assert ours(tl.dtype("bf16")) == ours(tl.bfloat16) == np.float32
+
+
 def test_the_autotuner_runs_the_chosen_config_and_names_it():
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 1, 40, 4, generator=gen) for _ in range(3))
@@ -118,6 +131,45 @@ def test_the_autotuner_runs_the_chosen_config_and_names_it():
     assert "_chunk_kernel BT=16" in triton_interpret.describe(0).split("; ")
     assert "_chunk_kernel BT=32" in triton_interpret.describe(1).split("; ")
     assert errors[0] < 1e-5 < 1 < errors[1]  # its bug is BT = 32's alone
+
+
+@triton.jit
+def _twice(x):
+    return x * 2.0
+
+
+@triton.jit
+def _calls_a_jit_function(x, o, B: tl.constexpr):
+    r = tl.arange(0, B)
+    for i in range(3):
+        tl.store(o + i * B + r, _twice(tl.load(x + i * B + r)))
+
+
+def test_a_launch_patches_triton_language_once_and_restores_it(monkeypatch):
+    """The @jit function a kernel calls in a loop does not walk triton.language again on each
+    call (_patch_once), and triton.language has its builtins back after the launch."""
+    from triton.runtime import interpreter
+
+    walked = []
+    walk = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda *a: walked.append(a[0]) or walk(*a))
+    x, o = torch.randn(3, 16), torch.empty(3, 16)
+    _calls_a_jit_function[(1,)](x, o, B=16)
+    assert walked.count(tl) == 1  # the launch's: three calls of _twice, no walk of their own
+    assert torch.equal(o, x * 2.0)
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)
+
+
+def test_patching_once_a_launch_computes_what_patching_every_call_does(monkeypatch):
+    """The zoo's chunk kernel (autotuned, a loop, tl.dot, a @jit helper called per block):
+    the same bits with triton's own _patch_lang, which patches on every call."""
+    from triton.runtime import interpreter
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 37, 4, generator=gen) for _ in range(3))
+    once = zoo.triton_chunked(q, k, v)
+    monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.__wrapped__)
+    assert torch.equal(once, zoo.triton_chunked(q, k, v))
 
 
 def test_guard_bands_name_what_is_read_past_or_left_unwritten():
