@@ -144,6 +144,28 @@ def test_an_undeclared_dtype_limit_names_the_option_that_declares_it(tmp_path):
     assert _vet("no_float32", *args, "--dtypes", "float16", "bfloat16", "float64") == 0
 
 
+def test_a_library_claiming_some_dtypes_is_judged_inside_them_and_outside_is_one_line():
+    """Issue 51, item 6: an adapter's declared dtypes (Adapter.dtypes, as fla's
+    chunk_delta_rule's assert) keep the verdict inside them, scaling included; what the
+    kernel does on the others is one line, no finding."""
+    from dataclasses import replace
+
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.runner import VetOptions, vet_in_process
+    from tests import vet_targets
+
+    impl = replace(resolve(vet_targets.no_float32, feature_map="elu"), dtypes=("float16",))
+    report = vet_in_process(impl, VetOptions(smallest=True, longest=0, envelope=False))
+    assert report.verdict == "pass" and report.findings == [], report.summary()
+    assert {r["name"] for r in report.rows if r["name"].startswith("accuracy ")} == {
+        "accuracy float16"
+    }
+    (line,) = [x for x in report.summary().splitlines() if x.startswith("outside the claim")]
+    assert "(its library takes float16)" in line
+    assert "bfloat16: meets the contract" in line and "float64: meets the contract" in line
+    assert "float32: raised AssertionError: does not support float32" in line
+
+
 def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):
     """Issue 51, item 3: a defect float64 shows is one of every precision, so its failures in
     every dtype, check and length are one finding that lists them; its headline gives the

@@ -124,7 +124,9 @@ def test_vet_judges_the_zoo_entry_right(entry: Entry, record_property):
         assert set(killers) <= {*GRAD_CHECKS, GRADIENT_LENGTH}, report.summary()
     for words in {words for f in found for words in f.advice}:  # issue 51, item 1
         again = vet_in_process(_advised(implementation(entry), words), options)
-        assert again.verdict == "fail", f"vet's advice {words} rescues {entry.name}:\n{summary}"
+        again = replace(again, failing_regimes=at_its_regime.failing_regimes)
+        still = set(entry.caught_by) & {row["name"] for row in again.failed}
+        assert still, f"vet's advice {words} rescues {entry.name}:\n{summary}"
 
 
 def test_the_zoo_is_big_enough():

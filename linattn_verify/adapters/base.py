@@ -34,7 +34,9 @@ class Adapter:
     layout of the state its function carries ("Sz", under_test.claim.STATE_LAYOUTS) and
     load_state the fn(q, k, v, initial_state=...) -> (out, final_state) that carries it,
     for `--state`; None for a function without one. varlen: its function takes packed
-    batches (cu_seqlens, --varlen).
+    batches (cu_seqlens, --varlen). dtypes: the input dtypes the library claims, from its
+    documentation or its own asserts (None: every one); vet judges inside them and says in
+    one line what the function does outside.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Adapter:
     state: str | None = None
     load_state: Callable[[], Fn] | None = None
     varlen: bool = False
+    dtypes: tuple[str, ...] | None = None
 
 
 def import_library(module: str, install: str) -> ModuleType:

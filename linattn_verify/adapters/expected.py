@@ -54,16 +54,16 @@ LONG_TRITON_DELTA = "--smallest --long 4096"
 
 def variants(adapter: Adapter) -> tuple[str, ...]:
     """The vet options besides the default plan whose verdicts the file records: for a Triton
-    kernel, --tf32 on float32 (TF32 rounds float32 products alone) at the default plan, and
-    at the smallest plan its backward (--grad, with --state where it carries one) and,
-    where it takes them, packed batches (--varlen); for every adapter of linear cost, the
-    long-context check (long_variant)."""
+    kernel, --tf32 on float32 (TF32 rounds float32 products alone) at the default plan where
+    its library takes float32, and at the smallest plan its backward (--grad, with --state
+    where it carries one) and, where it takes them, packed batches (--varlen); for every
+    adapter of linear cost, the long-context check (long_variant)."""
     long = () if adapter.cost == "quadratic" else (long_variant(adapter),)
     if not adapter.triton:
         return long
     backward = "--state --grad --smallest" if adapter.state else "--grad --smallest"
-    return ("--tf32 --dtypes float32", backward, *(["--varlen --smallest"] * adapter.varlen),
-            *long)  # fmt: skip
+    tf32 = ("--tf32 --dtypes float32",) if "float32" in (adapter.dtypes or ("float32",)) else ()
+    return (*tf32, backward, *(["--varlen --smallest"] * adapter.varlen), *long)
 
 
 def long_variant(adapter: Adapter) -> str:

@@ -1,32 +1,33 @@
 """fla's adapters of the delta rule: delta_rule, gated_delta_rule and kda.
 
-The delta rule (DeltaNet, Gated DeltaNet, KDA: families/delta/fields.py): fla's naive.py functions
-and the Triton ones, their q, k of H heads and v of HV = H heads (fla's grouped value heads,
-HV a multiple of H, are not exercised: the contract has one head count). Every function
-applies the gates before the update (S_(t-1) times exp(g_t) first), as the spec. The Triton
-fused-recurrent functions are declared with use_qk_l2norm_in_kernel=False (q, k as given),
-and fused_recurrent_delta_rule also with True (L2NORM_SAMPLE; the spec's qk_l2norm: x /
-sqrt(|x|^2 + 1e-6), in fla/modules/norm/l2norm.py before its kernel, inside the kernel in
-the other fused-recurrent ones), the path fla's DeltaNet, GatedDeltaNet and KDA layers
-take. fused_recurrent_kda goes through fla.backends.dispatch, which would hand the call to
-flash_kda or tilelang where installed: none is here, so fla's own Triton kernel runs; so do
-chunk_kda (the same backends) and chunk_gated_delta_rule (flash_qla). The chunk kernels are
-declared as their fused-recurrent twins (use_qk_l2norm_in_kernel=False, their state,
-cu_seqlens; chunks of 64, fla's default), and their refusals are findings of their verdicts
-(as chunk_gla's float64 is), not translated away: chunk_delta_rule asserts q.dtype !=
-float32 (fla/ops/delta_rule/chunk.py:303, "Please use bfloat16"), so float32 inputs raise,
-and its float64 does not compile (merge_16x16_to_64x64_inverse_kernel, fla/ops/utils/
-solve_tril.py:336, casts a float32 block to the float64 output with
-fp_downcast_rounding="rtne", which Triton refuses for a widening cast); float64 in
-chunk_gated_delta_rule mixes float64 and float32 blocks in tl.dot (fla/ops/gated_delta_rule/
-chunk_fwd.py:142 and 257, "Both operands must be same dtype"; at N = 64 the interpreter
-meets the store of line 319 first, which the suite's shim refuses) and in chunk_kda fails in
-chunk_gla_fwd_kernel_o (fla/ops/gla/chunk.py:455) as chunk_gla does. chunk_kda asserts a
-float32 initial state (fla/ops/kda/chunk.py:466; its docstring's example passes a bfloat16
-one, which the assert refuses): the adapter passes the state as given, and the suite gives
-it in the dtype of the kernel's own final state, float32, so no call of the suite meets the
-assert. In the interpreter a call at N = 64 (B = 1, H = 2, d = 4) takes 0.5 s
-(chunk_delta_rule), 0.6 s (chunk_gated_delta_rule) and 6 s (chunk_kda). Left out:
+The delta rule (DeltaNet, Gated DeltaNet, KDA: families/delta/fields.py): fla's naive.py
+functions and the Triton ones, their q, k of H heads and v of HV = H heads (fla's grouped
+value heads, HV a multiple of H, are not exercised: the contract has one head count). Every
+function applies the gates before the update (S_(t-1) times exp(g_t) first), as the spec.
+The Triton fused-recurrent functions are declared with use_qk_l2norm_in_kernel=False (q, k
+as given), and fused_recurrent_delta_rule also with True (L2NORM_SAMPLE; the spec's
+qk_l2norm: x / sqrt(|x|^2 + 1e-6), in fla/modules/norm/l2norm.py before its kernel, inside
+the kernel in the other fused-recurrent ones), the path fla's DeltaNet, GatedDeltaNet and
+KDA layers take. fused_recurrent_kda goes through fla.backends.dispatch, which would hand
+the call to flash_kda or tilelang where installed: none is here, so fla's own Triton kernel
+runs; so do chunk_kda (the same backends) and chunk_gated_delta_rule (flash_qla). The chunk
+kernels are declared as their fused-recurrent twins (use_qk_l2norm_in_kernel=False, their
+state, cu_seqlens; chunks of 64, fla's default). chunk_delta_rule asserts q.dtype != float32
+(fla/ops/delta_rule/chunk.py:303, "Please use bfloat16"): its adapter claims float16 and
+bfloat16 alone (CLAIMED_DTYPES), and vet says in one line what float32 and float64 do
+outside that claim (its float64 does not compile: merge_16x16_to_64x64_inverse_kernel,
+fla/ops/utils/solve_tril.py:336, casts a float32 block to the float64 output with
+fp_downcast_rounding="rtne", which Triton refuses for a widening cast). The other refusals
+are findings of their verdicts (as chunk_gla's float64 is), not translated away: float64 in
+chunk_gated_delta_rule mixes float64 and float32 blocks in tl.dot
+(fla/ops/gated_delta_rule/chunk_fwd.py:142 and 257, "Both operands must be same dtype"; at N
+= 64 the interpreter meets the store of line 319 first, which the suite's shim refuses) and
+in chunk_kda fails in chunk_gla_fwd_kernel_o (fla/ops/gla/chunk.py:455) as chunk_gla does.
+chunk_kda asserts a float32 initial state (fla/ops/kda/chunk.py:466; its docstring's example
+passes a bfloat16 one, which the assert refuses): the adapter passes the state as given, and
+the suite gives it in the dtype of the kernel's own final state, float32, so no call of the
+suite meets the assert. In the interpreter a call at N = 64 (B = 1, H = 2, d = 4) takes 0.5
+s (chunk_delta_rule), 0.6 s (chunk_gated_delta_rule) and 6 s (chunk_kda). Left out:
 fused_chunk_delta_rule, a stub that raises NotImplementedError ("deprecated. Please use
 chunk_delta_rule instead"); naive.py's delta_rule_parallel, which returns (o, A) with the
 (B, H, N, N) matrix A and needs N % BM == 0 (BM = 128 by default; N = 64 raises a size
@@ -108,6 +109,9 @@ _DELTA_RULES = {
     "H, K) log-gates per key channel, then DeltaNet's update, o_t = K^-1/2 S_t^T q_t: the "
     "identity spec, unnormalised, scale d^-0.5, the delta rule with channel gates.",
 }
+# the input dtypes a function's own assert allows, where it refuses some: chunk_delta_rule
+# asserts q.dtype != float32 (fla/ops/delta_rule/chunk.py:303, "Please use bfloat16")
+CLAIMED_DTYPES = {"chunk_delta_rule": ("float16", "bfloat16")}
 # what each Triton function does besides the spec, by its name
 _DELTA_TRITON = {
     "fused_recurrent_delta_rule": "State and products in float32, the output in the input dtype.",
@@ -227,6 +231,7 @@ ADAPTERS = (
             state="S",
             load_state=_delta_triton(module, function, l2norm, True),
             varlen=True,
+            dtypes=CLAIMED_DTYPES.get(function),
         )
         for module, decay, short, function, how in (
             ("delta_rule", None, "fused-recurrent", "fused_recurrent_delta_rule",

@@ -18,7 +18,7 @@ def contract(impl: Implementation, case: Case) -> Outcome:
     before = [t.clone() for t in native]
     out = impl.call_raw(*native, w, decay)
     want = tuple(impl.to_layout(torch.empty(*q.shape[:3], v.shape[-1], device="meta")).shape)
-    problems = []
+    problems = []  # the output's own, then the inputs'
     if tuple(out.shape) != want:
         shape = tuple(out.shape)
         problems.append(
@@ -28,9 +28,11 @@ def contract(impl: Implementation, case: Case) -> Outcome:
         problems.append(f"dtype {out.dtype}, expected {q.dtype}")
     if out.device != q.device:
         problems.append(f"device {out.device}, expected {q.device}")
+    # an output of another shape, dtype or device: no check can judge its values as claimed
+    unjudged = float(bool(problems))
     for name, old, new in zip("qkv", before, native):
         if not torch.equal(old, new):
             problems.append(f"input {name} was modified in place")
     if problems:
-        return Outcome(False, "; ".join(problems))
+        return Outcome(False, "; ".join(problems), figures={"output_unjudged": unjudged})
     return Outcome(True, f"output {want} ({impl.layout}) {q.dtype} on {q.device}; inputs untouched")

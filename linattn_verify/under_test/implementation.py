@@ -63,7 +63,8 @@ class Implementation:
     batch, fn(q, k, v[, projection], cu_seqlens=offsets) with B = 1 (docs/contract.md,
     "Packed batches"), cu_seqlens None for a plain one. triton: "interpret" when fn's Triton
     kernels run in Triton's interpreter (triton_interpret.py; tf32: TF32 products), fn then
-    called on guarded inputs (guard_bands.py). fn is None while the
+    called on guarded inputs (guard_bands.py). dtypes: the dtypes its library claims (an
+    adapter's; None: every one), vet's judgement kept inside them. fn is None while the
     implementation is only declared (resolve(..., load=False): picklable, for a worker
     process to load()).
     """
@@ -78,6 +79,7 @@ class Implementation:
     varlen: bool = False
     triton: str | None = None
     tf32: bool = False
+    dtypes: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:

@@ -28,8 +28,9 @@ def importable_name(fn: Any) -> str:
     for attr, value in vars(module).items() if module is not None else ():
         if value is fn:
             file = getattr(module, "__file__", None)
+            here = str(Path.cwd())
             if file and (
-                module.__name__ == "__main__" or not _importable_here(module.__name__, file)
+                module.__name__ == "__main__" or not _importable(module.__name__, file, here)
             ):
                 return f"{_shown(Path(file))}:{attr}"
             return f"{module.__name__}:{attr}"
@@ -45,17 +46,25 @@ def _shown(path: Path) -> Path:
 
 
 @functools.lru_cache(maxsize=32)
-def _importable_here(name: str, file: str) -> bool:
-    """Whether `python -m linattn_verify` started in this working directory imports module
+def _importable(name: str, file: str, here: str) -> bool:
+    """Whether `python -m linattn_verify` started in working directory `here` imports module
     `name` from `file`: its top-level package found there, where the module's is."""
     top = name.partition(".")[0]
-    root = Path(file).resolve().parents[name.count(".") + (Path(file).name == "__init__.py")]
-    found = subprocess.run(
-        [sys.executable, "-c", FIND, top], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return bool(found) and Path(found).resolve() == root
+    parents = Path(file).resolve().parents
+    up = name.count(".") + (Path(file).name == "__init__.py")
+    if up >= len(parents):
+        return False
+    try:
+        found = subprocess.run(
+            [sys.executable, "-c", FIND, top], capture_output=True, text=True, check=False,
+            cwd=here, timeout=FIND_TIMEOUT,
+        ).stdout.strip()  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False
+    return bool(found) and Path(found).resolve() == parents[up]
 
 
+FIND_TIMEOUT = 30.0  # seconds: finding a module imports nothing but its parent package
 # prints the directory a top-level module or package is found in (nothing if none), without
 # importing it
 FIND = (

@@ -127,7 +127,7 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
     return Implementation(
         None, spec, Source("adapter", name), adapter.layout,
         values["cost"] or adapter.cost, state=adapter.state if state is not None else None,
-        varlen=values["varlen"], triton=triton, tf32=values["tf32"],
+        varlen=values["varlen"], triton=triton, tf32=values["tf32"], dtypes=adapter.dtypes,
     )  # fmt: skip
 
 

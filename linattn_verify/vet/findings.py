@@ -36,13 +36,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..accuracy.verdict import percent
+from ..checks import GRAD_CHECKS
+from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..inputs import UNIT_ROUNDOFF
 from ..regimes import REGIMES
 from ..results import SEVERITIES
 from ..scaling.growth import EXPECTED_SLOPE, SLOPE_TOLERANCE
 from ..specs import Spec
 from .causes import TF32, Cause, name_cause
-from .tasks import DEPENDS
+from .tasks import AUTOTUNE_CONFIGS, DEPENDS, INT32_OFFSETS
 
 Row = dict[str, Any]
 
@@ -219,10 +221,21 @@ def _wrong_in_float64(row: Row) -> bool:
 
 def _own_kind(key: tuple, group: list[Row]) -> bool:
     """A group that is a finding of its own whatever else fails: a named cause, a cost, a
-    sampler, the rate, a task that stopped, the contract."""
+    sampler, the rate, a task that stopped, the contract, a mechanism no float64 forward
+    value shows (an autotune config, int32 offsets, a backward), a non-finite output."""
     if key[0] == "cause" or key in (("cost",), ("sampler",), ("row", "rate")):
         return True
-    return any(r.get("stopped") or "contract" in (r["name"], r.get("cause")) for r in group)
+    return any(
+        r.get("stopped")
+        or "contract" in (r["name"], r.get("cause"))
+        or r["name"] in OWN_MECHANISMS
+        or not math.isfinite(_relative(r) or 0.0)
+        for r in group
+    )
+
+
+# checks whose failures have a mechanism of their own, whatever the forward values show
+OWN_MECHANISMS = {AUTOTUNE_CONFIGS, INT32_OFFSETS, GRADIENT_LENGTH, *GRAD_CHECKS}
 
 
 def _in_exact_arithmetic(groups: dict[tuple, list[Row]]) -> None:
@@ -398,16 +411,19 @@ def _text(kind: str, group: list[Row]) -> str | None:
 
 
 def _dtype_limit(rows: list[Row], shown: Row) -> str:
-    """ " (...: --dtypes ...)" for a contract failure that raised on a dtype whose accuracy
-    panel met the contract's failure alone, while every other dtype's panel passed: an
+    """ " (...: --dtypes ...)" for a contract failure that raised on a dtype every case of
+    whose accuracy panel broke the contract, while every other dtype's panel passed: an
     undeclared limit, and the option that declares it (issue 51, item 6); else ""."""
     dtype = _dtype(shown)
-    if shown["name"] != "contract" or " raised " not in shown.get("detail", "") or not dtype:
+    if shown["name"] != "contract" or shown.get("cause") != "contract" or not dtype:
         return ""
-    panels = {r["name"].removeprefix("accuracy "): r["status"] for r in rows
+    panels = {r["name"].removeprefix("accuracy "): r for r in rows
               if r["name"].startswith("accuracy ")}  # fmt: skip
-    others = [d for d, status in panels.items() if d != dtype]
-    if panels.get(dtype) != DEPENDS or not others or any(panels[d] != "pass" for d in others):
+    others = [d for d in panels if d != dtype]
+    mine = panels.get(dtype, {})
+    figures = mine.get("figures") or {}
+    every = mine.get("status") == DEPENDS and figures.get("covered") == figures.get("cases")
+    if not every or not others or any(panels[d]["status"] != "pass" for d in others):
         return ""
     return (
         f" (it raises on {dtype} inputs and passes in {', '.join(others)}: if it does not "
@@ -458,7 +474,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 ),
                 check_regimes=tuple((r["name"], _regime(r)) for r in group),
                 dtypes=tuple(d for d in UNIT_ROUNDOFF if d in {_dtype(r) for r in group}),
-                exact=exact and any(_dtype(r) != "float64" for r in group),
+                exact=exact and any(_dtype(r) not in (None, "float64") for r in group),
                 lengths=_lengths(group),
                 largest_error=max(shares, default=None),
             )
@@ -466,6 +482,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
     out.sort(
         key=lambda f: (
             REGIMES.index(f.regime),
+            f.checks[0] != "contract",  # contract first (issue 51, item 2)
             SEVERITIES.index(f.severity),
             -(f.largest_error if f.largest_error is not None else 0.0),
         )

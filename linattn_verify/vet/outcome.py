@@ -17,10 +17,12 @@ from ..checks.gradient_length import NAME as GRADIENT_LENGTH
 from ..results import SEVERITIES
 from ..specs import Spec
 from .findings import Effect, Finding, Row, check_names, findings
+from .tasks import OUTSIDE
 
 # a row's status: judged (pass, fail), or why not (the envelope's rows are "envelope";
 # "skipped": an option left it out, the row's detail names it)
-STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "skipped", "envelope")
+STATUSES = ("pass", "fail", "depends", "not run", "not applicable", "skipped", "envelope",
+            OUTSIDE)  # fmt: skip
 
 
 @dataclass
@@ -35,6 +37,7 @@ class VetReport:
     claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
     runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
     printed: tuple[str, int] | None = None  # the file of its prints, and their lines
+    takes: tuple[str, ...] = ()  # the dtypes its library claims, where it claims some
 
     @property
     def findings(self) -> list[Finding]:
@@ -226,6 +229,11 @@ def _checks(report: VetReport, found: list[Finding], verbose: bool) -> list[str]
         lines.append(_skipped(status["skipped"]))
     for why, names in _by_detail(status["not run"]).items():
         lines.append(f"{why.removeprefix('not run: ')}: not run: {', '.join(names)}")
+    outside = [r for r in report.rows if r["status"] == OUTSIDE]
+    if outside:
+        each = "; ".join(f"{r['name'].removeprefix('outside ')}: {r['detail']}" for r in outside)
+        takes = ", ".join(report.takes)
+        lines.append(f"outside the claim (its library takes {takes}), one call each: {each}")
     return lines
 
 

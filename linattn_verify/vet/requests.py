@@ -27,6 +27,7 @@ from .tasks import (
     int32_offsets,
     known_answers,
     long_context,
+    outside_claim,
     property_check,
     rate,
     sampler_statistics,
@@ -67,6 +68,18 @@ class Tf32Dots(Task):
 
     def run(self, impl: Implementation) -> list[Row]:
         return tf32_dots(impl, self.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutsideClaim(Task):
+    """outside_claim: one call on each dtype the library does not claim."""
+
+    name: ClassVar[str] = "outside the claim"
+    device: str
+    dtypes: tuple[str, ...]
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return outside_claim(impl, self.device, self.dtypes)
 
 
 @dataclass(frozen=True, kw_only=True)

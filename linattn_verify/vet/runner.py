@@ -39,6 +39,7 @@ from .requests import (
     Int32Offsets,
     KnownAnswers,
     LongContext,
+    OutsideClaim,
     PropertyCheck,
     Rate,
     SamplerStatistics,
@@ -171,6 +172,24 @@ def _declares_tf32(description: dict[str, Any], options: VetOptions) -> bool:
     )
 
 
+def _within_claim(
+    description: dict[str, Any], options: VetOptions
+) -> tuple[VetOptions, tuple[str, ...]]:
+    """The options judging only the dtypes the implementation's library claims (an
+    adapter's dtypes), and the others asked for (a line each under "outside the claim");
+    SpecError when none is left."""
+    claimed = description.get("dtypes")
+    if claimed is None:
+        return options, ()
+    inside = tuple(d for d in options.dtypes if d in claimed)
+    if not inside:
+        raise SpecError(
+            f"{description['name']} takes {', '.join(claimed)} (its library's claim): --dtypes "
+            f"{' '.join(options.dtypes)} leaves nothing to judge"
+        )
+    return replace(options, dtypes=inside), tuple(d for d in options.dtypes if d not in claimed)
+
+
 def _without_tf32(impl: Implementation) -> Implementation:
     """The implementation judged in float32's own unit: its declared TF32 products never
     ran (a tl.dot on float32 inputs with TF32 rounding), so there is nothing to widen."""
@@ -178,25 +197,27 @@ def _without_tf32(impl: Implementation) -> Implementation:
 
 
 UNUSED_TF32 = (
-    "; --dot-precision tf32 has nothing to apply to (no tl.dot ran on float32 inputs): "
-    "float32 is judged in its own unit"
+    "; --dot-precision tf32 has nothing to apply to (no tl.dot ran with TF32 products on "
+    "float32 inputs: none in the kernel, or no --tf32): float32 is judged in its own unit"
 )
 
 
 def _report(
-    target: str, description: dict[str, Any], options: VetOptions, claimed: Spec
+    target: str, description: dict[str, Any], options: VetOptions, as_claimed: Spec
 ) -> VetReport:
     """The report before the plan runs: a row for each check that does not apply (and why)
     and for each that an option leaves out (status "skipped", the option in its detail).
-    claimed: the spec as claimed; the description's, as judged (_without_tf32)."""
+    as_claimed: the spec its header names; the description's is the one judged
+    (_without_tf32), which names the causes (VetReport.claimed)."""
     spec = description["spec"]
     report = VetReport(
-        target, description["name"], str(claimed), [], options.failing_regimes, claimed=spec
+        target, description["name"], str(as_claimed), [], options.failing_regimes, claimed=spec
     )
+    report.takes = description.get("dtypes") or ()
     if description.get("triton") == "interpret":
         products = "TF32 (--tf32)" if description.get("tf32") else "IEEE"
         report.runs_in = f"Triton's interpreter on CPU tensors, float32 products {products}"
-        report.runs_in += UNUSED_TF32 if spec.dot_precision != claimed.dot_precision else ""
+        report.runs_in += UNUSED_TF32 if spec.dot_precision != as_claimed.dot_precision else ""
     rows = report.rows
     for name, reason in description["not_applicable"].items():
         if options.grad or name not in GRAD_CHECKS:
@@ -371,6 +392,11 @@ def _vet_in_worker(
     """vet's plan in worker processes whose prints go to `output` (KernelOutput)."""
     worker = Worker(declared, options.timeout, output)
     claimed = worker.description["spec"]
+    try:
+        options, outside = _within_claim(worker.description, options)
+    except SpecError:
+        worker.close()
+        raise
     if _declares_tf32(worker.description, options):
         try:
             (dots,) = worker.run(Tf32Dots(device=options.device))
@@ -378,13 +404,15 @@ def _vet_in_worker(
             worker.close()
             dots = {"figures": {"tf32_dots": 1}}
             worker = Worker(declared, options.timeout, output)
-        if not dots["figures"]["tf32_dots"]:
+        if dots["figures"]["tf32_dots"] == 0:
             worker.close()
             worker = Worker(_without_tf32(declared), options.timeout, output)
     report = _report(declared.source.name, worker.description, options, claimed)
     spec = worker.description["spec"]
     crashes = 0
     try:
+        if outside:
+            report.rows += worker.run(OutsideClaim(device=options.device, dtypes=outside))
         steps = plan(worker.description, options)
         for i, task in enumerate(steps):
             name = task.name
@@ -444,11 +472,14 @@ def _vet_in_process(
 ) -> VetReport:
     say = progress or (lambda text: None)
     claimed = impl.spec
+    options, outside = _within_claim(describe(impl), options)
     if _declares_tf32(describe(impl), options):
         (dots,) = run_task(impl, Tf32Dots(device=options.device))
-        impl = impl if dots["figures"].get("tf32_dots") else _without_tf32(impl)
+        impl = _without_tf32(impl) if dots["figures"]["tf32_dots"] == 0 else impl
     description = describe(impl)
     report = _report(impl.source.name, description, options, claimed)
+    if outside:
+        report.rows += run_task(impl, OutsideClaim(device=options.device, dtypes=outside))
     steps = plan(description, options)
     for i, task in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {task.name} ...")

@@ -78,22 +78,36 @@ def smallest_cases(spec: Spec, dtypes: tuple[str, ...], device: str) -> list[Cas
 def tf32_dots(impl: Implementation, device: str) -> list[Row]:
     """The tl.dots Triton's interpreter ran on float32 inputs with TF32 products in one call
     on the smallest float32 case (figure "tf32_dots"): what a declared --dot-precision tf32
-    applies to (runner.py)."""
+    applies to (runner.py); -1 when the call raised (nothing learnt: the declaration kept)."""
     (case,) = smallest_cases(impl.spec, ("float32",), device)
     result = CHECKS["contract"](impl, case)
-    dots = int(result.figures.get("tf32_dots", 0))
+    dots = -1 if result.cause == "contract" else int(result.figures.get("tf32_dots", 0))
     return [{"name": TF32_PROBE, "status": "probe", "detail": "", "figures": {"tf32_dots": dots}}]
 
 
 TF32_PROBE = "tf32-dots"
+OUTSIDE = "outside the claim"  # the status of a call on a dtype the library does not claim
+
+
+def outside_claim(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
+    """What the kernel does on dtypes its library does not claim (Adapter.dtypes): one call
+    each on the smallest case (the contract check), a row of status OUTSIDE, no finding."""
+    rows = []
+    for case in smallest_cases(impl.spec, dtypes, device):
+        result = CHECKS["contract"](impl, case)
+        did = result.message.removeprefix(f"{impl.name} ")
+        what = "meets the contract (its values not judged)" if result.passed else did
+        rows.append({"name": f"outside {case.dtype}", "status": OUTSIDE, "detail": what})
+    return rows
 
 
 class ContractCovered:
     """Past a failed contract check (its finding in `regime`): the failures it already
     stands for, counted: any failure on a case of that regime or a harsher one on which the
-    contract check fails too (a raise, or an output of the wrong type, shape, dtype or
-    device, which no check of its values can judge: float32 returned for float64 inputs
-    fails associativity by float32's rounding)."""
+    contract check fails too by what leaves the output unjudged (a raise, or an output of
+    the wrong type, shape, dtype or device: float32 returned for float64 inputs fails
+    associativity by float32's rounding); an input modified in place leaves the output
+    judged, and a failure of its values is a finding of its own."""
 
     def __init__(self, impl: Implementation, regime: str) -> None:
         self.impl, self.regime, self.count = impl, regime, 0
@@ -102,7 +116,9 @@ class ContractCovered:
         if result.case is None or REGIMES.index(result.regime) < REGIMES.index(self.regime):
             return False
         with beyond_plan():  # not one of the task's planned cases (Task.planned_cases)
-            covered = not CHECKS["contract"](self.impl, result.case).passed
+            met = CHECKS["contract"](self.impl, result.case)
+        unjudged = met.cause == "contract" or bool(met.figures.get("output_unjudged"))
+        covered = not met.passed and unjudged
         self.count += covered
         return covered
 
@@ -156,11 +172,13 @@ def _on_smallest_cases(impl, name: str, device: str, dtypes, covered) -> list[Ro
 DEPENDS = "depends"  # the status of a check whose only failures the failed contract covers
 
 
-def depending(name: str, covered: int) -> Row:
+def depending(name: str, covered: int, cases: int | None = None) -> Row:
     """The row of a check with no failure of its own, and `covered` failures that the
-    failed contract check stands for (ContractCovered)."""
+    failed contract check stands for (ContractCovered), of `cases` where it counts them
+    (figures "covered", "cases")."""
     detail = f"no failure of its own; {covered} case(s) broke the contract as reported above"
-    return {"name": name, "status": DEPENDS, "detail": detail}
+    figures = {"covered": covered} | ({} if cases is None else {"cases": cases})
+    return {"name": name, "status": DEPENDS, "detail": detail, "figures": figures}
 
 
 def accuracy_panel(spec: Spec, dtype: str, device: str, smallest: bool = False) -> list[Case]:
@@ -189,7 +207,7 @@ def accuracy(
         covered = None if past_contract is None else ContractCovered(impl, past_contract)
         kept = [r for r in results if r.passed or covered is None or not covered(r)]
         if not kept or (len(kept) < len(results) and all(r.passed for r in kept)):
-            rows.append(depending(f"accuracy {dtype}", len(results) - len(kept)))
+            rows.append(depending(f"accuracy {dtype}", len(results) - len(kept), len(results)))
             continue
         results = kept
         failed = [r for r in results if not r.passed and not r.by_nature]

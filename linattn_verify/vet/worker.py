@@ -60,6 +60,7 @@ def describe(impl: Implementation) -> dict[str, Any]:
         "cost": impl.cost,
         "triton": impl.triton,
         "tf32": impl.tf32,
+        "dtypes": impl.dtypes,
         "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
 
