@@ -111,14 +111,17 @@ class ContractCovered:
 
     def __init__(self, impl: Implementation, regime: str) -> None:
         self.impl, self.regime, self.count = impl, regime, 0
+        self.seen: dict[Case, bool] = {}  # the contract's answer on each case asked
 
     def __call__(self, result: CheckResult) -> bool:
         if result.case is None or REGIMES.index(result.regime) < REGIMES.index(self.regime):
             return False
-        with beyond_plan():  # not one of the task's planned cases (Task.planned_cases)
-            met = CHECKS["contract"](self.impl, result.case)
-        unjudged = met.cause == "contract" or bool(met.figures.get("output_unjudged"))
-        covered = not met.passed and unjudged
+        if result.case not in self.seen:
+            with beyond_plan():  # not one of the task's planned cases (Task.planned_cases)
+                met = CHECKS["contract"](self.impl, result.case)
+            unjudged = met.cause == "contract" or bool(met.figures.get("output_unjudged"))
+            self.seen[result.case] = not met.passed and unjudged
+        covered = self.seen[result.case]
         self.count += covered
         return covered
 
