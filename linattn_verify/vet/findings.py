@@ -413,7 +413,7 @@ def _text(kind: str, group: list[Row]) -> str | None:
 def _dtype_limit(rows: list[Row], shown: Row) -> str:
     """ " (...: --dtypes ...)" for a contract failure that raised on a dtype every case of
     whose accuracy panel broke the contract, while every other dtype's panel passed: an
-    undeclared limit, and the option that declares it (issue 51, item 6); else ""."""
+    undeclared limit, and the option that declares it; else ""."""
     dtype = _dtype(shown)
     if shown["name"] != "contract" or shown.get("cause") != "contract" or not dtype:
         return ""
@@ -482,7 +482,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
     out.sort(
         key=lambda f: (
             REGIMES.index(f.regime),
-            f.checks[0] != "contract",  # contract first (issue 51, item 2)
+            f.checks[0] != "contract",  # the contract first: what else failed may be its doing
             SEVERITIES.index(f.severity),
             -(f.largest_error if f.largest_error is not None else 0.0),
         )

@@ -400,9 +400,9 @@ def _vet_in_worker(
     if _declares_tf32(worker.description, options):
         try:
             (dots,) = worker.run(Tf32Dots(device=options.device))
-        except (WorkerHung, WorkerDied):  # the contract check will say so
-            worker.close()
-            dots = {"figures": {"tf32_dots": 1}}
+        except (WorkerHung, WorkerDied):  # nothing learnt, the declaration kept; the
+            worker.close()  # contract check will say what happened
+            dots = {"figures": {"tf32_dots": -1}}
             worker = Worker(declared, options.timeout, output)
         if dots["figures"]["tf32_dots"] == 0:
             worker.close()
