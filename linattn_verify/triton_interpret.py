@@ -25,10 +25,13 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
   default); without it the interpreter computes IEEE float32 products. Each such dot is
   counted (`STATE.tf32_dots`): the evidence vet's "tf32-products" cause needs.
 
-And one instrument: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
-per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits). And one saving,
-no change to what is computed: a launch patches triton.language for the interpreter once, and
-the @jit functions the kernel calls no longer patch it again on each call (_patch_once).
+And two instruments: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
+per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits); every float cast
+to a coarser precision (an explicit `.to`, or a store's implicit one) is counted by source
+line and precisions (`STATE.narrowed`): the evidence vet's "narrowed" cause needs. And one
+saving, no change to what is computed: a launch patches triton.language for the interpreter
+once, and the @jit functions the kernel calls no longer patch it again on each call
+(_patch_once).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class _State:
     variant: int = 0
     tf32: bool = False
     tf32_dots: int = 0
+    # (from, to, "file:line") -> how many float casts to a coarser precision ran there
+    narrowed: dict[tuple[str, str, str], int] = field(default_factory=dict)
     configs: dict[str, list[dict]] = field(default_factory=dict)
     tuners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     installed: bool = False
@@ -197,6 +202,7 @@ def _install() -> None:
     _shim_store_types(interpreter)
     _shim_dot(interpreter)
     _watch_offsets(interpreter)
+    _watch_narrowing(interpreter)
     _patch_once(interpreter)
 
 
@@ -481,6 +487,37 @@ def _watch_offsets(interpreter) -> None:
 
     interpreter.GridExecutor.__call__ = call
     interpreter.InterpreterBuilder.create_addptr = create_addptr
+
+
+# float precisions by their significand's bits, finest first (torch's names)
+MANTISSA_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+_TORCH_NAMES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def _watch_narrowing(interpreter) -> None:
+    """An instrument, not a fix: each float cast to a coarser precision (create_fp_trunc for
+    `.to` and a store's implicit cast, create_fp_to_fp for one with a rounding mode) is
+    counted in STATE.narrowed by the kernel's source line: the first frame outside triton."""
+    builder = interpreter.InterpreterBuilder
+    triton_dir = os.path.dirname(os.path.dirname(interpreter.__file__))
+
+    def counted(cast):
+        def narrowing_cast(self, src, dst_type, *rest):
+            given = _TORCH_NAMES.get(str(src.dtype.scalar))
+            target = _TORCH_NAMES.get(str(dst_type.scalar))
+            if given and target and MANTISSA_BITS[target] < MANTISSA_BITS[given]:
+                frame = sys._getframe(1)
+                while frame is not None and frame.f_code.co_filename.startswith(triton_dir):
+                    frame = frame.f_back
+                line = "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+                key = (given, target, line)
+                STATE.narrowed[key] = STATE.narrowed.get(key, 0) + 1
+            return cast(self, src, dst_type, *rest)
+
+        return narrowing_cast
+
+    builder.create_fp_trunc = counted(builder.create_fp_trunc)
+    builder.create_fp_to_fp = counted(builder.create_fp_to_fp)
 
 
 def _patch_once(interpreter) -> None:

@@ -19,7 +19,7 @@ from linattn_verify.under_test import resolve
 from linattn_verify.vet import tasks
 from linattn_verify.vet.findings import findings
 from tests import vet_targets
-from tests.zoo import broken, correct, textbook
+from tests.zoo import broken, correct, delta, textbook
 
 
 def _rows(impl, checks, *cases):
@@ -180,3 +180,22 @@ def test_the_known_answer_vectors_finding_has_a_command_that_runs_them_again(cap
     assert command[3:5] == ["known-answers", "run"]
     assert main([*command[3:], "--quiet"]) == 0  # it reports the errors; vet judges them
     assert "| elu-full-float64 | float64 | 4.07e+14 |" in capsys.readouterr().out
+
+
+def test_a_defect_of_exact_arithmetic_is_put_in_the_decay_only_where_no_decay_cures_it():
+    """Issue 51's newcomer case, a gate applied after the update: wrong in float64, and right
+    on the same inputs with every gate 1, so its first line says the defect is in how the
+    decay is applied; a kernel wrong whatever the decay (v doubled) is not said to be."""
+    claim = {"feature_map": "identity", "causal": True, "normalize": False,
+             "decay": "channel-gates", "delta_rule": True}  # fmt: skip
+    case = Case(1, 2, 5, 4, 3, "float64", "normal", 1.0, 7)
+
+    def v_doubled(q, k, v, beta, g):
+        return delta.kda_recurrent(q, k, 2 * v, beta, g)[0]
+
+    after = resolve(delta.kda_gate_after, **claim)
+    (finding,) = findings(_rows(after, ("reference",), case), after.spec)
+    assert finding.in_decay and "in how the decay is applied" in finding.headline()
+    doubled = resolve(v_doubled, **claim)
+    (finding,) = findings(_rows(doubled, ("reference",), case), doubled.spec)
+    assert not finding.in_decay and "decay" not in finding.headline()

@@ -4,6 +4,7 @@ what a GPU does where the bare interpreter does not, and the guard bands
 
 from __future__ import annotations
 
+import inspect
 import json
 import shlex
 import subprocess
@@ -275,8 +276,10 @@ def _half_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 def test_no_tf32_cause_for_a_kernel_without_tl_dot():
     """Issue 51's newcomer case: a Triton kernel without tl.dot that keeps its state in
     float16 fails float32's budget by about TF32's error, under --tf32; no product of it
-    is TF32's, so the failure is not put down to TF32 products (nor is the flag advised),
-    while the same failure with a recorded TF32 tl.dot would be (the figure the checks set)."""
+    is TF32's, so the failure is not put down to TF32 products (nor is the flag advised):
+    it is put down to the casts to float16 the interpreter saw run, at their source line,
+    and to nothing without them; the same failure with a recorded TF32 tl.dot would be
+    TF32's (the figure the checks set)."""
     from linattn_verify.cases import Case
     from linattn_verify.checks import CHECKS
     from linattn_verify.under_test import resolve
@@ -287,8 +290,14 @@ def test_no_tf32_cause_for_a_kernel_without_tl_dot():
     impl = resolve(_half_state, triton="interpret", tf32=True, **claim)
     found = CHECKS["reference"](impl, case)
     assert not found.passed and "tf32_dots" not in found.figures, found.message
-    assert name_cause(found.to_dict(), impl.spec) is None, found.message
+    named = name_cause(found.to_dict(), impl.spec)  # what ran: its casts to float16
+    source, first = inspect.getsourcelines(_half_state_kernel.fn)
+    line = first + next(i for i, text in enumerate(source) if "state = (state" in text)
+    assert named is not None and named.key == "narrowed", found.message
+    assert named.advice == () and f"tests/test_triton_interpret.py:{line}" in named.short
     row = found.to_dict()
+    row["figures"] = {k: v for k, v in row["figures"].items() if k != "narrowed"}
+    assert name_cause(row, impl.spec) is None, "a cause named without its mechanism"
     row["figures"] = row["figures"] | {"tf32_dots": 1}
     cause = name_cause(row, impl.spec)
     assert cause is not None and cause.key == "tf32-products", found.message

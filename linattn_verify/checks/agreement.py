@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from ..accuracy.judgement import Judgement
 from ..cases import Case
 from ..families import case_arguments, golden_attention, golden_forms
-from ..under_test import Implementation
+from ..under_test import Implementation, ImplementationFailure
 from .compare import Tolerance, agreement, mismatch
-from .core import Outcome, as_array, check, inputs_of
+from .core import Outcome, as_array, beyond_plan, check, inputs_of
 from .worst import worst_element
 
 
@@ -51,7 +51,26 @@ def reference_agreement(impl: Implementation, case: Case) -> Outcome:
         figures["worst_index"] = list(at)
         figures["worst_output"] = float(result[at])
         figures["worst_exact"] = float(judgement.ref[at])
+        if case.dtype == "float64" and verdict.severity == "wrong" and impl.spec.decay:
+            figures["right_without_decay"] = _right_without_decay(impl, case)
     return Outcome(verdict.passed, verdict.message, figures, severity=verdict.severity, worst=worst)
+
+
+# a decay rate whose gates and gamma are 1 in float64 (|ln w| far below 2^-53): no decay
+NO_DECAY = 1e-30
+
+
+def _right_without_decay(impl: Implementation, case: Case) -> bool:
+    """Whether a kernel wrong in float64 on `case` is right on the same q, k, v with every
+    gate (or gamma) 1: the experiment that puts a defect of exact arithmetic in how the
+    decay is applied (vet/findings.py), beyond the plan's cases."""
+    case = dataclasses.replace(case, decay_rate=NO_DECAY)
+    with beyond_plan():
+        try:
+            q, k, v, w, decay = case_arguments(case, impl.spec)
+            return bool(Judgement.of_case(case, impl.spec)(impl(q, k, v, w, decay)).passed)
+        except ImplementationFailure:
+            return False
 
 
 ORDER = {

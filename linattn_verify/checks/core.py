@@ -17,6 +17,7 @@ from ..inputs import AttentionInputs
 from ..regimes import regime_of
 from ..results import CheckResult
 from ..specs import Spec
+from ..triton_interpret import MANTISSA_BITS
 from ..triton_interpret import STATE as TRITON
 from ..under_test import Implementation, ImplementationFailure
 
@@ -118,16 +119,29 @@ def _ieee_passes(body, impl: Implementation, case: Case, options) -> bool:
             return False
 
 
+def _narrowed_below(dtype: str, before: dict[tuple[str, str, str], int]) -> list[list]:
+    """[from, to, "file:line", count] for each float cast to a precision coarser than the
+    case's `dtype` that Triton's interpreter ran since `before` (triton_interpret.STATE
+    .narrowed): the evidence of vet/causes.py's "narrowed"."""
+    bits = MANTISSA_BITS.get(dtype, 0)
+    return [
+        [given, target, line, count - before.get((given, target, line), 0)]
+        for (given, target, line), count in sorted(TRITON.narrowed.items())
+        if MANTISSA_BITS[target] < bits and count > before.get((given, target, line), 0)
+    ]
+
+
 def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
     """Make body(impl, case, ...) -> Outcome a check returning a CheckResult; an exception or
     a non-tensor from the implementation fails the check with its message. The tl.dots that
-    Triton's interpreter ran with TF32 products meanwhile are its figure "tf32_dots"."""
+    Triton's interpreter ran with TF32 products meanwhile are its figure "tf32_dots", the
+    casts below the case's precision it ran, its figure "narrowed" (_narrowed_below)."""
 
     def wrap(body: Callable[..., Outcome]) -> CheckFn:
         def run(impl: Implementation, case: Case, **options: Any) -> CheckResult:
             for watcher in _WATCHERS:
                 watcher(name, case)
-            cause, dots = None, TRITON.tf32_dots
+            cause, dots, casts = None, TRITON.tf32_dots, dict(TRITON.narrowed)
             try:
                 outcome = body(impl, case, **options)
             except ImplementationFailure as err:
@@ -135,6 +149,8 @@ def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
             failed = not outcome.passed
             dots = TRITON.tf32_dots - dots  # the evidence of vet/causes.py's tf32-products
             figures = outcome.figures | ({"tf32_dots": dots} if dots else {})
+            if narrowed := _narrowed_below(case.dtype, casts):
+                figures["narrowed"] = narrowed
             if failed and dots and impl.tf32 and name != "contract":
                 figures["ieee_products_pass"] = _ieee_passes(body, impl, case, options)
             result = CheckResult(

@@ -38,6 +38,12 @@ interpreter ran on float32 inputs with TF32 products in that check (its figure
 observed there). A kernel without one (elementwise products, a float16 state erring alike)
 is never told to declare TF32 (--dot-precision tf32).
 
+Any spec, then: "narrowed", a forward row over its budget where Triton's interpreter ran
+float casts to a precision coarser than the case's in that check (its figure "narrowed":
+the source lines), whose error that precision's rounding explains: a float16 state in a
+float32 call, float32 arithmetic in a float64 one. Named with the lines; no option is
+advised (a kernel that rounds below its inputs' precision is judged in theirs).
+
 Anything else is not named: its failures are grouped by their inputs (findings.py). Only
 normalised specs without a decay or an eps, with IEEE products, get the feature namers above
 (the re-evaluation is theirs).
@@ -48,6 +54,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +72,7 @@ from ..families import case_arguments, family_of, golden_attention, golden_forms
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, round_to_tf32
 from ..regimes import ELU_ROW_FLOOR
 from ..specs import Spec
+from ..triton_interpret import MANTISSA_BITS
 
 Row = dict[str, Any]
 
@@ -377,6 +386,8 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
         )
     ):
         return tf32
+    if forward and (narrowed := _narrowed(row["case"], figures)):
+        return narrowed
     if spec.feature_map not in NAMERS or spec.dot_precision is not None:
         return None
     if family_of(spec).forgets(spec) or not spec.normalize or spec.eps:
@@ -450,6 +461,62 @@ def _tf32(
         f"q, k, v rounded to TF32 ({tf32:.3g} u s), against a float32 budget of {budget:.3g}"
     )
     return Cause(TF32, "inaccurate", "float32", short, detail, {"tf32_error": tf32}, advice)
+
+
+NARROWED = "narrowed"  # the cause's key
+SHOWN_LINES = 3  # the source lines a narrowed cause names
+
+
+def _narrowed(case_json: str, figures: dict[str, Any]) -> Cause | None:
+    """ "narrowed": a forward row over its budget where Triton's interpreter ran float casts
+    to a precision coarser than the case's in this check (the figure "narrowed",
+    checks/core.py: from, to, source line, count), and whose error that precision's rounding
+    explains: within the a-priori bound at the worst element, scaled from the case's unit
+    roundoff to the coarsest precision cast to. A rounding the kernel does by design in its
+    own dtype is not one: only casts below the case's precision count."""
+    casts = figures.get("narrowed") or []
+    error, bound = _float(figures.get("max_error")), figures.get("bound_at_worst")
+    if not casts or bound is None or not math.isfinite(error):
+        return None
+    dtype = Case.from_json(case_json).dtype
+    given, target = min(((c[0], c[1]) for c in casts), key=lambda pair: MANTISSA_BITS[pair[1]])
+    explained = float(bound) * UNIT_ROUNDOFF[target] / UNIT_ROUNDOFF[dtype]
+    if error > explained:
+        return None
+    where = _lines([_source(c[2]) for c in casts if (c[0], c[1]) == (given, target)])
+    short = f"{given} values rounded to {target} inside the kernel ({where})"
+    detail = (
+        f"a {dtype} call ran {sum(c[3] for c in casts)} casts to {target} in this check; its "
+        f"error, {error:.3g} u s, is within what {target}'s rounding explains there "
+        f"({explained:.3g} u s: the a-priori bound, {float(bound):.3g}, in {target}'s unit "
+        "roundoff)"
+    )
+    return Cause(NARROWED, "inaccurate", target, short, detail, {"narrowed_to": target})
+
+
+def _lines(sources: list[str]) -> str:
+    """Source lines "file:n", each file named once: "a.py:3, 4, b.py:9", the first
+    SHOWN_LINES lines and how many more."""
+    by_file: dict[str, list[int]] = {}
+    for path, _, number in (s.rpartition(":") for s in sorted(set(sources))):
+        by_file.setdefault(path, []).append(int(number) if number.isdigit() else 0)
+    shown = [(path, n) for path, numbers in by_file.items() for n in sorted(numbers)]
+    parts, previous = [], None
+    for path, number in shown[:SHOWN_LINES]:
+        parts.append(str(number) if path == previous else f"{path}:{number}")
+        previous = path
+    more = len(shown) - SHOWN_LINES
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+
+def _source(line: str) -> str:
+    """A kernel's source line, from its library's root (site-packages) or the working
+    directory where it lies under either."""
+    path, _, number = line.rpartition(":")
+    for root in (*(p for p in sys.path if p.endswith("-packages")), os.getcwd()):
+        if root and path.startswith(root.rstrip(os.sep) + os.sep):
+            return f"{os.path.relpath(path, root)}:{number}"
+    return line
 
 
 def _float(x: Any) -> float:

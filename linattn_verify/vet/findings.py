@@ -104,6 +104,9 @@ class Finding:
     check_regimes: tuple[tuple[str, str], ...] = ()
     dtypes: tuple[str, ...] = ()  # the dtypes of its rows' cases
     exact: bool = False  # wrong in float64 too: a defect of every precision (module docstring)
+    # wrong in float64 and right on the same inputs without decay (checks/agreement.py's
+    # figure "right_without_decay"): the defect is in how the decay is applied
+    in_decay: bool = False
     lengths: tuple[tuple[str, int], ...] = ()  # (check, the first N it fails at) at length
     largest_error: float | None = None  # the largest share among its rows: its rank
 
@@ -132,6 +135,8 @@ class Finding:
             where = f"{self.severity} on {self.regime} inputs"
             if self.exact:
                 where += " in float64 too"
+            if self.in_decay:
+                where += ", in how the decay is applied (right on the same inputs without it)"
             elif len(self.dtypes) > 1:
                 where += f" in {', '.join(self.dtypes)}"
             share = self.relative_error
@@ -165,6 +170,7 @@ class Finding:
             "worst": self.worst,
             "dtypes": list(self.dtypes),
             "exact": self.exact,
+            "in_decay": self.in_decay,
             "lengths": [list(pair) for pair in self.lengths],
             "largest_error": self.largest_error,
         }
@@ -410,6 +416,14 @@ def _text(kind: str, group: list[Row]) -> str | None:
     return None
 
 
+def _in_decay(group: list[Row]) -> bool:
+    """Whether the group's float64 rows wrong in exact arithmetic were each right on the
+    same inputs without decay, where that experiment ran (checks/agreement.py)."""
+    ran = [f["right_without_decay"] for r in group if _wrong_in_float64(r)
+           if "right_without_decay" in (f := r.get("figures") or {})]  # fmt: skip
+    return bool(ran) and all(ran)
+
+
 def _dtype_limit(rows: list[Row], shown: Row) -> str:
     """ " (...: --dtypes ...)" for a contract failure that raised on a dtype every case of
     whose accuracy panel broke the contract, while every other dtype's panel passed: an
@@ -475,6 +489,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 check_regimes=tuple((r["name"], _regime(r)) for r in group),
                 dtypes=tuple(d for d in UNIT_ROUNDOFF if d in {_dtype(r) for r in group}),
                 exact=exact and any(_dtype(r) not in (None, "float64") for r in group),
+                in_decay=_in_decay(group),
                 lengths=_lengths(group),
                 largest_error=max(shares, default=None),
             )
