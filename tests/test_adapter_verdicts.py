@@ -15,12 +15,15 @@ import pytest
 from linattn_verify.adapters import ADAPTERS, AdapterUnavailable
 from linattn_verify.adapters.expected import (
     EXPECTED_FILE,
+    HEADER,
     LONG_CPU,
     LONG_TRITON,
     LONG_TRITON_DELTA,
     Expected,
     keys,
     load_expected,
+    long_variant,
+    record,
     verdict_table,
 )
 from linattn_verify.checks.long_context import LONGEST, default_longest
@@ -201,3 +204,54 @@ def _same_envelope(measured, expected) -> bool:
 def test_the_docs_table_is_the_expected_file():
     table = verdict_table(ADAPTERS, EXPECTED)
     assert table in PAGE.read_text(), "docs/adapters.md's table is stale: make readme-verdicts"
+
+
+def test_every_row_of_the_table_says_what_a_maintainer_would_fix():
+    """The table's first column: every adapter's row and every recorded variant's (and any
+    other entry of the file) has a line '# KEY fix: ...' in expected.txt."""
+    rows = [k for k in keys(ADAPTERS) if " " not in k or k in EXPECTED]
+    missing = [k for k in dict.fromkeys([*rows, *EXPECTED]) if not EXPECTED.get(k, Expected()).fix]
+    assert not missing, (
+        f"no fix in {EXPECTED_FILE.name} for {missing}: add a line '# KEY fix: ...' (what the "
+        "library's maintainer would change, or 'nothing: ...') below its reason"
+    )
+
+
+def test_the_table_gives_the_fix_first():
+    name = next(iter(ADAPTERS))
+    variant = f"{name} {long_variant(ADAPTERS[name])}"
+    expected = {name: Expected(fix="drop | the eps"), variant: Expected(fix="as above")}
+    header, _, default, long = verdict_table({name: ADAPTERS[name]}, expected).splitlines()
+    assert header.startswith("| what a maintainer would fix | adapter")
+    assert default.startswith(f"| drop \\| the eps | `{name}` (")
+    assert long.startswith(f"| as above | `{variant}` | as above |")
+    table = verdict_table({name: ADAPTERS[name]}, {name: Expected()})
+    assert table.splitlines()[2].startswith(f"| - | `{name}` (")  # no fix line: "-"
+
+
+def test_record_keeps_the_reasons_and_fixes(tmp_path: Path):
+    """`adapters --record` rewrites the facts and keeps what people wrote: the reasons and
+    the fixes (a variant's too, whose last option could read " fix" as its value)."""
+    grad = "lib.f --state --grad --smallest"
+    old = tmp_path / "old.txt"
+    old.write_text(
+        f"{HEADER}\n# lib.f: why it fails\n# lib.f fix: drop the eps\nlib.f::reference\n"
+        f"\n# {grad}: the backward too\n# {grad} fix: as above\n{grad}::gradient\n"
+    )
+    kept = load_expected(old)
+    assert set(kept) == {"lib.f", grad}
+    assert (kept["lib.f"].fix, kept[grad].fix) == ("drop the eps", "as above")
+    measured = {"lib.f": Expected(failing={"contract"}), grad: Expected()}
+    new = tmp_path / "new.txt"
+    new.write_text(record(measured, kept))
+    again = load_expected(new)
+    assert {k: (e.reason, e.fix, e.failing) for k, e in again.items()} == {
+        "lib.f": ("why it fails", "drop the eps", {"contract"}),
+        grad: ("the backward too", "as above", set()),
+    }
+    assert record(again, again) == new.read_text()
+
+
+def test_recording_the_file_again_keeps_it():
+    """expected.txt is as record() writes it: its reasons and fixes survive a re-recording."""
+    assert record(EXPECTED, EXPECTED) == EXPECTED_FILE.read_text()

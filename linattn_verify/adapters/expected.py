@@ -8,13 +8,17 @@ array-api-tests style, one fact a line:
                                             as a share of the output's scale (or "-")
     ADAPTER envelope: LOW .. HIGH           float32 holds for LOW <= sigma <= HIGH
     # ADAPTER: text                         why, for the README's table
+    # ADAPTER fix: text                     what the library's maintainer would change (or
+                                            "nothing: ..."), the table's first column
 
-An adapter without a line passes with no finding. ADAPTER is an adapter's name or, for a
-verdict with vet options besides the default plan (variants()), the name and the options:
-"fla.simple-gla-chunk --tf32 --dtypes float32::reference"; a variant has a reason line
-once recorded. tests/test_adapter_verdicts.py vets every installed adapter (`vet ADAPTER
+An adapter with no line but its reason and fix passes with no finding; every adapter and
+every recorded variant has a fix line (a row of the table each). ADAPTER is an adapter's
+name or, for a verdict with vet options besides the default plan (variants()), the name and
+the options: "fla.simple-gla-chunk --tf32 --dtypes float32::reference"; a variant has a
+reason line once recorded. tests/test_adapter_verdicts.py vets every installed adapter (`vet ADAPTER
 --kat`) and its variants and compares; `python -m linattn_verify adapters --record` writes
-the facts from such a run (keeping the reasons), `--readme docs/adapters.md` the table.
+the facts from such a run (keeping the reasons and fixes, which people write), `--readme
+docs/adapters.md` the table.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ EXPECTED_FILE = Path(__file__).with_name("expected.txt")
 HEADER = """\
 # Expected vet verdicts of the adapters: linattn_verify/adapters/expected.py reads this file,
 # tests/test_adapter_verdicts.py checks it on every installed adapter, and
-# `python -m linattn_verify adapters --record` writes it (the reasons are kept).
+# `python -m linattn_verify adapters --record` writes it (the reasons and fixes are kept).
 """
 _KEY = r"(?P<adapter>[\w.-]+(?: --[\w-]+(?: [\w.]+)?)*)"  # a name, then vet options
 MAYBE = " (on some CPUs)"  # a failing check's line, where it fails on some machines only
@@ -39,6 +43,9 @@ _FAILING = re.compile(rf"^{_KEY}::(?P<check>\S.*?)(?P<maybe>{re.escape(MAYBE)})?
 _TOP = re.compile(rf"^{_KEY} top: (?P<severity>\w+), (?P<regime>\w+), (?P<share>\S+)$")
 _ENVELOPE = re.compile(rf"^{_KEY} envelope: (?P<low>\S+) \.\. (?P<high>\S+)$")
 _REASON = re.compile(rf"^#\s*{_KEY}:\s+(?P<text>.*)$")
+# matched before _REASON: "# NAME --smallest fix: ..." would read as the reason of a key
+# "NAME --smallest fix" (an option's value) otherwise
+_FIX = re.compile(rf"^#\s*{_KEY} fix:\s+(?P<text>.*)$")
 
 
 # The long-context variant of an adapter of linear cost (vet's smallest plan with the check
@@ -83,7 +90,7 @@ def keys(adapters: dict[str, Adapter]) -> list[str]:
 class Expected:
     """An adapter's expected verdict: failing checks (vet row names, with the line of each),
     those that fail on some machines only (maybe), the top finding (severity, regime,
-    share), the float32 envelope, and the reason."""
+    share), the float32 envelope, the reason, and what the library's maintainer would fix."""
 
     failing: set[str] = field(default_factory=set)
     maybe: set[str] = field(default_factory=set)
@@ -91,13 +98,17 @@ class Expected:
     top: tuple[str, str, float | None] | None = None
     envelope: tuple[float, float] | None = None
     reason: str = ""
+    fix: str = ""
 
 
 def load_expected(path: Path = EXPECTED_FILE) -> dict[str, Expected]:
     """The file's expectations by adapter name (adapters with no line are absent)."""
     expected: dict[str, Expected] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if match := _REASON.match(line):
+        if match := _FIX.match(line):
+            entry = expected.setdefault(match["adapter"], Expected())
+            entry.fix = f"{entry.fix} {match['text']}".strip()
+        elif match := _REASON.match(line):
             entry = expected.setdefault(match["adapter"], Expected())
             entry.reason = f"{entry.reason} {match['text']}".strip()
         elif match := _TOP.match(line):
@@ -115,14 +126,17 @@ def load_expected(path: Path = EXPECTED_FILE) -> dict[str, Expected]:
 
 
 def record(measured: dict[str, Expected], old: dict[str, Expected]) -> str:
-    """expected.txt for `measured` (by key, in the order given), the reasons and the checks
-    that fail on some machines only kept from `old`."""
+    """expected.txt for `measured` (by key, in the order given), the reasons, the fixes and
+    the checks that fail on some machines only kept from `old`."""
     out = [HEADER]
     for name, entry in measured.items():
-        reason, maybe = old.get(name, Expected()).reason, old.get(name, Expected()).maybe
+        kept = old.get(name, Expected())
+        reason, fix, maybe = kept.reason, kept.fix, kept.maybe
         out.append("")
         if reason:
             out.append(f"# {name}: {reason}")
+        if fix:
+            out.append(f"# {name} fix: {fix}")
         out += [f"{name}::{check}" for check in sorted(entry.failing - maybe)]
         out += [f"{name}::{check}{MAYBE}" for check in sorted(maybe)]
         if entry.top is not None:
@@ -136,13 +150,14 @@ def record(measured: dict[str, Expected], old: dict[str, Expected]) -> str:
 
 
 def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -> str:
-    """The README's table: per adapter its claim, the default verdict, the checks that fail
-    it, the top finding, the float32 envelope, and why; then a row for each of its variants
-    the file records (the verdict of `vet NAME OPTIONS`)."""
+    """The README's table: per adapter what its library's maintainer would fix (first), its
+    claim, the default verdict, the checks that fail it, the top finding, the float32
+    envelope, and why; then a row for each of its variants the file records (the verdict of
+    `vet NAME OPTIONS`)."""
     rows = [
-        "| adapter (library function) | claimed spec | verdict | failing checks | top finding "
-        "| float32 envelope (sigma) | why |",
-        "|---|---|---|---|---|---|---|",
+        "| what a maintainer would fix | adapter (library function) | claimed spec | verdict "
+        "| failing checks | top finding | float32 envelope (sigma) | why |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, adapter in adapters.items():
         entry = expected.get(name, Expected())
@@ -150,15 +165,16 @@ def verdict_table(adapters: dict[str, Adapter], expected: dict[str, Expected]) -
         envelope = "-" if entry.envelope is None else "{:.2g} to {:.2g}".format(*entry.envelope)
         failing = _checks(entry.failing) + "".join(f", {c}{MAYBE}" for c in sorted(entry.maybe))
         rows.append(
-            f"| `{name}` (`{adapter.function}`) | {adapter.spec} | {verdict} | "
-            f"{failing.lstrip(', ') or '-'} | {_top(entry.top)} | {envelope} | "
+            f"| {_cell(entry.fix) or '-'} | `{name}` (`{adapter.function}`) | {adapter.spec} | "
+            f"{verdict} | {failing.lstrip(', ') or '-'} | {_top(entry.top)} | {envelope} | "
             f"{_cell(entry.reason or adapter.note)} |"
         )
         for key in (f"{name} {v}" for v in variants(adapter)):
             if key in expected:
                 entry = expected[key]
                 rows.append(
-                    f"| `{key}` | as above | {'fail' if entry.failing else 'pass'} | "
+                    f"| {_cell(entry.fix) or '-'} | `{key}` | as above | "
+                    f"{'fail' if entry.failing else 'pass'} | "
                     f"{_checks(entry.failing) or '-'} | {_top(entry.top)} | - | "
                     f"{_cell(entry.reason)} |"
                 )

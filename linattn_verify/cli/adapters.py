@@ -60,9 +60,9 @@ def record(names: list[str]) -> int:
     """Vet the named verdicts (an adapter's NAME: its default plan and its variants; "NAME
     OPTIONS": that variant alone; none named: every one) of the adapters that load here,
     and rewrite expected.txt with them; the other lines stay as the file has them when it
-    is written, reasons kept. One torch thread, as the test suite runs (conftest.py): a
-    matmul's rounding depends on how many threads split it, and a figure at the edge of a
-    budget must come out the same in both."""
+    is written, reasons and fixes kept. One torch thread, as the test suite runs
+    (conftest.py): a matmul's rounding depends on how many threads split it, and a figure at
+    the edge of a budget must come out the same in both."""
     torch.set_num_threads(1)
     every = keys(ADAPTERS)
     if unknown := sorted(set(names) - set(every)):
