@@ -161,7 +161,7 @@ def test_a_library_claiming_some_dtypes_is_judged_inside_them_and_outside_is_one
         "accuracy float16"
     }
     (line,) = [x for x in report.summary().splitlines() if x.startswith("outside the claim")]
-    assert "(its library takes float16)" in line
+    assert "(it takes float16)" in line
     assert "bfloat16: meets the contract" in line and "float64: meets the contract" in line
     assert "float32: raised AssertionError: does not support float32" in line
 

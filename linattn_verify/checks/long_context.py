@@ -217,11 +217,13 @@ def long_context(
     dims: tuple[int, ...] = DIMS,
 ) -> CheckResult:
     """The check (module docstring) over `dtypes`: per dtype the long panel (B = H = 1, d =
-    dims[0]) and the wide one (B = H = 2, d = dims[-1], to WIDE_LONGEST); a d whose feature
-    vector is longer than MAX_FEATURES is left out."""
+    dims[0]) and the wide one (B = H = 2, d = dims[-1], to WIDE_LONGEST), each d the
+    nearest the implementation takes (HeadDims.d); a d whose feature vector is longer than
+    MAX_FEATURES is left out."""
     spec = impl.spec
     ns = lengths(longest)
     judged = [t for t in dtypes if t != "float64"]
+    dims = [impl.head_dims.d(d) for d in dims]
     dims = [d for d in dims if spec.info.feature_dim(d, d) <= MAX_FEATURES]
     wide = tuple(n for n in ns if n <= WIDE_LONGEST)
     heads = len(MEMORIES) if family_of(spec).forgets(spec) else 1  # one head per memory

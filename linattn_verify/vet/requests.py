@@ -72,14 +72,17 @@ class Tf32Dots(Task):
 
 @dataclass(frozen=True, kw_only=True)
 class OutsideClaim(Task):
-    """outside_claim: one call on each dtype the library does not claim."""
+    """outside_claim: one call on each dtype the library does not claim, and just past the
+    head dimensions it takes (`judged`: the dtypes judged; grad: its backward too)."""
 
     name: ClassVar[str] = "outside the claim"
     device: str
     dtypes: tuple[str, ...]
+    judged: tuple[str, ...]
+    grad: bool = False
 
     def run(self, impl: Implementation) -> list[Row]:
-        return outside_claim(impl, self.device, self.dtypes)
+        return outside_claim(impl, self.device, self.dtypes, self.judged, self.grad)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -190,6 +190,17 @@ def _within_claim(
     return replace(options, dtypes=inside), tuple(d for d in options.dtypes if d not in claimed)
 
 
+def _outside_claim(
+    description: dict[str, Any], options: VetOptions, dtypes: tuple[str, ...]
+) -> OutsideClaim | None:
+    """The calls just outside the claim (tasks.outside_claim): on `dtypes`, those asked for
+    that it does not claim, and past the head dimensions it declares; None if none."""
+    if not dtypes and not description["head_dims"].declared:
+        return None
+    return OutsideClaim(device=options.device, dtypes=dtypes, judged=options.dtypes,
+                        grad=options.grad)  # fmt: skip
+
+
 def _without_tf32(impl: Implementation) -> Implementation:
     """The implementation judged in float32's own unit: its declared TF32 products never
     ran (a tl.dot on float32 inputs with TF32 rounding), so there is nothing to widen."""
@@ -213,7 +224,8 @@ def _report(
     report = VetReport(
         target, description["name"], str(as_claimed), [], options.failing_regimes, claimed=spec
     )
-    report.takes = description.get("dtypes") or ()
+    dtypes, dims = description.get("dtypes") or (), description["head_dims"]
+    report.takes = (*[", ".join(dtypes)] * bool(dtypes), *[str(dims)] * dims.declared)
     if description.get("triton") == "interpret":
         products = "TF32 (--tf32)" if description.get("tf32") else "IEEE"
         report.runs_in = f"Triton's interpreter on CPU tensors, float32 products {products}"
@@ -411,8 +423,8 @@ def _vet_in_worker(
     spec = worker.description["spec"]
     crashes = 0
     try:
-        if outside:
-            report.rows += worker.run(OutsideClaim(device=options.device, dtypes=outside))
+        if task := _outside_claim(worker.description, options, outside):
+            report.rows += worker.run(task)
         steps = plan(worker.description, options)
         for i, task in enumerate(steps):
             name = task.name
@@ -478,8 +490,8 @@ def _vet_in_process(
         impl = _without_tf32(impl) if dots["figures"]["tf32_dots"] == 0 else impl
     description = describe(impl)
     report = _report(impl.source.name, description, options, claimed)
-    if outside:
-        report.rows += run_task(impl, OutsideClaim(device=options.device, dtypes=outside))
+    if task := _outside_claim(description, options, outside):
+        report.rows += run_task(impl, task)
     steps = plan(description, options)
     for i, task in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {task.name} ...")
