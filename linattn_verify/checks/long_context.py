@@ -552,6 +552,8 @@ def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
         if all(p.ieee_passes for p in failed):  # every failure is TF32 products' (core.py)
             figures["ieee_products_pass"] = True
         contract = "contract" if all(p.contract for p in failed) else None  # vet's: under it
+        if contract:  # the d of the calls that raised (vet's probe_head_dims)
+            figures["d"] = min(p.d for p in failed)
         return CheckResult(
             NAME, False, detail, figures=figures, severity=severity, regime="typical",
             cause=contract,

@@ -28,6 +28,7 @@ from .tasks import (
     known_answers,
     long_context,
     outside_claim,
+    probe_head_dims,
     property_check,
     rate,
     sampler_statistics,
@@ -83,6 +84,20 @@ class OutsideClaim(Task):
 
     def run(self, impl: Implementation) -> list[Row]:
         return outside_claim(impl, self.device, self.dtypes, self.judged, self.grad)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadDimsProbe(Task):
+    """probe_head_dims: the evidence of an undeclared limit on the head dimensions."""
+
+    name: ClassVar[str] = "head-dims-probe"
+    device: str
+    dtype: str
+    raised: int | None = None
+    odd: str | None = None
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return probe_head_dims(impl, self.device, self.dtype, self.raised, self.odd)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from ..checks.core import beyond_plan
 from ..checks.gradients import autograd_gradients, loss_weights
 from ..checks.search import search_regimes
 from ..families import case_arguments, default_arguments
-from ..head_dims import SIXTEEN_BIT, UNDECLARED
+from ..head_dims import SIXTEEN_BIT, UNDECLARED, HeadDims
 from ..implementations.projection import sample_projection_torch
 from ..known_answers import run_vectors
 from ..regimes import REGIMES
@@ -118,6 +118,10 @@ def outside_claim(
     return rows
 
 
+MET = "meets the contract (its values not judged)"
+RUNS = "its backward runs (its gradients not judged)"
+
+
 def _outside(name: str, what: str) -> Row:
     return {"name": f"outside {name}", "status": OUTSIDE, "detail": what}
 
@@ -126,7 +130,7 @@ def _contract_call(impl: Implementation, case: Case) -> str:
     """What the contract check says of one call: that it meets the contract, or how not."""
     result = CHECKS["contract"](impl, case)
     did = result.message.removeprefix(f"{impl.name} ")
-    return "meets the contract (its values not judged)" if result.passed else did
+    return MET if result.passed else did
 
 
 def _backward_call(impl: Implementation, case: Case) -> str:
@@ -136,7 +140,40 @@ def _backward_call(impl: Implementation, case: Case) -> str:
         autograd_gradients(impl, q, k, v, w, loss_weights(case, q, v), decay, impl.spec)
     except ImplementationFailure as err:
         return str(err)
-    return "its backward runs (its gradients not judged)"
+    return RUNS
+
+
+HEAD_DIMS_PROBE = "head-dims-probe"
+
+
+def probe_head_dims(
+    impl: Implementation, device: str, dtype: str, raised: int | None, odd: str | None
+) -> list[Row]:
+    """Evidence of an undeclared limit on the head dimensions (runner.py): with `raised`, a
+    d at which a call raised, the largest d a forward call on the smallest case in `dtype`
+    takes, bisected from that case's own d (figure "largest": -1 where a call at that d
+    raises or one at `raised` does not); with `odd`, a 16-bit case (JSON) with an odd d or
+    dv whose backward raised, whether its backward runs with d and dv made even and in
+    float32 alike (figure "even_backward": 1) and raises again as it was."""
+    figures: dict[str, int] = {}
+    if raised is not None:
+        (case,) = smallest_cases(impl.spec, (dtype,), device)
+
+        def takes(d: int) -> bool:
+            return _contract_call(impl, replace(case, d=d)) == MET
+
+        took, found = case.d, takes(case.d) and not takes(raised)
+        while found and raised - took > 1:
+            middle = (took + raised) // 2
+            took, raised = (middle, raised) if takes(middle) else (took, middle)
+        figures["largest"] = took if found else -1
+    if odd is not None:
+        case = Case.from_json(odd)
+        even = HeadDims(even_backward=True).fit(case, backward=True)
+        cases = (case, even, replace(case, dtype="float32"))
+        runs = [_backward_call(impl, c) == RUNS for c in cases]
+        figures["even_backward"] = int(runs == [False, True, True])
+    return [{"name": HEAD_DIMS_PROBE, "status": "probe", "detail": "", "figures": figures}]
 
 
 class ContractCovered:
@@ -390,18 +427,22 @@ def scaling(
         w = sample_projection_torch(d, d, "orthogonal", torch.Generator().manual_seed(0))
         w = w.to(device)
     ns = [2**i for i in range(8, max_n.bit_length())]
-
-    result = scaling_result(
-        impl.name,
-        lambda q, k, v: impl(q, k, v, w, default_arguments(spec, q)),
-        expected,
-        ns,
-        causal=spec.causal,
-        d=d,
-        dv=d,
-        device=device,
-        dtype=dtype,
-    )
+    try:
+        result = scaling_result(
+            impl.name,
+            lambda q, k, v: impl(q, k, v, w, default_arguments(spec, q)),
+            expected,
+            ns,
+            causal=spec.causal,
+            d=d,
+            dv=d,
+            device=device,
+            dtype=dtype,
+        )
+    except ImplementationFailure as err:  # the d of the call: what probe_head_dims needs
+        detail = f"{impl.name} {err} (d = dv = {d}, {dtype})"
+        return [{"name": "scaling", "status": "fail", "detail": detail, "cause": "contract",
+                 "figures": {"d": d}}]  # fmt: skip
     figures = {
         "flops_slope": result.growth.flops and result.growth.flops.slope,
         "bytes_slope": result.growth.bytes.slope,
