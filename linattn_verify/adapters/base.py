@@ -10,6 +10,7 @@ from types import ModuleType
 
 import torch
 
+from ..head_dims import UNDECLARED, HeadDims
 from ..specs import Spec, SpecError
 
 Fn = Callable[..., torch.Tensor]
@@ -36,7 +37,8 @@ class Adapter:
     for `--state`; None for a function without one. varlen: its function takes packed
     batches (cu_seqlens, --varlen). dtypes: the input dtypes the library claims, from its
     documentation or its own asserts (None: every one); vet judges inside them and says in
-    one line what the function does outside.
+    one line what the function does outside. head_dims: the head dimensions it takes, from
+    the same sources (head_dims.HeadDims; its default: any).
     """
 
     name: str
@@ -53,6 +55,7 @@ class Adapter:
     load_state: Callable[[], Fn] | None = None
     varlen: bool = False
     dtypes: tuple[str, ...] | None = None
+    head_dims: HeadDims = UNDECLARED
 
 
 def import_library(module: str, install: str) -> ModuleType:

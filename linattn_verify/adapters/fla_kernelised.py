@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import torch
 
+from ..head_dims import UNDECLARED, HeadDims
 from ..specs import RSQRT_D, Spec
 from .base import Adapter, Fn, largest_divisor_below, relu_features
 from .fla_loading import INSTALL, INSTALL_TRITON, fla_file, triton_ops
@@ -240,6 +241,9 @@ _GLA = (
     "dtype."
 )
 BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
+# chunk_simple_gla's backward (chunk_bwd_dv, fla/ops/common/chunk_o.py:606) asserts `K % 2
+# == 0 and V % 2 == 0` in float16 and bfloat16 (Triton miscompiles their masked odd tails)
+EVEN_BACKWARD = HeadDims(even_backward=True)
 
 
 def _based(name: str, function: str, layout: str, note: str, load, **options) -> Adapter:
@@ -297,6 +301,7 @@ ADAPTERS = (
             _fla_triton("linear_attn", function, True, normalize=True),
             INSTALL_TRITON,
             triton=True,
+            head_dims=EVEN_BACKWARD if short == "chunk" else UNDECLARED,
         )
         for short, function, how in (
             ("chunk", "chunk_linear_attn", "chunk kernel (chunk_simple_gla)"),
@@ -319,6 +324,7 @@ ADAPTERS = (
             state="S",
             load_state=_simple_gla_triton(function, decay, True),
             varlen=True,
+            head_dims=EVEN_BACKWARD if short == "chunk" else UNDECLARED,
         )
         for short, function, how in (
             ("chunk", "chunk_simple_gla", "chunk kernel"),
@@ -365,6 +371,7 @@ ADAPTERS = (
             state="S" if state else None,
             load_state=_retention(function, True) if state else None,
             varlen=True,
+            head_dims=EVEN_BACKWARD if short == "chunk" else UNDECLARED,
         )
         for short, function, how, state, cost in (
             ("chunk", "chunk_retention", "chunk kernel (chunk_simple_gla)", True, "linear"),
@@ -376,6 +383,8 @@ ADAPTERS = (
            " Triton kernel, fp32 accumulation; asserts d <= 128.",
            _fla_triton("based", "parallel_based", False), triton=True, cost="quadratic"),
     _based("fla.based-fused-chunk", "fla.ops.based.fused_chunk_based", "bnhd",
-           " Triton fused chunk kernel; asserts d <= 16.",
-           _fla_triton("based", "fused_chunk_based", False), triton=True),
+           " Triton fused chunk kernel; asserts d <= 16 ('only support feature dimension up "
+           "to 16', fla/ops/based/fused_chunk.py:384): it claims d <= 16.",
+           _fla_triton("based", "fused_chunk_based", False), triton=True,
+           head_dims=HeadDims(16)),
 )  # fmt: skip

@@ -474,7 +474,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 severity=severity,
                 regime=min((_regime(r) for r in group), key=REGIMES.index),
                 checks=tuple(dict.fromkeys(r["name"] for r in group)),
-                detail=shown.get("detail", "") + _dtype_limit(rows, shown),
+                detail=shown.get("detail", "") + _dtype_limit(rows, shown) + shown.get("limit", ""),
                 relative_error=_relative(shown),
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),

@@ -37,7 +37,8 @@ class VetReport:
     claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
     runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
     printed: tuple[str, int] | None = None  # the file of its prints, and their lines
-    takes: tuple[str, ...] = ()  # the dtypes its library claims, where it claims some
+    # what it claims to take, where it claims a limit: its dtypes, its head dimensions
+    takes: tuple[str, ...] = ()
 
     @property
     def findings(self) -> list[Finding]:
@@ -232,8 +233,8 @@ def _checks(report: VetReport, found: list[Finding], verbose: bool) -> list[str]
     outside = [r for r in report.rows if r["status"] == OUTSIDE]
     if outside:
         each = "; ".join(f"{r['name'].removeprefix('outside ')}: {r['detail']}" for r in outside)
-        takes = ", ".join(report.takes)
-        lines.append(f"outside the claim (its library takes {takes}), one call each: {each}")
+        takes = "; ".join(report.takes)
+        lines.append(f"outside the claim (it takes {takes}), one call each: {each}")
     return lines
 
 
