@@ -33,11 +33,13 @@ KERNELS = (
     ("broken:anti_causal_mask", "textbook:elu_cumsum"),
 )
 # one interpreter with torch imported and linattn_verify made unimportable; each run a
-# fork of it (its own process, exit code and output), the script run as __main__
+# fork of it (its own process, exit code and output), the script run as __main__; the runs
+# side by side (an fla script imports fla for seconds), their exit codes printed in order
 RUNNER = """
 import json, os, runpy, sys
 sys.modules["linattn_verify"] = None
 import torch
+pids = []
 for number, argv in enumerate(json.loads(sys.argv[1])):
     pid = os.fork()
     if pid == 0:
@@ -54,6 +56,8 @@ for number, argv in enumerate(json.loads(sys.argv[1])):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+    pids.append(pid)
+for pid in pids:
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
