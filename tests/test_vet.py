@@ -101,7 +101,7 @@ def test_a_convention_mismatch_is_one_contract_finding_with_its_fix(target, fix,
     )
     report = json.loads(out.read_text())
     typical = [f for f in report["findings"] if f["regime"] == "typical"]
-    assert [f["checks"] for f in typical] == [["contract"]] and fix in typical[0]["detail"]
+    assert [f["checks"] for f in typical] == [["contract"]] and fix in typical[0]["headline"]
     long = next(c for c in report["checks"] if c["name"] == "long-context")
     assert long["status"] == "depends" and "the contract's failure" in long["detail"]
 
@@ -128,7 +128,7 @@ def test_a_wrong_dtype_or_a_rejected_keyword_is_the_contract_finding_alone(
     )
     report = json.loads(out.read_text())
     (finding,) = report["findings"]
-    assert finding["checks"][0] == "contract" and first_line in finding["detail"]
+    assert finding["checks"][0] == "contract" and first_line in finding["headline"]
 
 
 def test_an_undeclared_dtype_limit_names_the_option_that_declares_it(tmp_path):

@@ -148,7 +148,8 @@ def _finding(number: int, finding: Finding, warning: bool, verbose: bool) -> lis
                 f"{INDENT}wrong in float64, beyond what float64's rounding explains: a defect "
                 f"of every precision, so in {others} too{lengths}"
             )
-        lines.append(f"{INDENT}{finding.detail}")
+        if not finding.detail_in_headline:
+            lines.append(f"{INDENT}{finding.detail}")
     if verbose or finding.kind == "sampler":
         lines += [f"{INDENT}{detail}" for detail in finding.details]
     if finding.worst and (verbose or not finding.effects):  # a named cause says it
