@@ -100,17 +100,19 @@ STORED_CHUNK = 64
 
 
 class _Stored(torch.autograd.Function):
-    """x as stored in `dtype` and read back: rounded once; its cotangent rounded alike
-    where the backward stores it too (`cotangent`), else passed on as it is."""
+    """x as a kernel keeps it in `dtype`: its value rounded once where it is stored
+    (`value`), its cotangent rounded alike where the backward rounds it (`cotangent`), each
+    else passed on as it is."""
 
     @staticmethod
-    def forward(ctx, x, dtype, cotangent):
+    def forward(ctx, x, dtype, value, cotangent):
         ctx.dtype, ctx.cotangent = dtype, cotangent
-        return x.to(dtype).to(x.dtype)
+        return x.to(dtype).to(x.dtype) if value else x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return (grad.to(ctx.dtype).to(grad.dtype) if ctx.cotangent else grad), None, None
+        rounded = grad.to(ctx.dtype).to(grad.dtype) if ctx.cotangent else grad
+        return rounded, None, None, None
 
 
 def golden_delta_stored(
@@ -122,8 +124,9 @@ def golden_delta_stored(
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output in the inputs' dtype, S_N in float32) of a 16-bit call under Spec.stored:
-    the chunked (UT / WY) form of Yang et al. 2024 (DeltaNet, section 3.2-3.3; with gates,
-    Gated DeltaNet section 3.3; channel gates, KDA) in float32, with R(x) = x rounded to the
+    the chunked (UT / WY) form of Yang et al. 2024 (DeltaNet, section 3: the WY representation
+    and the UT transform; with gates, Gated DeltaNet section 3.3; channel gates, KDA) in
+    float32, with R(x) = x rounded to the
     inputs' dtype wherever a chunk kernel stores x between kernels. Per chunk of C =
     STORED_CHUNK tokens (rows t, j), from the state S carried in float32, G the cumulative
     log-gates inside the chunk (per channel, or one per token; 0 without gates):
@@ -142,11 +145,17 @@ def golden_delta_stored(
     with qk_l2norm, the normalised q and k (l2norm_fwd, delta_rule/chunk.py:171-172). In
     the backward (autograd through this form) the cotangents of w, u, H, V' and of the
     normalised q, k are rounded too: fla stores dw, du (dv2), dh and dv in the inputs' dtype
-    (chunk_delta_h.py:792-796, wy_fast.py:300-302); T's is not (dA stays in registers)."""
-    stored, compute = q.dtype, torch.float32
+    (chunk_delta_h.py:792-796, wy_fast.py:300-302); so are the cotangents of T and of
+    diag(beta) L, which its backward rounds to the inputs' dtype before its products with T
+    (gated_delta_rule/wy_fast.py:218-219 and 225, delta_rule/wy_fast.py:184-186); the value
+    of diag(beta) L is not (chunk_scaled_dot_kkt_fwd's output is float32)."""
+    # float32 as the kernels compute; float64 inputs (no call of vet's: the form's own test)
+    # stay float64, where every R is exact
+    stored = q.dtype
+    compute = torch.float64 if stored == torch.float64 else torch.float32
 
-    def kept(x: torch.Tensor, cotangent: bool = True) -> torch.Tensor:
-        return _Stored.apply(x, stored, cotangent)
+    def kept(x: torch.Tensor, value: bool = True, cotangent: bool = True) -> torch.Tensor:
+        return _Stored.apply(x, stored, value, cotangent)
 
     given = delta_arguments(spec, decay)
     qc, kc, vc = (t.to(dtype=compute) for t in (q, k, v))
@@ -186,10 +195,11 @@ def golden_delta_stored(
         within = torch.exp(torch.where(inside[..., None], apart, -torch.inf))
         lower = torch.einsum("bhtm,bhjm,bhtjm->bhtj", kt, kt, strict.expand(-1, -1, -1, -1, d))
         eye = torch.eye(c, dtype=compute, device=q.device)
+        system = eye + kept(bt[..., None] * lower, value=False)
         ut = torch.linalg.solve_triangular(
-            eye + bt[..., None] * lower, eye.expand(b, h, c, c), upper=False, unitriangular=True
+            system, eye.expand(b, h, c, c), upper=False, unitriangular=True
         )
-        ut = kept(ut, cotangent=False)
+        ut = kept(ut)
         w = kept(ut @ (bt[..., None] * kt * torch.exp(gates)))
         u = kept(ut @ (bt[..., None] * vt))
         chunk_state = kept(state)
