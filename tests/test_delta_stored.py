@@ -19,6 +19,7 @@ from linattn_verify.families.delta.golden import (
 from linattn_verify.families.delta.inputs import pack_delta
 from linattn_verify.specs import RSQRT_D, Spec, SpecError
 from linattn_verify.under_test import resolve
+from linattn_verify.vet.causes import STORED, name_cause
 from tests.zoo.delta import ENTRIES as FORWARDS
 from tests.zoo.delta_backward import ENTRIES as BACKWARDS
 
@@ -116,3 +117,38 @@ def test_a_kernel_that_keeps_float32_passes_with_the_option_declared(name, check
                    stored="input-dtype")  # fmt: skip
     result = ALL_CHECKS[check](impl, Case(1, 2, 2 * STORED_CHUNK + 5, 4, 3, dtype, seed=7))
     assert result.passed, result.message
+
+
+def _row(name: str, case: Case, figures: dict, severity: str = "inaccurate") -> dict:
+    kept = [["float32", case.dtype, "fla/ops/common/chunk_delta_h.py:185", "fwd_h's h", 2]]
+    return {"name": name, "case": case.to_json(), "severity": severity,
+            "figures": {"stored": kept} | figures}  # fmt: skip
+
+
+def test_stored_intermediates_are_named_where_the_rounded_golden_explains_a_gradient():
+    spec, case = _spec("gates"), Case(1, 2, 33, 4, 3, "float16", seed=7)
+    over = {"max_error_dg": 0.0017, "budget_dg": 0.0016, "max_error_dq": 0.01, "budget_dq": 0.1,
+            "stored_golden_dg": 0.0006, "stored_budget_dg": 0.0024}  # fmt: skip
+    cause = name_cause(_row("gradient", case, over), spec)
+    assert cause is not None and cause.key == STORED and cause.advice == ("--stored", "input-dtype")
+    assert "chunk_delta_h.py:185" in cause.short and "fwd_h's h" in cause.detail
+    for without in (
+        {"stored": []},  # no narrowed store read back: no evidence of the mechanism
+        {"stored_budget_dg": 0.0016},  # declaring it would not account for the error
+        {"stored_golden_dg": 0.0017 / 9},  # the rounded golden errs far less: something else
+    ):
+        assert name_cause(_row("gradient", case, over | without), spec) is None, without
+    assert name_cause(_row("gradient", case, over, "wrong"), spec) is None
+    declared = _spec("gates", stored="input-dtype")
+    assert name_cause(_row("gradient", case, over), declared) is None
+
+
+def test_stored_intermediates_are_named_where_the_rounded_golden_explains_the_output():
+    spec, case = _spec(None), Case(1, 2, 33, 4, 3, "bfloat16", seed=7)
+    judgement = Judgement.of_case(case, _spec(None, stored="input-dtype"))
+    verdict = judgement(judgement.golden[0])
+    explained = _row("reference", case, {"max_error": min(2 * verdict.max_error, verdict.budget)})
+    cause = name_cause(explained, spec)
+    assert cause is not None and cause.key == STORED, verdict.message
+    beyond = _row("reference", case, {"max_error": 1.01 * verdict.budget})
+    assert name_cause(beyond, spec) is None
