@@ -44,6 +44,8 @@ def assert_linear_attention(
     varlen: bool = False,
     triton: str | None = None,
     tf32: bool = False,
+    max_head_dim: int | None = None,
+    even_dims_backward: bool = False,
     grad: bool = False,
     longest: int | None = None,
     long_grad: int | None = None,

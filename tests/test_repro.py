@@ -1,13 +1,17 @@
-"""vet --repro (vet/repro.py): the reproducers of three zoo entries leave the suite. vet runs
-in process on each buggy kernel, loaded from a copy of its zoo module in a package of its
-own (which imports no linattn_verify); each script then runs in an interpreter where
-linattn_verify cannot be imported: on the buggy kernel it exits non-zero with an
-AssertionError naming the element, with --impl its corrected twin it exits 0."""
+"""vet --repro (vet/repro.py): the reproducers of three zoo entries and of one fla adapter of
+a Triton kernel leave the suite. vet runs in process on each buggy zoo kernel, loaded from a
+copy of its zoo module in a package of its own (which imports no linattn_verify); the fla
+kernel is judged by the reference check on a small case (in Triton's interpreter, as CI has
+no GPU). Each script then runs in an interpreter where linattn_verify cannot be imported: on
+the buggy kernel it exits non-zero with an AssertionError naming the element, with --impl
+its corrected twin it exits 0."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -23,6 +27,8 @@ from linattn_verify.vet import VetOptions, VetReport, vet_in_process
 from linattn_verify.vet.repro import write_reproducers
 from tests.zoo import ZOO
 
+FLA_TRITON = importlib.util.find_spec("fla") and importlib.util.find_spec("triton")
+
 ZOO_DIR = Path(__file__).parent / "zoo"
 PACKAGE = "repro_zoo"  # the copy's name: the kernels' own library, as a user's would be
 ENTRY_IMPORTS = "# The entry modules import Entry from here"  # where Entry's module ends
@@ -33,11 +39,13 @@ KERNELS = (
     ("broken:anti_causal_mask", "textbook:elu_cumsum"),
 )
 # one interpreter with torch imported and linattn_verify made unimportable; each run a
-# fork of it (its own process, exit code and output), the script run as __main__
+# fork of it (its own process, exit code and output), the script run as __main__; the runs
+# side by side (an fla script imports fla for seconds), their exit codes printed in order
 RUNNER = """
 import json, os, runpy, sys
 sys.modules["linattn_verify"] = None
 import torch
+pids = []
 for number, argv in enumerate(json.loads(sys.argv[1])):
     pid = os.fork()
     if pid == 0:
@@ -54,6 +62,8 @@ for number, argv in enumerate(json.loads(sys.argv[1])):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+    pids.append(pid)
+for pid in pids:
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
@@ -152,3 +162,49 @@ def test_an_adapter_gets_a_script_where_it_calls_its_library_function_as_is(tmp_
                              text, re.MULTILINE), text  # fmt: skip
         else:
             assert not written.scripts and "code of its own" in written.none[1]
+
+
+def fused_recurrent_linear_attn(q, k, v, normalize=False):
+    """fla's fused_recurrent_linear_attn as a maintainer would correct it: the normaliser
+    with its eps added in float32. fla adds `+ 1e-10` in the input dtype
+    (fla/ops/linear_attn/utils.py), 0 in float16, so a row with q . z = 0 is 0/0 = NaN there.
+    fla's kernel runs unnormalised; the division is this function's."""
+    from fla.ops.linear_attn import fused_recurrent_linear_attn as fla_kernel
+
+    o, state = fla_kernel(q, k, v, normalize=False)
+    if not normalize:
+        return o, state
+    scale = q.shape[-1] ** -0.5
+    z = (q.float() * scale * k.float().cumsum(1)).sum(-1, keepdim=True) + 1e-10
+    return (o.float() / z).to(o.dtype), state
+
+
+@pytest.mark.skipif(not FLA_TRITON, reason="fla-core or triton is not installed")
+def test_an_fla_triton_kernel_reproducer_fails_on_it_and_passes_on_its_twin(tmp_path: Path):
+    """fla.linear-attn-fused-recurrent in float16: NaN where relu(q) is all 0 and the exact
+    value is 0. Its script calls fla's kernel through the adapter's code around it (relu
+    features, normalize=True) and runs it in Triton's interpreter (no GPU here); with --impl
+    fla's kernel corrected (the eps in float32, fused_recurrent_linear_attn above), 0."""
+    case = Case(b=1, h=1, n=1, d=1, dv=1, dtype="float16", seed=4)  # q < 0 < k
+    impl = resolve("fla.linear-attn-fused-recurrent")
+    row = CHECKS["reference"](impl, case).to_dict()
+    assert row["status"] == "fail" and math.isnan(row["figures"]["worst_output"]), row
+    report = VetReport(impl.name, impl.name, str(impl.spec), rows=[row], claimed=impl.spec)
+    written = write_reproducers(report, impl, tmp_path / "fla")
+    script = written.scripts[1]
+    text = script.read_text()
+    assert "linattn_verify" not in text.split('"""', 2)[2]  # past its docstring
+    assert "return kernel(torch.relu(q), torch.relu(k), v, normalize=True)[0]" in text
+    assert 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"' in text
+    twin = tmp_path / "fixed.py"
+    twin.write_text(inspect.getsource(fused_recurrent_linear_attn))
+    element = ", ".join(map(str, row["figures"]["worst_index"]))
+    failed, passed = _run(
+        [[str(script)], [str(script), "--impl", f"{twin}:fused_recurrent_linear_attn"]], tmp_path
+    )
+    code, output = failed
+    assert code != 0, f"the reproducer passes on fla's kernel:\n{output}"
+    assert f"AssertionError: out[{element}] (b, h, i, c) = nan, exact 0: not finite" in output
+    code, output = passed
+    assert code == 0, f"the reproducer fails on the corrected kernel:\n{output}"
+    assert f"out[{element}] (b, h, i, c) = 0.0, exact 0: error 0 <= inf: ok" in output, output

@@ -80,7 +80,10 @@ def test_names_and_ids_say_what_each_is():
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"target": "fla.based-naive", "feature_map": "elu"}, "its spec and layout are its claim"),
+        (
+            {"target": "fla.based-naive", "feature_map": "elu"},
+            "its spec, layout and head dimensions are its claim",
+        ),
         ({"target": "fla.based-naive", "causal": True}, "drop --causal"),
         ({"target": TARGET}, "needs --feature-map"),
         ({"target": "nocolon", "feature_map": "elu"}, "must look like module:function"),

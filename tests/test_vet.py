@@ -101,7 +101,7 @@ def test_a_convention_mismatch_is_one_contract_finding_with_its_fix(target, fix,
     )
     report = json.loads(out.read_text())
     typical = [f for f in report["findings"] if f["regime"] == "typical"]
-    assert [f["checks"] for f in typical] == [["contract"]] and fix in typical[0]["detail"]
+    assert [f["checks"] for f in typical] == [["contract"]] and fix in typical[0]["headline"]
     long = next(c for c in report["checks"] if c["name"] == "long-context")
     assert long["status"] == "depends" and "the contract's failure" in long["detail"]
 
@@ -128,7 +128,7 @@ def test_a_wrong_dtype_or_a_rejected_keyword_is_the_contract_finding_alone(
     )
     report = json.loads(out.read_text())
     (finding,) = report["findings"]
-    assert finding["checks"][0] == "contract" and first_line in finding["detail"]
+    assert finding["checks"][0] == "contract" and first_line in finding["headline"]
 
 
 def test_an_undeclared_dtype_limit_names_the_option_that_declares_it(tmp_path):
@@ -161,9 +161,41 @@ def test_a_library_claiming_some_dtypes_is_judged_inside_them_and_outside_is_one
         "accuracy float16"
     }
     (line,) = [x for x in report.summary().splitlines() if x.startswith("outside the claim")]
-    assert "(its library takes float16)" in line
+    assert "(it takes float16)" in line
     assert "bfloat16: meets the contract" in line and "float64: meets the contract" in line
     assert "float32: raised AssertionError: does not support float32" in line
+
+
+@pytest.mark.parametrize(
+    ("target", "claim", "outside", "option"),
+    [
+        ("small_heads", {"max_head_dim": 16}, "d = 17: raised AssertionError: only support",
+         "--max-head-dim 16)"),
+        ("even_backward", {"even_dims_backward": True},
+         "float16 backward, dv = 3: backward raised AssertionError", "--even-dims-backward)"),
+    ],
+)  # fmt: skip
+def test_a_head_dimension_limit_declared_passes_and_undeclared_names_its_option(
+    target, claim, outside, option
+):
+    """Issue 51, item 6: a correct kernel that raises past its head dimensions (d > 16, as
+    fla's fused_chunk_based; odd d or dv in a 16-bit backward, as fla's chunk_bwd_dv) passes
+    when it declares them, every check run inside them (scaling at d = 16), and says in one
+    line what a call just outside does; undeclared, the raise is a contract finding naming
+    the limit the calls show and the option that declares it."""
+    from linattn_verify.under_test import resolve
+    from linattn_verify.vet.runner import VetOptions, vet_in_process
+    from tests import vet_targets
+
+    fn = getattr(vet_targets, target)
+    options = VetOptions(smallest=True, longest=0, envelope=False, grad="even" in target)
+    declared = vet_in_process(resolve(fn, feature_map="elu", **claim), options)
+    assert declared.verdict == "pass" and declared.findings == [], declared.summary()
+    (line,) = [x for x in declared.summary().splitlines() if x.startswith("outside the claim")]
+    assert outside in line
+    undeclared = vet_in_process(resolve(fn, feature_map="elu"), options)
+    (finding,) = undeclared.findings
+    assert finding.detail.endswith(option), undeclared.summary()
 
 
 def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):

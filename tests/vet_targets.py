@@ -50,6 +50,32 @@ def no_float32(q, k, v):
     return elu_linear(q, k, v)
 
 
+def small_heads(q, k, v):
+    """elu_linear refusing d > 16, as fla's fused_chunk_based asserts."""
+    assert q.shape[-1] <= 16, "only support feature dimension up to 16."
+    return elu_linear(q, k, v)
+
+
+class _EvenBackward(torch.autograd.Function):
+    """q, k, v as they are, whose backward refuses odd d or dv in 16-bit dtypes, as fla's
+    chunk_bwd_dv asserts."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.clone(), k.clone(), v.clone()
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        if dq.dtype in (torch.float16, torch.bfloat16):
+            assert dq.shape[-1] % 2 == 0 and dv.shape[-1] % 2 == 0, "requires even K and V"
+        return dq, dk, dv
+
+
+def even_backward(q, k, v):
+    """elu_linear whose backward refuses odd d or dv in float16 and bfloat16."""
+    return elu_linear(*_EvenBackward.apply(q, k, v))
+
+
 def raising(q, k, v):
     raise ValueError("this kernel always fails")
 

@@ -1,5 +1,6 @@
 """What every adapter shares: the Adapter record, the error for a library that is not there,
-and the feature map a caller applies to a core that takes mapped features."""
+an adapter's code around its library's call, written once (calling), and the feature map a
+caller applies to a core that takes mapped features."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import ModuleType
 
 import torch
 
+from ..head_dims import UNDECLARED, HeadDims
 from ..specs import Spec, SpecError
 
 Fn = Callable[..., torch.Tensor]
@@ -36,7 +38,8 @@ class Adapter:
     for `--state`; None for a function without one. varlen: its function takes packed
     batches (cu_seqlens, --varlen). dtypes: the input dtypes the library claims, from its
     documentation or its own asserts (None: every one); vet judges inside them and says in
-    one line what the function does outside.
+    one line what the function does outside. head_dims: the head dimensions it takes, from
+    the same sources (head_dims.HeadDims; its default: any).
     """
 
     name: str
@@ -53,6 +56,7 @@ class Adapter:
     load_state: Callable[[], Fn] | None = None
     varlen: bool = False
     dtypes: tuple[str, ...] | None = None
+    head_dims: HeadDims = UNDECLARED
 
 
 def import_library(module: str, install: str) -> ModuleType:
@@ -66,14 +70,24 @@ def import_library(module: str, install: str) -> ModuleType:
         ) from None
 
 
+def calling(kernel: Fn, call: str, why: str) -> Fn:
+    """fn(q, k, v) = `call`, one Python expression of q, k, v, torch and `kernel` (the
+    library's function): an adapter's code around its call, written once, so that the script
+    vet --repro writes shows the very code the adapter runs (vet/repro.py). `why` says what
+    the code is for. fn keeps all three (fn.kernel, fn.call, fn.why)."""
+    fn = eval(f"lambda q, k, v: {call}", {"torch": torch, "kernel": kernel})
+    fn.kernel, fn.call, fn.why = kernel, call, why
+    return fn
+
+
+RELU_CALL = "kernel(torch.relu(q), torch.relu(k), v)"
+RELU_WHY = "The kernel takes features already mapped: the caller maps q and k, here with relu."
+
+
 def relu_features(core: Fn) -> Fn:
     """A core that takes mapped features (phi(q), phi(k), v), called with phi = relu: the
     feature map a caller applies, not a fix of the core."""
-
-    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return core(torch.relu(q), torch.relu(k), v)
-
-    return attention
+    return calling(core, RELU_CALL, RELU_WHY)
 
 
 def largest_divisor_below(n: int, largest: int) -> int:

@@ -22,21 +22,25 @@ from dataclasses import replace
 
 import torch
 
+from ..head_dims import UNDECLARED, HeadDims
 from ..specs import RSQRT_D, Spec
-from .base import Adapter, Fn, largest_divisor_below, relu_features
+from .base import Adapter, Fn, calling, largest_divisor_below
 from .fla_loading import INSTALL, INSTALL_TRITON, fla_file, triton_ops
+
+# how fla's linear_attn functions are called: features mapped by the caller, o kept
+LINEAR_ATTN_CALL = "kernel(torch.relu(q), torch.relu(k), v, normalize=True)[0]"
+LINEAR_ATTN_WHY = (
+    "fla's linear_attn functions take features already mapped (fla's layers apply the "
+    "feature map first): the caller maps q and k, here with relu; they return (o, final_state), "
+    "of which o is kept."
+)
 
 
 def _load_fla_naive_linear_attn() -> Fn:
     """fla/ops/linear_attn/naive.py, naive_recurrent_linear_attn(q, k, v, normalize=True):
     (B, T, H, K) in and out; returns (o, final_state), of which o is kept."""
-    naive = fla_file("ops/linear_attn/naive.py")
-
-    def fla_naive_linear_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out, _ = naive.naive_recurrent_linear_attn(q, k, v, normalize=True)
-        return out
-
-    return relu_features(fla_naive_linear_attn)
+    naive = fla_file("ops/linear_attn/naive.py").naive_recurrent_linear_attn
+    return calling(naive, LINEAR_ATTN_CALL, LINEAR_ATTN_WHY)
 
 
 def _load_fla_naive_linear_attn_state() -> Fn:
@@ -112,19 +116,16 @@ def _load_fla_naive_chunk_based() -> Fn:
     return fla_naive_chunk_based
 
 
-def _fla_triton(module: str, function: str, returns_state: bool, **kwargs) -> Callable[[], Fn]:
-    """A loader for fla.ops.<module>.<function>, called as function(q, k, v, **kwargs) on
-    (B, T, H, K) tensors; the linear_attn kernels take mapped features (relu_features) and
-    return (o, final_state)."""
+def _fla_triton(module: str, function: str) -> Callable[[], Fn]:
+    """A loader for fla.ops.<module>.<function> (Triton) on (B, T, H, K) tensors: the
+    linear_attn ones called as LINEAR_ATTN_CALL (relu features, normalize=True, o of (o,
+    final_state)), the others as they are, function(q, k, v)."""
 
     def load() -> Fn:
         kernel = getattr(triton_ops(module), function)
-
-        def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = kernel(q, k, v, **kwargs)
-            return out[0] if returns_state else out
-
-        return relu_features(fla_kernel) if module == "linear_attn" else fla_kernel
+        if module == "linear_attn":
+            return calling(kernel, LINEAR_ATTN_CALL, LINEAR_ATTN_WHY)
+        return kernel
 
     return load
 
@@ -240,6 +241,9 @@ _GLA = (
     "dtype."
 )
 BASED_SPEC = Spec("taylor", causal=True, eps=1e-6)
+# chunk_simple_gla's backward (chunk_bwd_dv, fla/ops/common/chunk_o.py:606) asserts `K % 2
+# == 0 and V % 2 == 0` in float16 and bfloat16 (Triton miscompiles their masked odd tails)
+EVEN_BACKWARD = HeadDims(even_backward=True)
 
 
 def _based(name: str, function: str, layout: str, note: str, load, **options) -> Adapter:
@@ -294,9 +298,10 @@ ADAPTERS = (
             LINEAR_SPEC,
             "bnhd",
             _FLA_LINEAR + f" Triton {how}, called with normalize=True.",
-            _fla_triton("linear_attn", function, True, normalize=True),
+            _fla_triton("linear_attn", function),
             INSTALL_TRITON,
             triton=True,
+            head_dims=EVEN_BACKWARD if short == "chunk" else UNDECLARED,
         )
         for short, function, how in (
             ("chunk", "chunk_linear_attn", "chunk kernel (chunk_simple_gla)"),
@@ -319,6 +324,7 @@ ADAPTERS = (
             state="S",
             load_state=_simple_gla_triton(function, decay, True),
             varlen=True,
+            head_dims=EVEN_BACKWARD if short == "chunk" else UNDECLARED,
         )
         for short, function, how in (
             ("chunk", "chunk_simple_gla", "chunk kernel"),
@@ -365,6 +371,7 @@ ADAPTERS = (
             state="S" if state else None,
             load_state=_retention(function, True) if state else None,
             varlen=True,
+            head_dims=EVEN_BACKWARD if short == "chunk" else UNDECLARED,
         )
         for short, function, how, state, cost in (
             ("chunk", "chunk_retention", "chunk kernel (chunk_simple_gla)", True, "linear"),
@@ -374,8 +381,10 @@ ADAPTERS = (
     ),
     _based("fla.based-parallel", "fla.ops.based.parallel_based", "bnhd",
            " Triton kernel, fp32 accumulation; asserts d <= 128.",
-           _fla_triton("based", "parallel_based", False), triton=True, cost="quadratic"),
+           _fla_triton("based", "parallel_based"), triton=True, cost="quadratic"),
     _based("fla.based-fused-chunk", "fla.ops.based.fused_chunk_based", "bnhd",
-           " Triton fused chunk kernel; asserts d <= 16.",
-           _fla_triton("based", "fused_chunk_based", False), triton=True),
+           " Triton fused chunk kernel; asserts d <= 16 ('only support feature dimension up "
+           "to 16', fla/ops/based/fused_chunk.py:384): it claims d <= 16.",
+           _fla_triton("based", "fused_chunk_based"), triton=True,
+           head_dims=HeadDims(16)),
 )  # fmt: skip

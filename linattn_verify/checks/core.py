@@ -143,15 +143,18 @@ def _stored_since(before: dict[tuple[str, str, str, str], int]) -> list[list]:
     ]
 
 
-def check(name: str) -> Callable[[Callable[..., Outcome]], CheckFn]:
-    """Make body(impl, case, ...) -> Outcome a check returning a CheckResult; an exception or
-    a non-tensor from the implementation fails the check with its message. The tl.dots that
-    Triton's interpreter ran with TF32 products meanwhile are its figure "tf32_dots", the
-    casts below the case's precision it ran, its figure "narrowed" (_narrowed_below), and
-    the narrowed stores later kernels read back, its figure "stored" (_stored_since)."""
+def check(name: str, backward: bool = False) -> Callable[[Callable[..., Outcome]], CheckFn]:
+    """Make body(impl, case, ...) -> Outcome a check returning a CheckResult, on the case
+    with the head dimensions the implementation takes (HeadDims.fit; `backward`: a check of
+    its backward pass); an exception or a non-tensor from the implementation fails the check
+    with its message. The tl.dots that Triton's interpreter ran with TF32 products meanwhile
+    are its figure "tf32_dots", the casts below the case's precision it ran, its figure
+    "narrowed" (_narrowed_below), and the narrowed stores later kernels read back, its
+    figure "stored" (_stored_since)."""
 
     def wrap(body: Callable[..., Outcome]) -> CheckFn:
         def run(impl: Implementation, case: Case, **options: Any) -> CheckResult:
+            case = impl.head_dims.fit(case, backward)
             for watcher in _WATCHERS:
                 watcher(name, case)
             cause, dots, casts = None, TRITON.tf32_dots, dict(TRITON.narrowed)

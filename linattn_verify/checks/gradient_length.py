@@ -92,7 +92,8 @@ def gradient_length(
     failures, left_out, rounded_to_inf = [], 0, 0
     for dtype in judged:
         heads = len(MEMORIES) if family_of(spec).forgets(spec) else 1
-        draw = Draw(spec, dtype, 1, heads, DIMS[0], ns[-1], seed, device)
+        d = impl.head_dims.d(DIMS[0], dtype, backward=True)  # dv = d (long_context.inputs)
+        draw = Draw(spec, dtype, 1, heads, d, ns[-1], seed, device)
         g_all = _loss_weights(draw)
         for n in ns:
             say(f"{NAME}: {dtype} N = {n}")
@@ -122,7 +123,8 @@ def gradient_length(
                 severity = "wrong" if verdict.violations else "inaccurate"
                 failures.append((n, dtype, severity, verdict.message))
                 break
-    return _result(spec, ns, judged, dtypes, failures, figures, (left_out, rounded_to_inf))
+    counts = (left_out, rounded_to_inf)
+    return _result(spec, ns, judged, dtypes, failures, figures, counts, impl.head_dims.d(DIMS[0]))
 
 
 def _loss_weights(draw: Draw) -> torch.Tensor:
@@ -132,7 +134,7 @@ def _loss_weights(draw: Draw) -> torch.Tensor:
     return g.to(device=draw.device, dtype=getattr(torch, draw.dtype))
 
 
-def _result(spec, ns, judged, dtypes, failures, figures, counts) -> CheckResult:
+def _result(spec, ns, judged, dtypes, failures, figures, counts, d: int) -> CheckResult:
     left_out, rounded_to_inf = counts
     uncertified = f"; {left_out} element(s) not certified, not judged" if left_out else ""
     if rounded_to_inf:
@@ -150,7 +152,7 @@ def _result(spec, ns, judged, dtypes, failures, figures, counts) -> CheckResult:
     worst = max(figures, key=figures.get, default=None)
     top = f"; largest error {figures[worst]:.3g} u M ({worst})" if worst else ""
     detail = (
-        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, d = {DIMS[0]}): "
+        f"N = {', '.join(map(str, ns))} in {', '.join(judged)} (B = 1, d = {d}): "
         f"{', '.join('d' + name for name in gradient_names(spec))} within bound and budget"
         f"{top}{uncertified}"
         f"{'' if len(judged) == len(dtypes) else '; float64 not judged here'}"

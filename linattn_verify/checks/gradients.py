@@ -265,7 +265,7 @@ NO_DECAY_GRADIENT = (
 DECAY_LEAVES = {"beta": "beta", "g": "the log-gates g"}
 
 
-@check("gradient")
+@check("gradient", backward=True)
 @judged
 def gradient(impl: Implementation, case: Case) -> Outcome:
     """dq, dk, dv (and dg) within the a-priori bound of the exact ones and within K_BUDGET
@@ -332,7 +332,7 @@ def _disagreement(
     return None
 
 
-@check("gradient-causality")
+@check("gradient-causality", backward=True)
 @judged
 def gradient_causality(impl: Implementation, case: Case) -> Outcome:
     """Redrawing G_i for i < t leaves dk_j and dv_j (the delta rule's dbeta_j), j >= t,
@@ -361,7 +361,7 @@ def gradient_causality(impl: Implementation, case: Case) -> Outcome:
     return Outcome(False, f"after G of rows 0..{t - 1} changed, " + found)
 
 
-@check("gradient-associativity")
+@check("gradient-associativity", backward=True)
 @judged
 def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
     """The gradients agree with each golden form's within the implementation's budget plus
@@ -383,7 +383,7 @@ def gradient_associativity(impl: Implementation, case: Case) -> Outcome:
     return Outcome(True, f"the gradients agree with the golden {' and '.join(forms)} forms'")
 
 
-@check("gradient-finite")
+@check("gradient-finite", backward=True)
 @judged
 def gradient_finite(impl: Implementation, case: Case) -> Outcome:
     """No NaN or inf where the exact gradient is finite and fits the dtype (the exact ones,

@@ -217,11 +217,13 @@ def long_context(
     dims: tuple[int, ...] = DIMS,
 ) -> CheckResult:
     """The check (module docstring) over `dtypes`: per dtype the long panel (B = H = 1, d =
-    dims[0]) and the wide one (B = H = 2, d = dims[-1], to WIDE_LONGEST); a d whose feature
-    vector is longer than MAX_FEATURES is left out."""
+    dims[0]) and the wide one (B = H = 2, d = dims[-1], to WIDE_LONGEST), each d the
+    nearest the implementation takes (HeadDims.d); a d whose feature vector is longer than
+    MAX_FEATURES is left out."""
     spec = impl.spec
     ns = lengths(longest)
     judged = [t for t in dtypes if t != "float64"]
+    dims = [impl.head_dims.d(d) for d in dims]
     dims = [d for d in dims if spec.info.feature_dim(d, d) <= MAX_FEATURES]
     wide = tuple(n for n in ns if n <= WIDE_LONGEST)
     heads = len(MEMORIES) if family_of(spec).forgets(spec) else 1  # one head per memory
@@ -550,6 +552,8 @@ def _result(spec, panels, ns, judged, dtypes) -> CheckResult:
         if all(p.ieee_passes for p in failed):  # every failure is TF32 products' (core.py)
             figures["ieee_products_pass"] = True
         contract = "contract" if all(p.contract for p in failed) else None  # vet's: under it
+        if contract:  # the d of the calls that raised (vet's probe_head_dims)
+            figures["d"] = min(p.d for p in failed)
         return CheckResult(
             NAME, False, detail, figures=figures, severity=severity, regime="typical",
             cause=contract,

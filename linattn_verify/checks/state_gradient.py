@@ -106,7 +106,7 @@ def _initial(impl: Implementation, case: Case, x, like) -> tuple[torch.Tensor, .
     return tuple(torch.as_tensor(t).to(part) for t, part in zip(exact, like, strict=True))
 
 
-@check("state-gradient")
+@check("state-gradient", backward=True)
 def state_gradient(impl: Implementation, case: Case) -> Outcome:
     """dL/dS_0 (and dL/dz_0) and the final state's dL_S/dv, dL_S/dk (and dL_S/dg; dL_S/dq =
     0) within their bounds of the exact ones; a family's own model: _own_model."""

@@ -47,6 +47,8 @@ def add(sub) -> None:
             "python -m linattn_verify vet --form chunked --feature-map elu --causal",
             "python -m linattn_verify vet mykernels.py:gla --feature-map identity --causal \\",
             "    --no-normalize --scale d^-0.5 --decay channel-gates --state S --grad",
+            "python -m linattn_verify vet mykernels.py:based --feature-map taylor --causal \\",
+            "    --max-head-dim 16 --grad --even-dims-backward",
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --long 1048576",
             "python -m linattn_verify vet mykernels.py:attn --feature-map elu --causal --repro out",
             "python -m linattn_verify vet --list",

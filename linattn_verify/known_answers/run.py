@@ -34,7 +34,8 @@ def run_vectors(
     34-digit output taken exactly; the a-priori bound there, and how many elements exceed
     their bound. NaN is required where the exact value is 0/0 (a number there is an
     infinite error); an output of the wrong type, shape, dtype or device, or an exception,
-    is reported as `problem`."""
+    is reported as `problem`; a vector of a head dimension the implementation does not
+    take (Implementation.head_dims) is not run, its row `skipped` with why."""
     spec = impl.spec.defining
     rows = []
     for entry in load_manifest(directory)["vectors"]:
@@ -43,8 +44,11 @@ def run_vectors(
         vector = json.loads((Path(directory) / entry["file"]).read_text())
         _, tensors = stored_tensors(vector)
         q, k, v, w, decay = (None if t is None else t.to(device) for t in tensors)
-        regime = regime_of(Case(**vector["case"]), spec)
-        row = {"name": entry["name"], "dtype": entry["dtype"], "regime": regime}
+        case = Case(**vector["case"])
+        row = {"name": entry["name"], "dtype": entry["dtype"], "regime": regime_of(case, spec)}
+        if impl.head_dims.fit(case) != case:
+            rows.append({**row, "skipped": f"d = {case.d}, outside its claim ({impl.head_dims})"})
+            continue
         try:
             out = impl(q, k, v, w, decay)
             problem = _contract_problem(out, q, v)

@@ -113,6 +113,16 @@ CLAIM = (
     Option("varlen", "--varlen", bool, False,
            "fn also takes a packed batch, fn(q, k, v, cu_seqlens=OFFSETS) with B = 1 "
            "(docs/contract.md, 'Packed batches')"),
+    Option("max_head_dim", "--max-head-dim", int | None, None,
+           "the largest head dimension d of q and k it takes (dv is not bounded): vet "
+           "judges d <= D alone, every check there, and says in one line what a call at "
+           "d = D + 1 does (docs/contract.md, 'Declared limits')", metavar="D",
+           check=_positive),
+    Option("even_dims_backward", "--even-dims-backward", bool, False,
+           "its backward takes even d and dv alone in float16 and bfloat16 (as fla's "
+           "chunk kernels assert): vet's gradient checks use even ones there, and say in "
+           "one line what a 16-bit backward with an odd dv does (docs/contract.md, "
+           "'Declared limits')"),
     Option("triton", "--triton", str | None, None,
            "fn's Triton kernels run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 "
            "set before triton is imported), their inputs and allocations in NaN guard bands "

@@ -22,6 +22,7 @@ from ..adapters import ADAPTERS
 from ..cases import Case
 from ..families import family_of, spec_words
 from ..grammar import words
+from ..head_dims import UNDECLARED, HeadDims
 from ..implementations.forms import DEFAULT_CHUNK
 from ..specs import RSQRT_D, Spec, SpecError
 from ..target import load_target
@@ -64,7 +65,8 @@ class Implementation:
     "Packed batches"), cu_seqlens None for a plain one. triton: "interpret" when fn's Triton
     kernels run in Triton's interpreter (triton_interpret.py; tf32: TF32 products), fn then
     called on guarded inputs (guard_bands.py). dtypes: the dtypes its library claims (an
-    adapter's; None: every one), vet's judgement kept inside them. fn is None while the
+    adapter's; None: every one), and head_dims the head dimensions it takes (--max-head-dim,
+    --even-dims-backward, or an adapter's), vet's judgement kept inside them. fn is None while the
     implementation is only declared (resolve(..., load=False): picklable, for a worker
     process to load()).
     """
@@ -80,6 +82,7 @@ class Implementation:
     triton: str | None = None
     tf32: bool = False
     dtypes: tuple[str, ...] | None = None
+    head_dims: HeadDims = UNDECLARED
 
     @property
     def name(self) -> str:
@@ -132,6 +135,8 @@ class Implementation:
             "state": state,
             "varlen": self.varlen,
             **triton,
+            "max_head_dim": self.head_dims.largest,
+            "even_dims_backward": self.head_dims.even_backward,
         }
         return shlex.join([*source, *words(CLAIM, values)])
 

@@ -13,6 +13,7 @@ import torch
 
 from ..adapters import ADAPTERS
 from ..grammar import checked
+from ..head_dims import HeadDims
 from ..specs import Spec, SpecError
 from ..target import did_you_mean, split_target
 from .builtin import form_of, state_of
@@ -30,6 +31,8 @@ from .implementation import Implementation, Source, StreamFactory
 from .names import label
 
 _CLAIM = {o.name: o for o in CLAIM}
+# what an adapter claims besides its spec: its library's, never the command line's
+OWN_CLAIM = ("layout", "max_head_dim", "even_dims_backward")
 
 
 def resolve(
@@ -106,11 +109,14 @@ def from_options(
 def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
     """A third-party library behind an adapter: its spec and layout are its claim."""
     adapter = ADAPTERS[name]
-    claimed = (n for n in (*SPEC_FIELDS, "layout") if n not in ("dot_precision", "stored"))
+    claimed = (n for n in (*SPEC_FIELDS, *OWN_CLAIM) if n not in ("dot_precision", "stored"))
     fixed = [n for n in claimed if values[n] != _CLAIM[n].default]
     if fixed:
         flag = _CLAIM[fixed[0]].flag
-        raise SpecError(f"{name} is an adapter: its spec and layout are its claim (drop {flag})")
+        raise SpecError(
+            f"{name} is an adapter: its spec, layout and head dimensions are its claim (drop "
+            f"{flag})"
+        )
     state = values["state"]
     if state is not None and adapter.state is None:
         raise SpecError(f"{name} takes no state (its library's function has none)")
@@ -129,7 +135,13 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
         None, spec, Source("adapter", name), adapter.layout,
         values["cost"] or adapter.cost, state=adapter.state if state is not None else None,
         varlen=values["varlen"], triton=triton, tf32=values["tf32"], dtypes=adapter.dtypes,
+        head_dims=adapter.head_dims,
     )  # fmt: skip
+
+
+def head_dims(values: Mapping[str, Any]) -> HeadDims:
+    """The head dimensions a target or a built-in form is declared to take."""
+    return HeadDims(values["max_head_dim"], values["even_dims_backward"])
 
 
 def automatic_triton(adapter) -> str | None:
@@ -151,7 +163,8 @@ def _form(spec: Spec, form, chunk_size, values: Mapping[str, Any]) -> Implementa
     form, chunk_size = form_of(spec, form, chunk_size)
     cost = values["cost"] or default_cost(spec, form)
     source = Source("form", form, chunk_size)
-    impl = Implementation(None, spec, source, "bhnd", cost, varlen=values["varlen"])
+    impl = Implementation(None, spec, source, "bhnd", cost, varlen=values["varlen"],
+                          head_dims=head_dims(values))  # fmt: skip
     if values["state"] is not None:
         impl = replace(impl, state=state_of(spec, form, impl.name))
     return impl
@@ -169,6 +182,7 @@ def _target(target, spec: Spec, values: Mapping[str, Any], stream) -> Implementa
         "varlen": values["varlen"],
         "triton": values["triton"],
         "tf32": values["tf32"],
+        "head_dims": head_dims(values),
     }
     if callable(target):
         fn = guarded(target) if values["triton"] else target

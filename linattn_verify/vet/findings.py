@@ -125,6 +125,11 @@ class Finding:
         """The named cause (causes.Cause.key), or None."""
         return self.effects[0].cause.key if self.effects else None
 
+    @property
+    def detail_in_headline(self) -> bool:
+        """A contract finding says what was returned or raised in its first line."""
+        return self.checks[:1] == ("contract",) and bool(self.detail) and not self.effects
+
     def headline(self) -> str:
         """The finding in one line: what it is, where, and its size or its cause."""
         kind = self.kind or self.severity
@@ -139,6 +144,8 @@ class Finding:
                 where += ", in how the decay is applied (right on the same inputs without it)"
             elif len(self.dtypes) > 1:
                 where += f" in {', '.join(self.dtypes)}"
+            if self.detail_in_headline:  # what was returned or raised, and what was expected
+                return f"{where}: {check_names(self.checks)}: {self.detail.splitlines()[0]}"
             share = self.relative_error
             if share is None:
                 size = ""
@@ -474,7 +481,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 severity=severity,
                 regime=min((_regime(r) for r in group), key=REGIMES.index),
                 checks=tuple(dict.fromkeys(r["name"] for r in group)),
-                detail=shown.get("detail", "") + _dtype_limit(rows, shown),
+                detail=shown.get("detail", "") + _dtype_limit(rows, shown) + shown.get("limit", ""),
                 relative_error=_relative(shown),
                 case=shown.get("case"),
                 reproduce=shown.get("reproduce"),

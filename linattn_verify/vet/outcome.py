@@ -37,7 +37,8 @@ class VetReport:
     claimed: Spec | None = field(default=None, repr=False)  # the spec, to name causes
     runs_in: str = ""  # where its code ran, when not as itself: Triton's interpreter
     printed: tuple[str, int] | None = None  # the file of its prints, and their lines
-    takes: tuple[str, ...] = ()  # the dtypes its library claims, where it claims some
+    # what it claims to take, where it claims a limit: its dtypes, its head dimensions
+    takes: tuple[str, ...] = ()
 
     @property
     def findings(self) -> list[Finding]:
@@ -147,7 +148,8 @@ def _finding(number: int, finding: Finding, warning: bool, verbose: bool) -> lis
                 f"{INDENT}wrong in float64, beyond what float64's rounding explains: a defect "
                 f"of every precision, so in {others} too{lengths}"
             )
-        lines.append(f"{INDENT}{finding.detail}")
+        if not finding.detail_in_headline:
+            lines.append(f"{INDENT}{finding.detail}")
     if verbose or finding.kind == "sampler":
         lines += [f"{INDENT}{detail}" for detail in finding.details]
     if finding.worst and (verbose or not finding.effects):  # a named cause says it
@@ -232,8 +234,8 @@ def _checks(report: VetReport, found: list[Finding], verbose: bool) -> list[str]
     outside = [r for r in report.rows if r["status"] == OUTSIDE]
     if outside:
         each = "; ".join(f"{r['name'].removeprefix('outside ')}: {r['detail']}" for r in outside)
-        takes = ", ".join(report.takes)
-        lines.append(f"outside the claim (its library takes {takes}), one call each: {each}")
+        takes = "; ".join(report.takes)
+        lines.append(f"outside the claim (it takes {takes}), one call each: {each}")
     return lines
 
 

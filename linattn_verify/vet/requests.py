@@ -28,6 +28,7 @@ from .tasks import (
     known_answers,
     long_context,
     outside_claim,
+    probe_head_dims,
     property_check,
     rate,
     sampler_statistics,
@@ -72,14 +73,31 @@ class Tf32Dots(Task):
 
 @dataclass(frozen=True, kw_only=True)
 class OutsideClaim(Task):
-    """outside_claim: one call on each dtype the library does not claim."""
+    """outside_claim: one call on each dtype the library does not claim, and just past the
+    head dimensions it takes (`judged`: the dtypes judged; grad: its backward too)."""
 
     name: ClassVar[str] = "outside the claim"
     device: str
     dtypes: tuple[str, ...]
+    judged: tuple[str, ...]
+    grad: bool = False
 
     def run(self, impl: Implementation) -> list[Row]:
-        return outside_claim(impl, self.device, self.dtypes)
+        return outside_claim(impl, self.device, self.dtypes, self.judged, self.grad)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadDimsProbe(Task):
+    """probe_head_dims: the evidence of an undeclared limit on the head dimensions."""
+
+    name: ClassVar[str] = "head-dims-probe"
+    device: str
+    dtype: str
+    raised: int | None = None
+    odd: str | None = None
+
+    def run(self, impl: Implementation) -> list[Row]:
+        return probe_head_dims(impl, self.device, self.dtype, self.raised, self.odd)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ warnings (fail_on widens that, strict is every regime with relatively accurate f
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from ..checks.gradient_length import default_longest as long_grad_default
 from ..checks.long_context import LONGEST, default_longest
 from ..checks.search import THOROUGH_EXAMPLES, VET_EXAMPLES, VET_GRADIENT_EXAMPLES
 from ..families import family_of
+from ..head_dims import SIXTEEN_BIT
 from ..known_answers import not_applicable as kat_not_applicable
 from ..regimes import REGIMES
 from ..specs import Spec, SpecError
@@ -36,6 +38,7 @@ from .requests import (
     AutotuneConfigs,
     Envelope,
     GradientLength,
+    HeadDimsProbe,
     Int32Offsets,
     KnownAnswers,
     LongContext,
@@ -190,6 +193,68 @@ def _within_claim(
     return replace(options, dtypes=inside), tuple(d for d in options.dtypes if d not in claimed)
 
 
+def _outside_claim(
+    description: dict[str, Any], options: VetOptions, dtypes: tuple[str, ...]
+) -> OutsideClaim | None:
+    """The calls just outside the claim (tasks.outside_claim): on `dtypes`, those asked for
+    that it does not claim, and past the head dimensions it declares; None if none."""
+    if not dtypes and not description["head_dims"].declared:
+        return None
+    return OutsideClaim(device=options.device, dtypes=dtypes, judged=options.dtypes,
+                        grad=options.grad)  # fmt: skip
+
+
+def _head_dims_probe(
+    rows: list[Row], description: dict[str, Any], options: VetOptions
+) -> HeadDimsProbe | None:
+    """The probe of an undeclared limit on the head dimensions (tasks.probe_head_dims), where
+    the contract check passed and calls raised: at the d a task fixed (figure "d", scaling's
+    and the long-context panels'), past a largest d not declared; or in a 16-bit backward
+    pass of an odd d or dv, even ones not declared. None where nothing points to one."""
+    if not any(r["name"] == "contract" and r["status"] == "pass" for r in rows):
+        return None
+    dims, raised, odd = description["head_dims"], [], None
+    for row in rows:
+        if row["status"] != "fail" or row.get("cause") != "contract":
+            continue
+        if dims.largest is None and "d" in (row.get("figures") or {}):
+            raised.append(int(row["figures"]["d"]))
+        if not dims.even_backward and odd is None and row["name"] in GRAD_CHECKS:
+            odd = row["case"] if _odd_sixteen_bit(Case.from_json(row["case"])) else None
+    if not raised and odd is None:
+        return None
+    dtype = "float32" if "float32" in options.dtypes else options.dtypes[0]
+    return HeadDimsProbe(device=options.device, dtype=dtype, raised=min(raised, default=None),
+                         odd=odd)  # fmt: skip
+
+
+def _odd_sixteen_bit(case: Case) -> bool:
+    return case.dtype in SIXTEEN_BIT and bool(case.d % 2 or case.dv % 2)
+
+
+def _name_limits(rows: list[Row], probe: dict[str, Any]) -> None:
+    """The failing rows the probe's evidence explains, each given the limit they show and the
+    option that declares it (key "limit", findings.py adds it to the finding's detail)."""
+    largest, even = probe["figures"].get("largest", -1), probe["figures"].get("even_backward")
+    for row in rows:
+        if row["status"] != "fail" or row.get("cause") != "contract":
+            continue
+        d = (row.get("figures") or {}).get("d")
+        if largest > 0 and d is not None and d > largest:
+            row["limit"] = (
+                f" (on the smallest case it takes d <= {largest} and raises at d = "
+                f"{largest + 1}, and every case of the plan met the contract: if it takes no "
+                f"larger d, declare the largest it takes, --max-head-dim {largest})"
+            )
+        case = row.get("case") and Case.from_json(row["case"])
+        if even and row["name"] in GRAD_CHECKS and case and _odd_sixteen_bit(case):
+            row["limit"] = (
+                f" (its backward raises on {case.dtype} inputs of d = {case.d}, dv = "
+                f"{case.dv} and runs with even ones and in float32: if it takes no odd d or dv "
+                "in 16-bit backward passes, declare so, --even-dims-backward)"
+            )
+
+
 def _without_tf32(impl: Implementation) -> Implementation:
     """The implementation judged in float32's own unit: its declared TF32 products never
     ran (a tl.dot on float32 inputs with TF32 rounding), so there is nothing to widen."""
@@ -213,7 +278,8 @@ def _report(
     report = VetReport(
         target, description["name"], str(as_claimed), [], options.failing_regimes, claimed=spec
     )
-    report.takes = description.get("dtypes") or ()
+    dtypes, dims = description.get("dtypes") or (), description["head_dims"]
+    report.takes = (*[", ".join(dtypes)] * bool(dtypes), *[str(dims)] * dims.declared)
     if description.get("triton") == "interpret":
         products = "TF32 (--tf32)" if description.get("tf32") else "IEEE"
         report.runs_in = f"Triton's interpreter on CPU tensors, float32 products {products}"
@@ -411,8 +477,8 @@ def _vet_in_worker(
     spec = worker.description["spec"]
     crashes = 0
     try:
-        if outside:
-            report.rows += worker.run(OutsideClaim(device=options.device, dtypes=outside))
+        if task := _outside_claim(worker.description, options, outside):
+            report.rows += worker.run(task)
         steps = plan(worker.description, options)
         for i, task in enumerate(steps):
             name = task.name
@@ -450,6 +516,9 @@ def _vet_in_worker(
             rest = steps[i + 1 :]
             report.rows += [{"name": t.name, "status": "not run", "detail": stop} for t in rest]
             break
+        if probe := _head_dims_probe(report.rows, worker.description, options):
+            with contextlib.suppress(WorkerHung, WorkerDied):  # no evidence: as they are
+                _name_limits(report.rows, worker.run(probe)[0])
     finally:
         worker.close()
     report.max_rss["parent"] = max_rss()
@@ -478,14 +547,16 @@ def _vet_in_process(
         impl = _without_tf32(impl) if dots["figures"]["tf32_dots"] == 0 else impl
     description = describe(impl)
     report = _report(impl.source.name, description, options, claimed)
-    if outside:
-        report.rows += run_task(impl, OutsideClaim(device=options.device, dtypes=outside))
+    if task := _outside_claim(description, options, outside):
+        report.rows += run_task(impl, task)
     steps = plan(description, options)
     for i, task in enumerate(steps):
         say(f"[{i + 1}/{len(steps)}] {task.name} ...")
         start = time.monotonic()
         report.rows += run_task(impl, _past_contract(report.rows, task))
         report.seconds[task.name] = time.monotonic() - start
+    if probe := _head_dims_probe(report.rows, description, options):
+        _name_limits(report.rows, run_task(impl, probe)[0])
     report.max_rss["process"] = max_rss()
     report.rows = _without_case_after_contract(report.rows)
     return report

@@ -6,6 +6,7 @@ figures, and the case and reproduce command of a failure."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,10 @@ from ..checks import ALL_CHECKS, CHECKS
 from ..checks import gradient_length as gradient_length_check
 from ..checks import long_context as long_context_check
 from ..checks.core import beyond_plan
+from ..checks.gradients import autograd_gradients, loss_weights
 from ..checks.search import search_regimes
 from ..families import case_arguments, default_arguments
+from ..head_dims import SIXTEEN_BIT, UNDECLARED, HeadDims
 from ..implementations.projection import sample_projection_torch
 from ..known_answers import run_vectors
 from ..regimes import REGIMES
@@ -86,19 +89,91 @@ def tf32_dots(impl: Implementation, device: str) -> list[Row]:
 
 
 TF32_PROBE = "tf32-dots"
-OUTSIDE = "outside the claim"  # the status of a call on a dtype the library does not claim
+OUTSIDE = "outside the claim"  # the status of a call outside what the kernel claims
 
 
-def outside_claim(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
-    """What the kernel does on dtypes its library does not claim (Adapter.dtypes): one call
-    each on the smallest case (the contract check), a row of status OUTSIDE, no finding."""
+def outside_claim(
+    impl: Implementation, device: str, dtypes: tuple[str, ...], judged: tuple[str, ...],
+    grad: bool,
+) -> list[Row]:  # fmt: skip
+    """What the kernel does just outside its claim, one call each on the smallest case, a row
+    of status OUTSIDE, no finding: on each of `dtypes`, those it does not claim (the
+    contract check); at d = its largest + 1, in float32 or the first dtype `judged` (the
+    contract check); with `grad`, a backward pass with an odd dv in the first 16-bit dtype
+    judged, where it claims even ones there (HeadDims)."""
     rows = []
     for case in smallest_cases(impl.spec, dtypes, device):
-        result = CHECKS["contract"](impl, case)
-        did = result.message.removeprefix(f"{impl.name} ")
-        what = "meets the contract (its values not judged)" if result.passed else did
-        rows.append({"name": f"outside {case.dtype}", "status": OUTSIDE, "detail": what})
+        rows.append(_outside(case.dtype, _contract_call(impl, case)))
+    dims, bare = impl.head_dims, replace(impl, head_dims=UNDECLARED)
+    dtype = "float32" if "float32" in judged else judged[0]
+    (case,) = smallest_cases(impl.spec, (dtype,), device)
+    if dims.largest is not None:
+        beyond = replace(case, d=dims.largest + 1)
+        rows.append(_outside(f"d = {beyond.d}", _contract_call(bare, beyond)))
+    sixteen = [t for t in judged if t in SIXTEEN_BIT]
+    if grad and dims.even_backward and sixteen:
+        (case,) = smallest_cases(impl.spec, sixteen[:1], device)
+        odd = replace(case, d=dims.d(case.d, case.dtype, backward=True), dv=case.dv | 1)
+        rows.append(_outside(f"{odd.dtype} backward, dv = {odd.dv}", _backward_call(bare, odd)))
     return rows
+
+
+MET = "meets the contract (its values not judged)"
+RUNS = "its backward runs (its gradients not judged)"
+
+
+def _outside(name: str, what: str) -> Row:
+    return {"name": f"outside {name}", "status": OUTSIDE, "detail": what}
+
+
+def _contract_call(impl: Implementation, case: Case) -> str:
+    """What the contract check says of one call: that it meets the contract, or how not."""
+    result = CHECKS["contract"](impl, case)
+    did = result.message.removeprefix(f"{impl.name} ")
+    return MET if result.passed else did
+
+
+def _backward_call(impl: Implementation, case: Case) -> str:
+    """What one backward pass on `case` does: it runs, or how it fails."""
+    q, k, v, w, decay = case_arguments(case, impl.spec)
+    try:
+        autograd_gradients(impl, q, k, v, w, loss_weights(case, q, v), decay, impl.spec)
+    except ImplementationFailure as err:
+        return str(err)
+    return RUNS
+
+
+HEAD_DIMS_PROBE = "head-dims-probe"
+
+
+def probe_head_dims(
+    impl: Implementation, device: str, dtype: str, raised: int | None, odd: str | None
+) -> list[Row]:
+    """Evidence of an undeclared limit on the head dimensions (runner.py): with `raised`, a
+    d at which a call raised, the largest d a forward call on the smallest case in `dtype`
+    takes, bisected from that case's own d (figure "largest": -1 where a call at that d
+    raises or one at `raised` does not); with `odd`, a 16-bit case (JSON) with an odd d or
+    dv whose backward raised, whether its backward runs with d and dv made even and in
+    float32 alike (figure "even_backward": 1) and raises again as it was."""
+    figures: dict[str, int] = {}
+    if raised is not None:
+        (case,) = smallest_cases(impl.spec, (dtype,), device)
+
+        def takes(d: int) -> bool:
+            return _contract_call(impl, replace(case, d=d)) == MET
+
+        took, found = case.d, takes(case.d) and not takes(raised)
+        while found and raised - took > 1:
+            middle = (took + raised) // 2
+            took, raised = (middle, raised) if takes(middle) else (took, middle)
+        figures["largest"] = took if found else -1
+    if odd is not None:
+        case = Case.from_json(odd)
+        even = HeadDims(even_backward=True).fit(case, backward=True)
+        cases = (case, even, replace(case, dtype="float32"))
+        runs = [_backward_call(impl, c) == RUNS for c in cases]
+        figures["even_backward"] = int(runs == [False, True, True])
+    return [{"name": HEAD_DIMS_PROBE, "status": "probe", "detail": "", "figures": figures}]
 
 
 class ContractCovered:
@@ -292,6 +367,7 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
     m = OFFSETS_D if impl.spec.info.needs_projection else None
     for b, h in OFFSET_PROBES:
         case = Case(b, h, OFFSETS_N, OFFSETS_D, 3, "float32", "normal", 1.0, 7, m, device)
+        case = impl.head_dims.fit(case)
         q, k, v, w, decay = case_arguments(case, impl.spec)
         with triton_interpret.watching_offsets() as seen:
             try:
@@ -331,6 +407,7 @@ def int32_offsets(impl: Implementation, device: str) -> list[Row]:
 
 SCALING_MAX_N = 2048  # the scaling task's largest N
 SMALLEST_SCALING_MAX_N = 1024  # in the smallest plan (VetOptions.smallest)
+SCALING_D = 32  # the scaling task's d = dv
 
 
 def scaling(
@@ -340,27 +417,32 @@ def scaling(
     max_n: int = SCALING_MAX_N,
     dtype: str = "float32",
 ) -> list[Row]:
-    """Counted FLOPs and peak bytes over N = 256 ... max_n (inputs in `dtype`, d = dv = 32)
-    grow as `expected` ("linear" or "quadratic")."""
+    """Counted FLOPs and peak bytes over N = 256 ... max_n (inputs in `dtype`, d = dv =
+    SCALING_D, or the largest d the implementation takes) grow as `expected` ("linear" or
+    "quadratic")."""
     spec = impl.spec
-    d = 32
+    d = impl.head_dims.d(SCALING_D)
     w = None
     if spec.info.needs_projection:
         w = sample_projection_torch(d, d, "orthogonal", torch.Generator().manual_seed(0))
         w = w.to(device)
     ns = [2**i for i in range(8, max_n.bit_length())]
-
-    result = scaling_result(
-        impl.name,
-        lambda q, k, v: impl(q, k, v, w, default_arguments(spec, q)),
-        expected,
-        ns,
-        causal=spec.causal,
-        d=d,
-        dv=d,
-        device=device,
-        dtype=dtype,
-    )
+    try:
+        result = scaling_result(
+            impl.name,
+            lambda q, k, v: impl(q, k, v, w, default_arguments(spec, q)),
+            expected,
+            ns,
+            causal=spec.causal,
+            d=d,
+            dv=d,
+            device=device,
+            dtype=dtype,
+        )
+    except ImplementationFailure as err:  # the d of the call: what probe_head_dims needs
+        detail = f"{impl.name} {err} (d = dv = {d}, {dtype})"
+        return [{"name": "scaling", "status": "fail", "detail": detail, "cause": "contract",
+                 "figures": {"d": d}}]  # fmt: skip
     figures = {
         "flops_slope": result.growth.flops and result.growth.flops.slope,
         "bytes_slope": result.growth.bytes.slope,
@@ -463,13 +545,19 @@ def rate(
 
 def known_answers(impl: Implementation, device: str, dtypes: tuple[str, ...]) -> list[Row]:
     """The known-answer vectors of the spec (the package's known_answers/) in `dtypes`: the
-    error per vector in units of u s of its dtype, within the a-priori bound."""
-    rows = run_vectors(impl, device=device)
-    rows = [r for r in rows if r["dtype"] in dtypes]
+    error per vector in units of u s of its dtype, within the a-priori bound; those of head
+    dimensions it does not take skipped (counted in the detail)."""
+    rows = [r for r in run_vectors(impl, device=device) if r["dtype"] in dtypes]
+    skipped = [r for r in rows if r.get("skipped")]
+    rows = [r for r in rows if not r.get("skipped")]
+    if not rows:
+        detail = f"every vector skipped: {skipped[0]['skipped']}" if skipped else "no vector"
+        return [{"name": "known-answers", "status": "skipped", "detail": detail}]
     bad = [r for r in rows if r.get("problem") or r["outside_bound"]]
     bad.sort(key=lambda r: REGIMES.index(r["regime"]))
     worst = max(rows, key=lambda r: r["max_error_units"])
     detail = f"{len(bad)} of {len(rows)} vectors outside the bound or broken"
+    detail += f" ({len(skipped)} skipped: {skipped[0]['skipped']})" if skipped else ""
     shown = bad[0] if bad else worst
     what = f"first ({shown['regime']})" if bad else "worst"
     detail += f"; {what}: {shown['name']} ({shown['dtype']}): " + (

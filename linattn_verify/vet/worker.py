@@ -61,6 +61,7 @@ def describe(impl: Implementation) -> dict[str, Any]:
         "triton": impl.triton,
         "tf32": impl.tf32,
         "dtypes": impl.dtypes,
+        "head_dims": impl.head_dims,
         "not_applicable": {n: r for n in ALL_CHECKS if (r := not_applicable(n, impl))},
     }
 
