@@ -186,6 +186,10 @@ class Spec:
     # G: it also takes HV = G H value heads, head hv reading q and k of head hv // G
     value_heads: int = 1
     family: str | None = None  # a family chosen by name (families.registry.NAMED)
+    # "input-dtype": the delta rule's chunk intermediates (the UT transform, w, u, the chunk
+    # states, the new values and their cotangents) stored in the inputs' dtype between
+    # kernels by design (families/delta/golden.py, golden_delta_stored)
+    stored: str | None = None
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
@@ -235,8 +239,8 @@ class Spec:
     @property
     def defining(self) -> Spec:
         """The spec without what says how the kernel rounds or may be called, not what it
-        computes (dot_precision, value_heads): the key of the known-answer vectors."""
-        return replace(self, dot_precision=None, value_heads=1)
+        computes (dot_precision, value_heads, stored): the key of the known-answer vectors."""
+        return replace(self, dot_precision=None, value_heads=1, stored=None)
 
     def scale_for(self, d: int) -> float:
         """The similarity scale at head dimension d (rounded to float64 for RSQRT_D)."""
@@ -275,5 +279,6 @@ class Spec:
         words += [f"{self.dot_precision} products"] * (self.dot_precision is not None)
         words += ["delta rule"] * self.delta_rule + ["qk-l2norm"] * self.qk_l2norm
         words += [f"value-heads={self.value_heads}"] * (self.value_heads != 1)
+        words += [f"stored {self.stored}"] * (self.stored is not None)
         words += [f"family={self.family}"] * (self.family is not None)
         return f"{self.feature_map} ({', '.join(words)})"

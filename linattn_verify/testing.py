@@ -36,6 +36,7 @@ def assert_linear_attention(
     delta_rule: bool = False,
     qk_l2norm: bool = False,
     value_heads: int = 1,
+    stored: str | None = None,
     family: str | None = None,
     layout: str = "bhnd",
     cost: str | None = None,

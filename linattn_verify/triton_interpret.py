@@ -28,7 +28,10 @@ triton versions in SHIMMED_FOR does differently from a GPU, each citing its upst
 And two instruments: `watching_offsets()` records the int32 offsets a kernel adds to pointers,
 per tensor (a GPU wraps them at 2^31; the interpreter adds them in 64 bits); every float cast
 to a coarser precision (an explicit `.to`, or a store's implicit one) is counted by source
-line and precisions (`STATE.narrowed`): the evidence vet's "narrowed" cause needs. And one
+line and precisions (`STATE.narrowed`): the evidence vet's "narrowed" cause needs; and a
+narrowed value stored into a tensor that a later launch loads from (an intermediate kept
+between kernels in the coarser precision) is counted by the storing line and the tensor's
+argument name (`STATE.stored`): the evidence vet's "stored-intermediates" cause needs. And one
 saving, no change to what is computed: a launch patches triton.language for the interpreter
 once, and the @jit functions the kernel calls no longer patch it again on each call
 (_patch_once).
@@ -70,6 +73,9 @@ class _State:
     tf32_dots: int = 0
     # (from, to, "file:line") -> how many float casts to a coarser precision ran there
     narrowed: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # (from, to, "file:line", "kernel's argument") -> the later launches that loaded what a
+    # narrowed store there wrote (_watch_stores)
+    stored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     configs: dict[str, list[dict]] = field(default_factory=dict)
     tuners: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     installed: bool = False
@@ -203,6 +209,7 @@ def _install() -> None:
     _shim_dot(interpreter)
     _watch_offsets(interpreter)
     _watch_narrowing(interpreter)
+    _watch_stores(interpreter)
     _patch_once(interpreter)
 
 
@@ -512,12 +519,89 @@ def _watch_narrowing(interpreter) -> None:
                 line = "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
                 key = (given, target, line)
                 STATE.narrowed[key] = STATE.narrowed.get(key, 0) + 1
+                result = cast(self, src, dst_type, *rest)
+                result.attr[NARROWED_FROM] = key  # for _watch_stores
+                return result
             return cast(self, src, dst_type, *rest)
 
         return narrowing_cast
 
     builder.create_fp_trunc = counted(builder.create_fp_trunc)
     builder.create_fp_to_fp = counted(builder.create_fp_to_fp)
+
+
+NARROWED_FROM = "linattn_verify.narrowed"  # a TensorHandle.attr key: the cast that made it
+
+
+@dataclass
+class _Stores:
+    """What _watch_stores keeps: the launches so far, the current one's tensors (start and end
+    address, argument name, the tensor), and per tensor written by a narrowed store (by its
+    id) the cast's (from, to, line), the storing argument's label, the launch, the tensor
+    (weakly: its memory is not another's while it lives), and the launches that read it."""
+
+    launches: int = 0
+    kernel: str = ""
+    arguments: list[tuple[int, int, str]] = field(default_factory=list)
+    written: dict[int, list] = field(default_factory=dict)
+
+
+_STORES = _Stores()
+
+
+def _watch_stores(interpreter) -> None:
+    """An instrument, not a fix: a store whose value a narrowing cast made (_watch_narrowing
+    tags it) is remembered with the launch argument it writes into; a later launch that loads
+    from that tensor counts it in STATE.stored (once a launch), by the storing line and
+    argument: a value kept between kernels in the coarser precision."""
+    launch = interpreter.GridExecutor.__call__
+    builder = interpreter.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def call(self, *args, **kwargs):
+        _STORES.launches += 1
+        _STORES.kernel, _STORES.arguments = self.fn.__name__, []
+        written = _STORES.written  # the tensors still alive
+        _STORES.written = {key: r for key, r in written.items() if r[3]() is not None}
+        for name, arg in (*zip(self.arg_names, args), *kwargs.items()):
+            if isinstance(arg, torch.Tensor) and arg.numel() and arg.is_floating_point():
+                last = sum((n - 1) * abs(s) for n, s in zip(arg.shape, arg.stride()))
+                end = arg.data_ptr() + (last + 1) * arg.element_size()
+                _STORES.arguments.append((arg.data_ptr(), end, name, weakref.ref(arg)))
+        return launch(self, *args, **kwargs)
+
+    def argument(ptrs, mask):
+        """The current launch's tensor the (unmasked) pointers point into, or None."""
+        data = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+        if not data.size or not _STORES.arguments:
+            return None
+        first = int(np.min(data))
+        holding = [a for a in _STORES.arguments if a[0] <= first < a[1]]
+        return min(holding, key=lambda a: a[1] - a[0]) if holding else None
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        cast = value.attr.get(NARROWED_FROM)
+        if cast is not None and (held := argument(ptrs, mask)) is not None:
+            tensor = held[3]()
+            if tensor is not None and id(tensor) not in _STORES.written:
+                label = f"{_STORES.kernel}'s {held[2]}"
+                _STORES.written[id(tensor)] = [cast, label, _STORES.launches, held[3], set()]
+        return store(self, ptrs, value, mask, cache_policy)
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        if _STORES.written and (held := argument(ptrs, mask)) is not None:
+            tensor = held[3]()
+            record = None if tensor is None else _STORES.written.get(id(tensor))
+            later = record is not None and record[3]() is tensor and record[2] < _STORES.launches
+            if later and _STORES.launches not in record[4]:
+                record[4].add(_STORES.launches)
+                key = (*record[0], record[1])
+                STATE.stored[key] = STATE.stored.get(key, 0) + 1
+        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+
+    interpreter.GridExecutor.__call__ = call
+    builder.create_masked_load = masked_load
+    builder.create_masked_store = masked_store
 
 
 def _patch_once(interpreter) -> None:

@@ -83,7 +83,10 @@ def test_a_family_option_is_refused_by_every_other_family() -> None:
     owned = [(owner, option) for owner in FAMILIES for option in owner.options]
     assert owned
     for owner, option in owned:
-        value = not option.default if option.type is bool else option.default + 1
+        if option.type is bool:
+            value = not option.default
+        else:  # a choice (the delta rule's stored), or a count (value_heads)
+            value = option.choices[0] if option.choices else option.default + 1
         for spec in (named,) + (Spec("elu"),) * (option is not owner.options[0]):
             with pytest.raises(SpecError, match=f"is for the {owner.name}"):
                 dataclasses.replace(spec, **{option.name: value})

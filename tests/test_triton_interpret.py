@@ -445,3 +445,36 @@ def test_a_declared_tf32_with_no_tl_dot_to_apply_to_is_judged_in_float32s_unit()
     assert "accuracy float32" in {row["name"] for row in report.failed}
     assert "--dot-precision tf32 has nothing to apply to" in report.summary()
     assert "tf32 products" in report.spec  # the spec as claimed, in the header
+
+
+@triton.jit
+def _store_half(x, kept, out, B: tl.constexpr):
+    r = tl.arange(0, B)
+    a = tl.load(x + r) * 3.0
+    tl.store(kept + r, a.to(kept.dtype.element_ty))  # an intermediate, read back below
+    tl.store(out + r, (a + 1.0).to(out.dtype.element_ty))  # returned, read by no kernel
+
+
+@triton.jit
+def _read_half(kept, out2, B: tl.constexpr):
+    r = tl.arange(0, B)
+    tl.store(out2 + r, tl.load(kept + r).to(tl.float32) * 2.0)
+
+
+def test_a_narrowed_store_is_counted_where_a_later_kernel_reads_it_back():
+    """STATE.stored: what a kernel stores narrowed and a later launch loads, by the storing
+    line and the tensor's argument; a narrowed store no launch reads back is not in it."""
+    x = torch.arange(16, dtype=torch.float32)
+    kept, out = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.bfloat16)
+    out2 = torch.empty(16, dtype=torch.float32)
+    before = dict(triton_interpret.STATE.stored)
+    _store_half[(1,)](x, kept, out, 16)
+    assert triton_interpret.STATE.stored == before  # stored, not yet read back
+    _read_half[(1,)](kept, out2, 16)
+    _read_half[(1,)](kept, out2, 16)
+    new = {k: n - before.get(k, 0) for k, n in triton_interpret.STATE.stored.items()}
+    new = {k: n for k, n in new.items() if n}
+    source, first = inspect.getsourcelines(_store_half.fn)
+    line = first + next(i for i, text in enumerate(source) if "an intermediate" in text)
+    assert new == {("float32", "float16", f"{__file__}:{line}", "_store_half's kept"): 2}
+    assert torch.equal(out2, (x * 3.0).half().float() * 2.0)

@@ -131,13 +131,26 @@ def _narrowed_below(dtype: str, before: dict[tuple[str, str, str], int]) -> list
     ]
 
 
+def _stored_since(before: dict[tuple[str, str, str, str], int]) -> list[list]:
+    """[from, to, "file:line", "kernel's argument", launches] for each narrowed store into a
+    tensor that later launches loaded from since `before` (triton_interpret.STATE.stored:
+    intermediates kept between kernels in the coarser precision): the evidence of
+    vet/causes.py's "stored-intermediates"."""
+    return [
+        [*key, count - before.get(key, 0)]
+        for key, count in sorted(TRITON.stored.items())
+        if count > before.get(key, 0)
+    ]
+
+
 def check(name: str, backward: bool = False) -> Callable[[Callable[..., Outcome]], CheckFn]:
     """Make body(impl, case, ...) -> Outcome a check returning a CheckResult, on the case
     with the head dimensions the implementation takes (HeadDims.fit; `backward`: a check of
     its backward pass); an exception or a non-tensor from the implementation fails the check
     with its message. The tl.dots that Triton's interpreter ran with TF32 products meanwhile
     are its figure "tf32_dots", the casts below the case's precision it ran, its figure
-    "narrowed" (_narrowed_below)."""
+    "narrowed" (_narrowed_below), and the narrowed stores later kernels read back, its
+    figure "stored" (_stored_since)."""
 
     def wrap(body: Callable[..., Outcome]) -> CheckFn:
         def run(impl: Implementation, case: Case, **options: Any) -> CheckResult:
@@ -145,6 +158,7 @@ def check(name: str, backward: bool = False) -> Callable[[Callable[..., Outcome]
             for watcher in _WATCHERS:
                 watcher(name, case)
             cause, dots, casts = None, TRITON.tf32_dots, dict(TRITON.narrowed)
+            kept = dict(TRITON.stored)
             try:
                 outcome = body(impl, case, **options)
             except ImplementationFailure as err:
@@ -154,6 +168,8 @@ def check(name: str, backward: bool = False) -> Callable[[Callable[..., Outcome]
             figures = outcome.figures | ({"tf32_dots": dots} if dots else {})
             if narrowed := _narrowed_below(case.dtype, casts):
                 figures["narrowed"] = narrowed
+            if stored := _stored_since(kept):
+                figures["stored"] = stored
             if failed and dots and impl.tf32 and name != "contract":
                 figures["ieee_products_pass"] = _ieee_passes(body, impl, case, options)
             result = CheckResult(

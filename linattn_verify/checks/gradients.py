@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ..accuracy.gradient import (
     NAMES,
+    GradientVerdict,
     allowance,
     effective_scale,
     gradient_names,
@@ -42,6 +44,26 @@ from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, first_marked, inputs_of
 
 Grads = dict[str, np.ndarray]
+
+# Spec.stored's value: a chunk kernel's intermediates stored in the inputs' dtype by design
+STORED_DESIGN = "input-dtype"
+HALF_DTYPES = ("float16", "bfloat16")  # the dtypes a store below float32 rounds to
+
+
+def stored_figures(spec: Spec, dtype: str, verdict_of: Callable[[Spec], GradientVerdict]) -> dict:
+    """Of a failed `dtype` gradient row of a spec whose family takes Spec.stored and that does
+    not declare it: the golden's largest error and the budget per gradient under that design
+    (verdict_of(the spec declaring it), the same judgement on its golden), figures
+    stored_golden_dX and stored_budget_dX: what vet/causes.py's "stored-intermediates" weighs
+    the row's errors against. Else {}."""
+    takes = any(option.name == "stored" for option in family_of(spec).options)
+    if spec.stored is not None or not takes or dtype not in HALF_DTYPES:
+        return {}
+    verdict = verdict_of(replace(spec, stored=STORED_DESIGN))
+    golden, budget = verdict.golden_max_error or {}, verdict.budget or {}
+    return {f"stored_golden_d{n}": e for n, e in golden.items()} | {
+        f"stored_budget_d{n}": b for n, b in budget.items()
+    }
 
 
 def loss_weights(case: Case, q: torch.Tensor, v: torch.Tensor, salt: int = 11) -> torch.Tensor:
@@ -258,6 +280,15 @@ def gradient(impl: Implementation, case: Case) -> Outcome:
     for name, budget in (verdict.budget or {}).items():
         figures[f"budget_d{name}"] = budget
     severity = "wrong" if verdict.violations else "inaccurate"
+    if not verdict.passed and not verdict.violations:
+        figures |= stored_figures(
+            impl.spec,
+            case.dtype,
+            lambda design: judge_gradients(
+                grads, exact, magnitude, case.dtype, u, n,
+                golden_samples(q, k, v, w, g, design, decay), cancelled,
+            ),
+        )  # fmt: skip
     message = verdict.message
     for name, what in DECAY_LEAVES.items():  # the decay's leaf, detached or a constant
         if not verdict.passed and name in grads and not grads[name].any() and exact[name].any():

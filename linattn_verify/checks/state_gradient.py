@@ -33,7 +33,7 @@ from ..reference.final_state import final_state_gradients
 from ..reference.state import exact_state_gradients
 from ..under_test import Implementation, ImplementationFailure
 from .core import Outcome, as_array, case_generator, check, inputs_of
-from .gradients import loss_weights
+from .gradients import loss_weights, stored_figures
 from .state import state_parts
 
 
@@ -198,7 +198,18 @@ def _own_model(family: Family, impl: Implementation, case: Case, inputs, x, g_ou
         return Outcome(True, f"{what} of the output and final state: {verdict.message}")
     severity = "wrong" if verdict.violations else "inaccurate"
     message = f"{what} of the output and final state: {verdict.message}"
-    return Outcome(False, message, severity=severity)
+    figures = {f"max_error_d{name}": e for name, e in verdict.max_error.items()}
+    figures |= {"max_error": max(verdict.max_error.values()), "bound": verdict.bound}
+    figures |= {f"budget_d{name}": b for name, b in (verdict.budget or {}).items()}
+    if not verdict.violations:
+        tensors = (q, k, v, decay, s0)
+
+        def verdict_of(design):
+            rounded = _golden_gradients(family, design, tensors, g_out, cotangents[0])
+            return judge_gradients(got, exact, mags, case.dtype, u, n, [rounded], cancelled)
+
+        figures |= stored_figures(spec, case.dtype, verdict_of)
+    return Outcome(False, message, figures, severity=severity)
 
 
 def _golden_gradients(family: Family, spec, tensors, g_out, g_state) -> dict[str, np.ndarray]:

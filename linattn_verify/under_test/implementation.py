@@ -119,7 +119,8 @@ class Implementation:
             cost = self.cost if self.cost != ADAPTERS[name].cost else None
             state = DECLARED if self.state is not None else None
             given = {"cost": cost, "state": state, "varlen": self.varlen, **triton,
-                     "dot_precision": self.spec.dot_precision}  # fmt: skip
+                     "dot_precision": self.spec.dot_precision,
+                     "stored": self.spec.stored}  # fmt: skip
             return shlex.join(["--impl", name, *words(CLAIM, given)])
         if kind == "form":
             source = words(SOURCE, {"form": name, "chunk_size": self.source.chunk_size})

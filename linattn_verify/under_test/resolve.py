@@ -109,7 +109,7 @@ def from_options(
 def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
     """A third-party library behind an adapter: its spec and layout are its claim."""
     adapter = ADAPTERS[name]
-    claimed = (n for n in (*SPEC_FIELDS, *OWN_CLAIM) if n != "dot_precision")
+    claimed = (n for n in (*SPEC_FIELDS, *OWN_CLAIM) if n not in ("dot_precision", "stored"))
     fixed = [n for n in claimed if values[n] != _CLAIM[n].default]
     if fixed:
         flag = _CLAIM[fixed[0]].flag
@@ -129,7 +129,8 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
     triton = values["triton"] or automatic_triton(adapter)
     if values["tf32"] and triton != "interpret":
         raise SpecError(f"--tf32 is for Triton's interpreter; {name} runs natively here")
-    spec = replace(adapter.spec, dot_precision=values["dot_precision"])  # how it runs
+    how = {n: values[n] for n in ("dot_precision", "stored")}  # how it runs
+    spec = replace(adapter.spec, **how)
     return Implementation(
         None, spec, Source("adapter", name), adapter.layout,
         values["cost"] or adapter.cost, state=adapter.state if state is not None else None,

@@ -44,6 +44,15 @@ the source lines), whose error that precision's rounding explains: a float16 sta
 float32 call, float32 arithmetic in a float64 one. Named with the lines; no option is
 advised (a kernel that rounds below its inputs' precision is judged in theirs).
 
+A spec whose family takes Spec.stored (the delta rule) and does not declare it:
+"stored-intermediates", a float16 or bfloat16 forward or gradient row over its budget and
+within the a-priori bound, where Triton's interpreter saw the kernel store values narrowed
+from float32 to the case's dtype into tensors that later launches of the same call read
+back (its figure "stored": the storing lines and the tensors' argument names), and whose
+error the golden that rounds what such a kernel stores (families/delta/golden.py,
+golden_delta_stored) explains: within EXPLAINS of that golden's error, and within the budget
+it sets. Advised: --stored input-dtype, the design declared.
+
 Anything else is not named: its failures are grouped by their inputs (findings.py). Only
 normalised specs without a decay or an eps, with IEEE products, get the feature namers above
 (the re-evaluation is theirs).
@@ -388,6 +397,10 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
         return tf32
     if forward and (narrowed := _narrowed(row["case"], figures)):
         return narrowed
+    if (forward or name in STORED_GRADIENT_CHECKS) and (
+        stored := _stored(spec, row["case"], forward, row.get("severity"), figures)
+    ):
+        return stored
     if spec.feature_map not in NAMERS or spec.dot_precision is not None:
         return None
     if family_of(spec).forgets(spec) or not spec.normalize or spec.eps:
@@ -492,6 +505,86 @@ def _narrowed(case_json: str, figures: dict[str, Any]) -> Cause | None:
         "roundoff)"
     )
     return Cause(NARROWED, "inaccurate", target, short, detail, {"narrowed_to": target})
+
+
+STORED = "stored-intermediates"  # the cause's key
+STORED_GRADIENT_CHECKS = ("gradient", "state-gradient")  # their rows carry stored_* figures
+
+
+def _stored(
+    spec: Spec, case_json: str, forward: bool, severity: str | None, figures: dict[str, Any]
+) -> Cause | None:
+    """ "stored-intermediates": a 16-bit row, over its budget and within the bound, of a spec
+    whose family takes Spec.stored and that does not declare it, with the evidence that the
+    kernel kept intermediates between its kernels in the case's dtype (the figure "stored",
+    checks/core.py: narrowed stores into tensors later launches loaded), whose error the
+    golden under that design explains: within a factor EXPLAINS of its error and within its
+    budget, per gradient over budget (the gradient checks' stored_golden_dX and
+    stored_budget_dX, checks/gradients.stored_figures) or for the output (the judgement of
+    the spec declaring it)."""
+    dtype = Case.from_json(case_json).dtype
+    kept = [s for s in figures.get("stored") or [] if s[1] == dtype and s[0] == "float32"]
+    takes = any(option.name == "stored" for option in family_of(spec).options)
+    if not kept or not takes or spec.stored is not None or severity == "wrong":
+        return None
+    if forward:
+        found = _stored_forward(spec, case_json, _float(figures.get("max_error")))
+    else:
+        found = _stored_gradients(figures)
+    if found is None:
+        return None
+    design, what = found
+    where = _lines([_source(s[2]) for s in kept])
+    tensors = ", ".join(sorted({s[3] for s in kept}))
+    short = (
+        f"intermediates stored in {dtype} between kernels ({where}; --stored input-dtype if by "
+        "design)"
+    )
+    detail = (
+        f"later kernels of the same call read back what these stores narrowed from float32 to "
+        f"{dtype}: {tensors}; {what}, against the golden that rounds what such a kernel stores "
+        f"(T, w, u, the chunk states, the new values and their cotangents): {design}"
+    )
+    return Cause(STORED, "inaccurate", dtype, short, detail, {"stored_in": dtype},
+                 ("--stored", "input-dtype"))  # fmt: skip
+
+
+def _stored_forward(spec: Spec, case_json: str, error: float) -> tuple[str, str] | None:
+    """(the rounded golden's figures, the row's, in words) where that golden explains a forward
+    row's error, else None."""
+    if not math.isfinite(error):
+        return None
+    design = dataclasses.replace(spec, stored="input-dtype")
+    case = dataclasses.replace(Case.from_json(case_json), device="cpu")
+    judgement = Judgement.of_case(case, design)
+    verdict = judgement(judgement.golden[0])
+    golden, budget = verdict.max_error, verdict.budget
+    if not (budget and golden / EXPLAINS <= error <= min(golden * EXPLAINS, budget)):
+        return None
+    return f"its error {golden:.3g} u s, its budget {budget:.3g}", f"its error, {error:.3g} u s"
+
+
+def _stored_gradients(figures: dict[str, Any]) -> tuple[str, str] | None:
+    """As _stored_forward, for the gradients over their budget (at least one)."""
+    over = [
+        name[len("max_error_d"):]
+        for name, error in figures.items()
+        if name.startswith("max_error_d")
+        and error is not None
+        and error > _float(figures.get("budget_d" + name[len("max_error_d"):]))
+    ]  # fmt: skip
+    if not over:
+        return None
+    rows, design = [], []
+    for name in over:
+        error = _float(figures[f"max_error_d{name}"])
+        golden = _float(figures.get(f"stored_golden_d{name}"))
+        budget = _float(figures.get(f"stored_budget_d{name}"))
+        if not (golden / EXPLAINS <= error <= min(golden * EXPLAINS, budget)):
+            return None
+        rows.append(f"d{name} {error:.3g} u M")
+        design.append(f"d{name} {golden:.3g} u M, budget {budget:.3g}")
+    return "; ".join(design), "over the budget: " + ", ".join(rows)
 
 
 def _lines(sources: list[str]) -> str:

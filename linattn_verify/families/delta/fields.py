@@ -18,6 +18,9 @@ DELTA_SOURCE = (
 # qk_l2norm: q and k normalised inside the kernel, x / sqrt(|x|^2 + eps), with fla's eps
 # (fla/modules/l2norm.py, use_qk_l2norm_in_kernel)
 QK_L2NORM_EPS = 1e-6
+# Spec.stored: what a chunk kernel may store in the inputs' dtype between its kernels by
+# design (fla's chunk_delta_rule, chunk_gated_delta_rule, chunk_kda: golden.py)
+STORED = ("input-dtype",)
 # the delta rule takes the decays given per token alone
 DELTA_DECAYS = (None, "gates", "channel-gates")
 
@@ -35,6 +38,12 @@ OPTIONS = (
            "heads (fla's grouped value heads, HV = G H): v, beta, g and the output of HV "
            "heads, head hv reading q and k of head hv // G; every other check calls it with "
            "HV = H (default 1: not declared)", metavar="G"),
+    Option("stored", "--stored", str | None, None,
+           "with --delta-rule: its chunk kernels store their intermediates (the UT transform, "
+           "w, u, the chunk states, the new values, and their cotangents) in the inputs' dtype "
+           "by design, as fla's chunk kernels do: 16-bit outputs and gradients are budgeted "
+           "by a chunked golden that rounds those (docs/delta-rule.md)",
+           choices=STORED),
 )  # fmt: skip
 
 
@@ -55,5 +64,7 @@ def check(spec: Spec) -> None:
     ]
     if missing:
         raise SpecError(f"the delta rule (o_t = c S_t^T q_t) needs: {', '.join(missing)}")
+    if spec.stored not in (None, *STORED):
+        raise SpecError(f"stored must be None or one of {', '.join(STORED)}, got {spec.stored!r}")
     if spec.decay not in DELTA_DECAYS:
         raise SpecError(f"the delta rule takes gates or channel-gates, not {spec.decay}")
