@@ -28,7 +28,8 @@ def test_assert_linear_attention_passes_a_correct_kernel():
 
 
 def test_assert_linear_attention_raises_with_the_summary():
-    with pytest.raises(AssertionError, match=r"wrong on typical inputs: contract: dtype torch.float32"):
+    headline = r"wrong on typical inputs: contract: dtype torch.float32"
+    with pytest.raises(AssertionError, match=headline):
         assert_linear_attention(float32_output, "elu", dtypes=("float16",), longest=0)
 
 
