@@ -542,7 +542,7 @@ class _Stores:
 
     launches: int = 0
     kernel: str = ""
-    arguments: list[tuple[int, int, str]] = field(default_factory=list)
+    arguments: list[tuple[int, int, str, weakref.ref]] = field(default_factory=list)
     written: dict[int, list] = field(default_factory=dict)
 
 

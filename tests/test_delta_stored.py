@@ -119,6 +119,19 @@ def test_a_kernel_that_keeps_float32_passes_with_the_option_declared(name, check
     assert result.passed, result.message
 
 
+def test_declaring_stored_intermediates_rescues_no_rounding_bug():
+    """What the option widens is the stored intermediates' rounding, not a kernel's other
+    roundings: the gates' prefix sums in bfloat16 (zoo/delta.py) still fail the decay check
+    with the option declared (test_zoo runs vet's advice on every broken entry; no broken
+    entry is advised this option, so it is run here)."""
+    entry = next(e for e in FORWARDS if e.name == "gated-delta-prefix-in-input-dtype")
+    impl = resolve(entry.fn, feature_map="identity", causal=True, normalize=False,
+                   decay=entry.decay, delta_rule=True, stored="input-dtype")  # fmt: skip
+    case = Case(1, 2, 2 * STORED_CHUNK + 5, 4, 3, "bfloat16", seed=7, decay_rate=1.0)
+    result = ALL_CHECKS["decay"](impl, case)
+    assert not result.passed and "stored input-dtype" in result.message, result.message
+
+
 def _row(name: str, case: Case, figures: dict, severity: str = "inaccurate") -> dict:
     kept = [["float32", case.dtype, "fla/ops/common/chunk_delta_h.py:185", "fwd_h's h", 2]]
     return {"name": name, "case": case.to_json(), "severity": severity,

@@ -17,7 +17,7 @@ from linattn_verify.cli import main
 from linattn_verify.regimes import ELU_ROW_FLOOR, REGIMES
 from linattn_verify.under_test import resolve
 from linattn_verify.vet import tasks
-from linattn_verify.vet.findings import findings
+from linattn_verify.vet.findings import Finding, findings
 from tests import vet_targets
 from tests.zoo import broken, correct, delta, textbook
 
@@ -199,3 +199,16 @@ def test_a_defect_of_exact_arithmetic_is_put_in_the_decay_only_where_no_decay_cu
     doubled = resolve(v_doubled, **claim)
     (finding,) = findings(_rows(doubled, ("reference",), case), doubled.spec)
     assert not finding.in_decay and "decay" not in finding.headline()
+
+
+def test_a_defect_in_float64_too_names_no_dtype_list_and_a_contract_headline_keeps_every_line():
+    """The headline of one defect of every precision says "in float64 too" once (its dtypes
+    are in its body); a contract finding's headline carries its whole detail, the lines of a
+    multi-line message and the hint after them."""
+    exact = Finding("wrong", "typical", ("reference",), "", dtypes=("float16", "float64"),
+                    exact=True)  # fmt: skip
+    assert exact.headline() == "wrong on typical inputs in float64 too: reference"
+    raised = Finding("wrong", "typical", ("contract",), "raised TypeError: no float64.\nUse "
+                     "float32. (declare the dtypes it takes, --dtypes float32)")  # fmt: skip
+    assert raised.headline().endswith("no float64. Use float32. (declare the dtypes it takes, "
+                                      "--dtypes float32)")  # fmt: skip

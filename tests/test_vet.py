@@ -195,7 +195,8 @@ def test_a_head_dimension_limit_declared_passes_and_undeclared_names_its_option(
     assert outside in line
     undeclared = vet_in_process(resolve(fn, feature_map="elu"), options)
     (finding,) = undeclared.findings
-    assert finding.detail.endswith(option), undeclared.summary()
+    assert finding.is_contract and finding.detail.endswith(option), undeclared.summary()
+    assert finding.headline().startswith("wrong on typical inputs: contract"), finding.headline()
 
 
 def test_a_kernel_wrong_in_float64_is_one_finding_across_dtypes_checks_and_lengths(tmp_path):

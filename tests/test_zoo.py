@@ -54,7 +54,8 @@ def implementation(entry: Entry) -> Implementation:
 def _advised(impl: Implementation, words: tuple[str, ...]) -> Implementation:
     """The implementation claiming what a finding advises (Cause.advice)."""
     option, value = words
-    name, parse = {"--eps": ("eps", float), "--dot-precision": ("dot_precision", str)}[option]
+    name, parse = {"--eps": ("eps", float), "--dot-precision": ("dot_precision", str),
+                   "--stored": ("stored", str)}[option]  # fmt: skip
     return replace(impl, spec=replace(impl.spec, **{name: parse(value)}))
 
 

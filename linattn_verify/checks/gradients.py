@@ -38,6 +38,7 @@ from ..accuracy.gradient import (
 from ..accuracy.verdict import K_BUDGET
 from ..cases import Case
 from ..families import family_of, golden_attention, golden_forms
+from ..head_dims import SIXTEEN_BIT
 from ..inputs import UNIT_ROUNDOFF, AttentionInputs
 from ..specs import Spec
 from ..under_test import Implementation, ImplementationFailure
@@ -45,9 +46,12 @@ from .core import Outcome, as_array, case_generator, check, first_marked, inputs
 
 Grads = dict[str, np.ndarray]
 
-# Spec.stored's value: a chunk kernel's intermediates stored in the inputs' dtype by design
-STORED_DESIGN = "input-dtype"
-HALF_DTYPES = ("float16", "bfloat16")  # the dtypes a store below float32 rounds to
+
+def stored_design(spec: Spec) -> str | None:
+    """The Spec.stored value of a kernel storing its intermediates in the inputs' dtype, where
+    the spec's family takes the option (its first choice); None where it does not."""
+    option = next((o for o in family_of(spec).options if o.name == "stored"), None)
+    return None if option is None else option.choices[0]
 
 
 def stored_figures(spec: Spec, dtype: str, verdict_of: Callable[[Spec], GradientVerdict]) -> dict:
@@ -56,10 +60,10 @@ def stored_figures(spec: Spec, dtype: str, verdict_of: Callable[[Spec], Gradient
     (verdict_of(the spec declaring it), the same judgement on its golden), figures
     stored_golden_dX and stored_budget_dX: what vet/causes.py's "stored-intermediates" weighs
     the row's errors against. Else {}."""
-    takes = any(option.name == "stored" for option in family_of(spec).options)
-    if spec.stored is not None or not takes or dtype not in HALF_DTYPES:
+    design = stored_design(spec)
+    if spec.stored is not None or design is None or dtype not in SIXTEEN_BIT:
         return {}
-    verdict = verdict_of(replace(spec, stored=STORED_DESIGN))
+    verdict = verdict_of(replace(spec, stored=design))
     golden, budget = verdict.golden_max_error or {}, verdict.budget or {}
     return {f"stored_golden_d{n}": e for n, e in golden.items()} | {
         f"stored_budget_d{n}": b for n, b in budget.items()

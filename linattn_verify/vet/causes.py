@@ -47,8 +47,8 @@ advised (a kernel that rounds below its inputs' precision is judged in theirs).
 A spec whose family takes Spec.stored (the delta rule) and does not declare it:
 "stored-intermediates", a float16 or bfloat16 forward or gradient row over its budget and
 within the a-priori bound, where Triton's interpreter saw the kernel store values narrowed
-from float32 to the case's dtype into tensors that later launches of the same call read
-back (its figure "stored": the storing lines and the tensors' argument names), and whose
+from float32 to the case's dtype into tensors that later launches read back while they
+live (its figure "stored": the storing lines and the tensors' argument names), and whose
 error the golden that rounds what such a kernel stores (families/delta/golden.py,
 golden_delta_stored) explains: within EXPLAINS of that golden's error, and within the budget
 it sets. Advised: --stored input-dtype, the design declared.
@@ -77,6 +77,7 @@ from ..accuracy.judgement import Judgement
 from ..accuracy.verdict import K_BUDGET, percent
 from ..cases import Case
 from ..checks.decay import judged_case
+from ..checks.gradients import stored_design
 from ..families import case_arguments, family_of, golden_attention, golden_forms
 from ..inputs import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, round_to_tf32
 from ..regimes import ELU_ROW_FLOOR
@@ -395,7 +396,7 @@ def name_cause(row: Row, spec: Spec | None) -> Cause | None:
         )
     ):
         return tf32
-    if forward and (narrowed := _narrowed(row["case"], figures)):
+    if forward and (narrowed := _narrowed(spec, row["case"], figures, name == "decay")):
         return narrowed
     if (forward or name in STORED_GRADIENT_CHECKS) and (
         stored := _stored(spec, row["case"], forward, row.get("severity"), figures)
@@ -480,31 +481,51 @@ NARROWED = "narrowed"  # the cause's key
 SHOWN_LINES = 3  # the source lines a narrowed cause names
 
 
-def _narrowed(case_json: str, figures: dict[str, Any]) -> Cause | None:
+def _narrowed(spec: Spec, case_json: str, figures: dict[str, Any], decay_check: bool):
     """ "narrowed": a forward row over its budget where Triton's interpreter ran float casts
     to a precision coarser than the case's in this check (the figure "narrowed",
-    checks/core.py: from, to, source line, count), and whose error that precision's rounding
-    explains: within the a-priori bound at the worst element, scaled from the case's unit
-    roundoff to the coarsest precision cast to. A rounding the kernel does by design in its
-    own dtype is not one: only casts below the case's precision count."""
+    checks/core.py: from, to, source line, count), and whose error is within a factor
+    EXPLAINS, either way, of the golden forms' on q, k, v (and the decay) rounded to the
+    coarsest precision cast to, their output rounded to it too: the size of that precision's
+    rounding on this case. A cast whose rounding does not reach the output (a copy kept for
+    another kernel) leaves the error far below; another bug, far above. A rounding the
+    kernel does by design in its own dtype is not one: only casts below the case's
+    precision count. Returns a Cause or None."""
     casts = figures.get("narrowed") or []
-    error, bound = _float(figures.get("max_error")), figures.get("bound_at_worst")
-    if not casts or bound is None or not math.isfinite(error):
+    error = _float(figures.get("max_error"))
+    if not casts or not math.isfinite(error):
         return None
     dtype = Case.from_json(case_json).dtype
     given, target = min(((c[0], c[1]) for c in casts), key=lambda pair: MANTISSA_BITS[pair[1]])
-    explained = float(bound) * UNIT_ROUNDOFF[target] / UNIT_ROUNDOFF[dtype]
-    if error > explained:
+    rounded = _rounded_golden_error(spec, case_json, target, decay_check)
+    if not rounded / EXPLAINS <= error <= rounded * EXPLAINS:
         return None
     where = _lines([_source(c[2]) for c in casts if (c[0], c[1]) == (given, target)])
     short = f"{given} values rounded to {target} inside the kernel ({where})"
     detail = (
         f"a {dtype} call ran {sum(c[3] for c in casts)} casts to {target} in this check; its "
-        f"error, {error:.3g} u s, is within what {target}'s rounding explains there "
-        f"({explained:.3g} u s: the a-priori bound, {float(bound):.3g}, in {target}'s unit "
-        "roundoff)"
+        f"error, {error:.3g} u s, is within {EXPLAINS:g}x of the golden forms' with q, k, v "
+        f"and the output rounded to {target} ({rounded:.3g} u s)"
     )
     return Cause(NARROWED, "inaccurate", target, short, detail, {"narrowed_to": target})
+
+
+@functools.lru_cache(maxsize=64)
+def _rounded_golden_error(spec: Spec, case_json: str, target: str, decay_check: bool) -> float:
+    """The largest error, in u s of the case's dtype, of the golden forms given q, k, v and
+    the decay rounded to `target` (computing as they do for it, the output in it)."""
+    case = dataclasses.replace(Case.from_json(case_json), device="cpu")
+    if decay_check:
+        case = judged_case(case)[1]
+    judgement = Judgement.of_case(case, spec)
+    q, k, v, w, decay = case_arguments(case, spec)
+    low = getattr(torch, target)
+    q_, k_, v_ = (t.to(low) for t in (q, k, v))
+    decay_ = (
+        decay.to(low) if isinstance(decay, torch.Tensor) and decay.is_floating_point() else decay
+    )
+    outputs = [golden_attention(q_, k_, v_, spec, w, form, decay_) for form in golden_forms(spec)]
+    return max(judgement(out.to(q.dtype)).max_error for out in outputs)
 
 
 STORED = "stored-intermediates"  # the cause's key
@@ -524,11 +545,11 @@ def _stored(
     the spec declaring it)."""
     dtype = Case.from_json(case_json).dtype
     kept = [s for s in figures.get("stored") or [] if s[1] == dtype and s[0] == "float32"]
-    takes = any(option.name == "stored" for option in family_of(spec).options)
-    if not kept or not takes or spec.stored is not None or severity == "wrong":
+    declared = stored_design(spec)
+    if not kept or declared is None or spec.stored is not None or severity == "wrong":
         return None
     if forward:
-        found = _stored_forward(spec, case_json, _float(figures.get("max_error")))
+        found = _stored_forward(spec, declared, case_json, _float(figures.get("max_error")))
     else:
         found = _stored_gradients(figures)
     if found is None:
@@ -537,24 +558,26 @@ def _stored(
     where = _lines([_source(s[2]) for s in kept])
     tensors = ", ".join(sorted({s[3] for s in kept}))
     short = (
-        f"intermediates stored in {dtype} between kernels ({where}; --stored input-dtype if by "
+        f"intermediates stored in {dtype} between kernels ({where}; --stored {declared} if by "
         "design)"
     )
     detail = (
-        f"later kernels of the same call read back what these stores narrowed from float32 to "
+        f"later kernels read back what these stores narrowed from float32 to "
         f"{dtype}: {tensors}; {what}, against the golden that rounds what such a kernel stores "
         f"(T, w, u, the chunk states, the new values and their cotangents): {design}"
     )
     return Cause(STORED, "inaccurate", dtype, short, detail, {"stored_in": dtype},
-                 ("--stored", "input-dtype"))  # fmt: skip
+                 ("--stored", declared))  # fmt: skip
 
 
-def _stored_forward(spec: Spec, case_json: str, error: float) -> tuple[str, str] | None:
+def _stored_forward(
+    spec: Spec, declared: str, case_json: str, error: float
+) -> tuple[str, str] | None:
     """(the rounded golden's figures, the row's, in words) where that golden explains a forward
     row's error, else None."""
     if not math.isfinite(error):
         return None
-    design = dataclasses.replace(spec, stored="input-dtype")
+    design = dataclasses.replace(spec, stored=declared)
     case = dataclasses.replace(Case.from_json(case_json), device="cpu")
     judgement = Judgement.of_case(case, design)
     verdict = judgement(judgement.golden[0])

@@ -107,6 +107,7 @@ class Finding:
     # wrong in float64 and right on the same inputs without decay (checks/agreement.py's
     # figure "right_without_decay"): the defect is in how the decay is applied
     in_decay: bool = False
+    limit: bool = False  # calls past an undeclared limit of the head dimensions (a contract's)
     lengths: tuple[tuple[str, int], ...] = ()  # (check, the first N it fails at) at length
     largest_error: float | None = None  # the largest share among its rows: its rank
 
@@ -126,9 +127,15 @@ class Finding:
         return self.effects[0].cause.key if self.effects else None
 
     @property
+    def is_contract(self) -> bool:
+        """The contract check's finding, or calls of other checks that broke the contract
+        past an undeclared limit (vet/runner.py: the rows' "limit")."""
+        return self.checks[:1] == ("contract",) or self.limit
+
+    @property
     def detail_in_headline(self) -> bool:
         """A contract finding says what was returned or raised in its first line."""
-        return self.checks[:1] == ("contract",) and bool(self.detail) and not self.effects
+        return self.is_contract and bool(self.detail) and not self.effects
 
     def headline(self) -> str:
         """The finding in one line: what it is, where, and its size or its cause."""
@@ -140,12 +147,14 @@ class Finding:
             where = f"{self.severity} on {self.regime} inputs"
             if self.exact:
                 where += " in float64 too"
-            if self.in_decay:
-                where += ", in how the decay is applied (right on the same inputs without it)"
             elif len(self.dtypes) > 1:
                 where += f" in {', '.join(self.dtypes)}"
+            if self.in_decay:
+                where += ", in how the decay is applied (right on the same inputs without it)"
             if self.detail_in_headline:  # what was returned or raised, and what was expected
-                return f"{where}: {check_names(self.checks)}: {self.detail.splitlines()[0]}"
+                checks = check_names(self.checks)
+                checks = checks if self.checks[0] == "contract" else f"contract, in {checks}"
+                return f"{where}: {checks}: {' '.join(self.detail.split())}"
             share = self.relative_error
             if share is None:
                 size = ""
@@ -178,6 +187,7 @@ class Finding:
             "dtypes": list(self.dtypes),
             "exact": self.exact,
             "in_decay": self.in_decay,
+            "limit": self.limit,
             "lengths": [list(pair) for pair in self.lengths],
             "largest_error": self.largest_error,
         }
@@ -205,6 +215,8 @@ def _key(row: Row) -> tuple:
         return ("cost",)
     if row["name"].startswith("sampler"):
         return ("sampler",)
+    if row.get("limit"):  # raises past a limit of the head dimensions (vet/runner.py)
+        return ("limit",)
     case = row.get("case")
     if not case:
         return ("row", row["name"])
@@ -497,6 +509,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
                 dtypes=tuple(d for d in UNIT_ROUNDOFF if d in {_dtype(r) for r in group}),
                 exact=exact and any(_dtype(r) not in (None, "float64") for r in group),
                 in_decay=_in_decay(group),
+                limit=any(r.get("limit") for r in group),
                 lengths=_lengths(group),
                 largest_error=max(shares, default=None),
             )
@@ -504,7 +517,7 @@ def findings(rows: list[Row], spec: Spec | None = None) -> list[Finding]:
     out.sort(
         key=lambda f: (
             REGIMES.index(f.regime),
-            f.checks[0] != "contract",  # the contract first: what else failed may be its doing
+            not f.is_contract,  # the contract first: what else failed may be its doing
             SEVERITIES.index(f.severity),
             -(f.largest_error if f.largest_error is not None else 0.0),
         )

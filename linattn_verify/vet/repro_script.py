@@ -74,6 +74,8 @@ def on_device(value):
         return value.to(DEVICE)
     if isinstance(value, (tuple, list)):
         return type(value)(on_device(v) for v in value)
+    if isinstance(value, dict):  # the keywords: g=, beta=, initial_state=, ...
+        return {key: on_device(v) for key, v in value.items()}
     return value
 
 
@@ -112,10 +114,13 @@ DEVICE = Template("DEVICE = $device_literal")
 DEVICE_TRITON = """
 # Its kernels are Triton's: on a GPU as they are; without one, in Triton's interpreter on
 # CPU tensors, with two workarounds for what the bare interpreter does not do.
+import os
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# vet judged IEEE float32 products; a GPU's tl.dot takes float32 inputs as TF32 by default
+os.environ["TRITON_F32_DEFAULT"] = "ieee"  # before triton and the kernel are imported
 if DEVICE == "cpu":  # only for running without a GPU
     import ast
-    import os
 
     os.environ["TRITON_INTERPRET"] = "1"  # before triton and the kernel are imported
     from triton.runtime import interpreter

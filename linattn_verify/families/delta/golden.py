@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ...specs import Spec, SpecError
-from .fields import QK_L2NORM_EPS
+from .fields import QK_L2NORM_EPS, STORED
 from .inputs import delta_arguments, validate_delta
 
 GOLDEN_DELTA_FORMS: tuple[str, ...] = ("recurrent",)
@@ -63,7 +63,7 @@ def golden_delta_with_state(
             raise SpecError(f"{name} must be a torch tensor, got {type(t).__name__}")
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
         raise SpecError("q, k, v must share one dtype and one device")
-    if spec.stored == "input-dtype" and q.dtype in (torch.float16, torch.bfloat16):
+    if spec.stored == STORED[0] and q.dtype in (torch.float16, torch.bfloat16):
         return golden_delta_stored(q, k, v, spec, decay, initial_state)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     given = delta_arguments(spec, decay)
