@@ -6,6 +6,7 @@ refuse a spec that is another family's instead of computing something else."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 
@@ -85,8 +86,10 @@ def test_a_family_option_is_refused_by_every_other_family() -> None:
     for owner, option in owned:
         if option.type is bool:
             value = not option.default
-        else:  # a choice (the delta rule's stored), or a count (value_heads)
-            value = option.choices[0] if option.choices else option.default + 1
+        elif option.choices:  # a choice (the delta rule's stored)
+            value = option.choices[0]
+        else:  # a count (value_heads) or a limit (the SSD layer's dt_min, dt_max: inf)
+            value = option.default + 1 if math.isfinite(option.default) else 1.0
         for spec in (named,) + (Spec("elu"),) * (option is not owner.options[0]):
             with pytest.raises(SpecError, match=f"is for the {owner.name}"):
                 dataclasses.replace(spec, **{option.name: value})

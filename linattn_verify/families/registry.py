@@ -13,8 +13,9 @@ from .iplr.family import IPLR
 from .kernelised.family import KERNELISED
 from .protocol import Family
 from .softmax.family import SOFTMAX
+from .ssd.family import SSD
 
-FAMILIES: tuple[Family, ...] = (DELTA, IPLR, SOFTMAX, CHANNEL_GATED, DECAYED, KERNELISED)
+FAMILIES: tuple[Family, ...] = (DELTA, IPLR, SSD, SOFTMAX, CHANNEL_GATED, DECAYED, KERNELISED)
 # the families a spec chooses by name (Spec.family, --family NAME): their folders' names
 NAMED = {family.folder: family for family in FAMILIES if family.named}
 
