@@ -8,6 +8,8 @@ dt_bias=(H,)[, z=(B, H, N, dv)][, initial_state=S (B, H, d, dv)]) -> y, per batc
 
 as mamba_ssm's mamba_chunk_scan_combined with dt_softplus=True and z (--z-gate
 --dt-softplus); PLAIN entries claim neither and a dt_limit (no gate, dt + dt_bias clamped).
+C and B may have fewer heads than x (mamba_ssm's ngroups; --value-heads G: x of G times
+their heads), head h reading group h // G.
 
 The chunked kernels follow the SSD algorithm (sec. 6): per chunk of CHUNK tokens, G the
 chunk's inclusive prefix sums of dt A, Y = (C B^T . exp(G_i - G_j))_(j<=i) (dt x) +
@@ -47,8 +49,12 @@ def _steps(dt, a, dt_bias, limit, flaw):
 def _ssd(c, b, x, dt, A, D, dt_bias, z, chunked, limit, flaw=None, initial_state=None):
     """(y, final S) of the SSD layer, z None without the gate; flaw: one of the broken
     variants (see ENTRIES)."""
-    out_dtype = x.dtype
+    out_dtype, groups = x.dtype, x.shape[1] // c.shape[1]
     c, b, x, dt, A, D, dt_bias = _widen(c, b, x, dt, A, D, dt_bias)
+    if flaw == "group-order":  # head h reads group h % G instead of h // (H / G)
+        c, b = (t.repeat(1, groups, 1, 1) for t in (c, b))
+    else:
+        c, b = (t.repeat_interleave(groups, 1) for t in (c, b))
     dt, steps = _steps(dt, A, dt_bias, limit, flaw)
     injected = x * dt[..., None]
     keys = b * dt[..., None] if flaw == "dt-twice" else b
@@ -95,11 +101,13 @@ MAMBA = (("z_gate", True), ("dt_softplus", True))  # mamba_ssm's usual call
 PLAIN = (("dt_min", 0.002), ("dt_max", 0.05))  # no gate, no softplus, a dt_limit
 
 
-def _entry(name, chunked, bug, flaw=None, caught_by=(), state=None, claim=MAMBA) -> Entry:
+def _entry(name, chunked, bug, flaw=None, caught_by=(), state=None, claim=MAMBA,
+           groups=1) -> Entry:  # fmt: skip
     limit = None if claim is MAMBA else tuple(value for _, value in claim)
     fn = _kernel(chunked, limit, flaw, state is not None)
     return Entry(name, fn, "identity", True, flaw is not None, bug, caught_by=caught_by,
-                 normalize=False, family="ssd", claim=claim, state=state)  # fmt: skip
+                 normalize=False, family="ssd", claim=claim, state=state,
+                 value_heads=groups)  # fmt: skip
 
 
 ENTRIES = (
@@ -107,6 +115,10 @@ ENTRIES = (
     _entry("ssd-chunked", True, "correct: the chunked SSD algorithm", state="S"),
     _entry("ssd-chunked-plain", True, "correct: the chunked SSD algorithm, no gate, dt "
            "clamped", state="S", claim=PLAIN),
+    _entry("ssd-grouped", True, "correct: C and B shared by groups of 2 heads (ngroups)",
+           groups=2),
+    _entry("ssd-group-order", True, "head h reads group h % G instead of h // (H / G)",
+           "group-order", ("value-heads",), groups=2),
     _entry("ssd-dt-twice", True, "dt applied to B and to x (twice)", "dt-twice",
            ("reference", "associativity")),
     _entry("ssd-skip-after-gate", False, "D x added after the z gate instead of before",

@@ -1,7 +1,8 @@
 """The SSD layer's spec fields: their source, their options in the claim's grammar
-(Family.options: the command line's --z-gate, --dt-softplus, --dt-min and --dt-max, pytest's
-and assert_linear_attention's keywords of the same names, specs.Spec's fields) and their
-rules (Family.check)."""
+(Family.options: the command line's --z-gate, --dt-softplus, --dt-min and --dt-max, and the
+delta rule's --value-heads for C and B shared by groups of heads; pytest's and
+assert_linear_attention's keywords of the same names, specs.Spec's fields) and their rules
+(Family.check)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 
 from ...grammar import Option
 from ...specs import Spec, SpecError
+from ..delta.fields import VALUE_HEADS, check_value_heads
 
 SSD_SOURCE = (
     "Mamba-2's SSD layer (Dao & Gu 2024, 'Transformers are SSMs: generalized models and "
@@ -33,12 +35,15 @@ OPTIONS = (
     Option("dt_max", "--dt-max", float, math.inf,
            "with --family ssd: fn clamps dt above at this (mamba_ssm's dt_limit[1]; default "
            "inf)", metavar="HI"),
+    VALUE_HEADS,
 )  # fmt: skip
 
 
 def check(spec: Spec) -> None:
     """SpecError unless `spec` is the SSD layer's: causal, identity features, unnormalised,
-    scale 1, no decay (its own is exp(dt A)), eps 0, 0 <= dt_min <= dt_max."""
+    scale 1, no decay (its own is exp(dt A)), eps 0, 0 <= dt_min <= dt_max, value_heads an
+    integer >= 1."""
+    check_value_heads(spec)
     wrong = [
         what
         for what, bad in (
