@@ -9,7 +9,8 @@ dt_bias=(H,)[, z=(B, H, N, dv)][, initial_state=S (B, H, d, dv)]) -> y, per batc
 as mamba_ssm's mamba_chunk_scan_combined with dt_softplus=True and z (--z-gate
 --dt-softplus); PLAIN entries claim neither and a dt_limit (no gate, dt + dt_bias clamped).
 C and B may have fewer heads than x (mamba_ssm's ngroups; --value-heads G: x of G times
-their heads), head h reading group h // G.
+their heads), head h reading group h // G. The packed ones take cu_seqlens=(S + 1,) with B = 1
+(--varlen).
 
 The chunked kernels follow the SSD algorithm (sec. 6): per chunk of CHUNK tokens, G the
 chunk's inclusive prefix sums of dt A, Y = (C B^T . exp(G_i - G_j))_(j<=i) (dt x) +
@@ -18,6 +19,8 @@ and float32 inputs are computed in float32 (the state and the chunk states too: 
 keeps them in float32), float64 in float64, the output cast back once."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +100,28 @@ def _kernel(chunked: bool, limit, flaw: str | None = None, with_state: bool = Fa
     return fn
 
 
+def _packed(chunked: bool, leak: bool):
+    """A kernel of the contract that also takes packed batches (cu_seqlens, B = 1): each
+    sequence from a zero state, or (leak) the packed row as one sequence, the state running
+    on across the boundaries (mamba_ssm's seq_idx ignored)."""
+
+    def fn(q, k, v, dt, A, D, dt_bias, z=None, cu_seqlens=None):
+        if cu_seqlens is None or leak:
+            return _ssd(q, k, v, dt, A, D, dt_bias, z, chunked, None)[0]
+        bounds = cu_seqlens.tolist()
+        outs = [v[:, :, :0]]
+        for start, stop in itertools.pairwise(bounds):
+            if start == stop:  # an empty sequence: no rows
+                continue
+            part = slice(start, stop)
+            gate = None if z is None else z[:, :, part]
+            cut = (t[:, :, part] for t in (q, k, v, dt))
+            outs.append(_ssd(*cut, A, D, dt_bias, gate, chunked, None)[0])
+        return torch.cat(outs, 2)
+
+    return fn
+
+
 MAMBA = (("z_gate", True), ("dt_softplus", True))  # mamba_ssm's usual call
 PLAIN = (("dt_min", 0.002), ("dt_max", 0.05))  # no gate, no softplus, a dt_limit
 
@@ -119,6 +144,12 @@ ENTRIES = (
            groups=2),
     _entry("ssd-group-order", True, "head h reads group h % G instead of h // (H / G)",
            "group-order", ("value-heads",), groups=2),
+    Entry("ssd-varlen", _packed(True, False), "identity", True, False,
+          "correct: packed sequences, each from a zero state", normalize=False,
+          family="ssd", claim=MAMBA, varlen=True),
+    Entry("ssd-varlen-leak", _packed(True, True), "identity", True, True,
+          "the state leaks across packed sequences (seq_idx ignored)", caught_by=("varlen",),
+          normalize=False, family="ssd", claim=MAMBA, varlen=True),
     _entry("ssd-dt-twice", True, "dt applied to B and to x (twice)", "dt-twice",
            ("reference", "associativity")),
     _entry("ssd-skip-after-gate", False, "D x added after the z gate instead of before",
