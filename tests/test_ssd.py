@@ -163,6 +163,8 @@ def test_groups_of_heads_share_c_and_b():
         grouped = ssd_attention(c, b, v, MAMBA, form, packed, 8)[0]
         assert torch.equal(grouped, ssd_attention(*(t.repeat_interleave(2, 1) for t in (c, b)),
                                                   v, MAMBA, form, packed, 8)[0])  # fmt: skip
+        given = ssd_arguments(MAMBA, packed)  # the family's entry point takes groups too
+        assert torch.equal(grouped, SSD.attention(c, b, v, MAMBA, form, None, 8, given))
     with pytest.raises(SpecError, match="G heads dividing"):
         ssd_attention(q[:, :3], k[:, :3], v, MAMBA, "recurrent", packed)
 

@@ -16,6 +16,7 @@ import torch
 from ...implementations.forms import check_finite, check_tensors
 from ...inputs import AttentionInputs
 from ...specs import Spec, SpecError
+from ..delta.forms import grouped
 from ..protocol import Family
 from .bound import ssd_scale_and_bound, ssd_state_bound
 from .fields import OPTIONS, SSD_SOURCE, check
@@ -67,6 +68,7 @@ def _keywords(spec: Spec, packed: Any, layout: str) -> dict[str, Any]:
 
 
 def _attention_with_state(q, k, v, spec, form, projection, chunk_size, initial_state, arguments):
+    q, k = grouped(q, k, v)  # C and B shared by groups of heads
     check_tensors(q, k, v, spec, projection)
     check_finite(q, k, v, projection)
     packed = _pack(spec, arguments).to(v.dtype)
@@ -79,6 +81,7 @@ def _attention(q, k, v, spec, form, projection, chunk_size, arguments) -> torch.
 
 
 def _attention_varlen(q, k, v, spec, cu_seqlens, form, projection, chunk_size, arguments):
+    q, k = grouped(q, k, v)
     check_tensors(q, k, v, spec, projection)
     check_finite(q, k, v, projection)
     packed = _pack(spec, arguments).to(v.dtype)

@@ -24,6 +24,7 @@ import torch
 
 from ...implementations.recurrence import run_sequences
 from ...specs import Spec, SpecError
+from ..delta.forms import grouped
 from .inputs import SCALARS
 
 SSD_FORMS = ("recurrent", "chunked")
@@ -53,10 +54,9 @@ def ssd_attention(
     if not isinstance(packed, torch.Tensor) or tuple(packed.shape) != want:
         got = tuple(getattr(packed, "shape", ()))
         raise SpecError(f"the SSD layer of {spec} needs its pack {want}, got {got}")
-    if v.shape[1] % q.shape[1]:
+    q, k = grouped(q, k, v)
+    if q.shape[1] != v.shape[1] or k.shape[1] != v.shape[1]:
         raise SpecError(f"C and B need G heads dividing x's {v.shape[1]}, got {q.shape[1]}")
-    groups = v.shape[1] // q.shape[1]
-    q, k = (t.repeat_interleave(groups, 1) for t in (q, k))
 
     def evaluate(q, k, v, packed, state):
         q, k, v, packed = (t.to(state.dtype) for t in (q, k, v, packed))
