@@ -169,8 +169,9 @@ class Spec:
     the output is normalised, a similarity scale, a decay (None, or one of DECAYS), the
     precision of its float32 products (None: IEEE float32; "tf32": their inputs rounded to
     TF32, as GPU tensor cores do by default), the delta rule's fields (delta_rule,
-    qk_l2norm, value_heads) and the family, by its name, whose state update the other
-    fields do not state (families.registry.NAMED). The fields every family reads are
+    qk_l2norm, value_heads), the SSD layer's (z_gate, dt_softplus, dt_min, dt_max) and the
+    family, by its name, whose state update the other fields do not state
+    (families.registry.NAMED). The fields every family reads are
     checked here; what each family admits, and the fields it owns, by its folder (its
     Family.check and Family.options, through install_family_rules)."""
 
@@ -190,6 +191,12 @@ class Spec:
     # states, the new values and their cotangents) stored in the inputs' dtype between
     # kernels by design (families/delta/golden.py, golden_delta_stored)
     stored: str | None = None
+    # the SSD layer's (families/ssd/fields.py): its output gated by silu(z), its dt through
+    # softplus, and dt clamped to [dt_min, dt_max]
+    z_gate: bool = False
+    dt_softplus: bool = False
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
 
     def __post_init__(self) -> None:
         feature_map(self.feature_map)
@@ -280,5 +287,8 @@ class Spec:
         words += ["delta rule"] * self.delta_rule + ["qk-l2norm"] * self.qk_l2norm
         words += [f"value-heads={self.value_heads}"] * (self.value_heads != 1)
         words += [f"stored {self.stored}"] * (self.stored is not None)
+        words += ["z-gate"] * self.z_gate + ["dt-softplus"] * self.dt_softplus
+        limited = (self.dt_min, self.dt_max) != (0.0, float("inf"))
+        words += [f"dt-limit=({self.dt_min:g}, {self.dt_max:g})"] * limited
         words += [f"family={self.family}"] * (self.family is not None)
         return f"{self.feature_map} ({', '.join(words)})"

@@ -12,6 +12,7 @@ AssertionError with vet's summary when a check fails. The pytest plugin
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Callable
 
@@ -37,6 +38,10 @@ def assert_linear_attention(
     qk_l2norm: bool = False,
     value_heads: int = 1,
     stored: str | None = None,
+    z_gate: bool = False,
+    dt_softplus: bool = False,
+    dt_min: float = 0.0,
+    dt_max: float = math.inf,
     family: str | None = None,
     layout: str = "bhnd",
     cost: str | None = None,

@@ -46,6 +46,8 @@ def implementation(entry: Entry) -> Implementation:
         scale=entry.scale,
         delta_rule=entry.delta_rule,
         value_heads=entry.value_heads,
+        family=entry.family,
+        **dict(entry.claim),
         triton="interpret" if entry.triton else None,
         tf32=entry.tf32,
     )
@@ -77,7 +79,7 @@ def _spec_order(entry: Entry) -> tuple:
     """Entries of one spec side by side: a worker judging them in turn reuses the exact
     references and bounds of the cases they share (accuracy/, checks/long_context.py)."""
     spec = (entry.feature_map, entry.causal, entry.normalize, str(entry.decay), str(entry.state))
-    spec += (entry.delta_rule,)
+    spec += (entry.delta_rule, str(entry.family), str(entry.claim))
     return (*spec, entry.long, entry.grad, entry.name)
 
 

@@ -1,6 +1,6 @@
 """What the built-in forms of a rule with a matrix state share (the delta rule's, the IPLR
-rule's: S (B, H, d, dv), one update a token): the state to start from, and a packed batch
-evaluated sequence by sequence, each from its own initial state (the FlashAttention
+rule's, the SSD layer's: S (B, H, d, dv), one update a token): the state to start from, and
+a packed batch evaluated sequence by sequence, each from its own initial state (the FlashAttention
 convention, inputs.check_cu_seqlens)."""
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ CLAIM = (
            "its float32 products are TF32 by design (tf32: inputs rounded to a 10-bit "
            "mantissa): float32 outputs are bounded and budgeted in TF32's unit, 2^-11",
            choices=("tf32",)),
-    *(option for family in FAMILIES for option in family.options),
+    *dict.fromkeys(option for family in FAMILIES for option in family.options),  # once each
     Option("family", "--family", str | None, None,
            "the spec family it computes, by name, where the options above do not state it: "
            + (", ".join(NAMED) or "none yet") + " (docs/architecture.md, 'Families')",

@@ -41,6 +41,8 @@ class Entry:
     smallest: vet it at the smallest plan (one typical case per dtype, no search), as the
     Triton entries: a backward bug whose forward is a correct entry's, judged there.
     tf32: its Triton kernels run with TF32 products (--tf32), as on a GPU by default.
+    family: the family it claims by name (--family NAME: families.registry.NAMED), or None;
+    claim: its family's own options (Family.options) by name, as (name, value) pairs.
     """
 
     name: str
@@ -66,6 +68,8 @@ class Entry:
     value_heads: int = 1
     smallest: bool = False
     tf32: bool = False
+    family: str | None = None
+    claim: tuple[tuple[str, object], ...] = ()
 
 
 # The entry modules import Entry from here, so they come after its definition.
@@ -82,6 +86,7 @@ from . import (  # noqa: E402
     long,
     long_backward,
     long_decay,
+    ssd,
     state,
     subtle,
     textbook,
@@ -111,6 +116,7 @@ ZOO: tuple[Entry, ...] = (
     + gla.ENTRIES
     + delta.ENTRIES
     + delta_backward.ENTRIES
+    + ssd.ENTRIES
     + TRITON_ENTRIES
 )
 

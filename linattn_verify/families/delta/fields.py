@@ -24,6 +24,14 @@ STORED = ("input-dtype",)
 # the delta rule takes the decays given per token alone
 DELTA_DECAYS = (None, "gates", "channel-gates")
 
+VALUE_HEADS = Option(  # shared with the SSD layer (families/ssd/fields.py)
+    "value_heads", "--value-heads", int, 1,
+    "with --delta-rule or --family ssd: fn also takes G times as many value heads as "
+    "query and key heads (fla's grouped value heads, HV = G H; the SSD layer's C and B "
+    "shared by groups of G heads, mamba_ssm's ngroups = HV / G): v, its per-token "
+    "arguments and the output of HV heads, head hv reading q and k of head hv // G; "
+    "every other check calls it with HV = H (default 1: not declared)", metavar="G")  # fmt: skip
+
 OPTIONS = (
     Option("delta_rule", "--delta-rule", bool, False,
            "the state follows the delta rule (DeltaNet; with --decay gates Gated DeltaNet, "
@@ -33,11 +41,7 @@ OPTIONS = (
     Option("qk_l2norm", "--qk-l2norm", bool, False,
            f"with --delta-rule: fn normalises q and k itself, x / sqrt(|x|^2 + "
            f"{QK_L2NORM_EPS:g}) (fla's use_qk_l2norm_in_kernel); without it k is used as given"),
-    Option("value_heads", "--value-heads", int, 1,
-           "with --delta-rule: fn also takes G times as many value heads as query and key "
-           "heads (fla's grouped value heads, HV = G H): v, beta, g and the output of HV "
-           "heads, head hv reading q and k of head hv // G; every other check calls it with "
-           "HV = H (default 1: not declared)", metavar="G"),
+    VALUE_HEADS,
     Option("stored", "--stored", str | None, None,
            "with --delta-rule: its chunk kernels store their intermediates (the UT transform, "
            "w, u, the chunk states, the new values, and their cotangents) in the inputs' dtype "
@@ -50,9 +54,7 @@ OPTIONS = (
 def check(spec: Spec) -> None:
     """SpecError unless the delta rule's spec fits: causal, identity features, unnormalised,
     a decay of DELTA_DECAYS, value_heads an integer >= 1."""
-    heads = spec.value_heads
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-        raise SpecError(f"value_heads must be an integer >= 1, got {heads!r}")
+    check_value_heads(spec)
     missing = [
         need
         for need, holds in (
@@ -68,3 +70,11 @@ def check(spec: Spec) -> None:
         raise SpecError(f"stored must be None or one of {', '.join(STORED)}, got {spec.stored!r}")
     if spec.decay not in DELTA_DECAYS:
         raise SpecError(f"the delta rule takes gates or channel-gates, not {spec.decay}")
+
+
+def check_value_heads(spec: Spec) -> None:
+    """SpecError unless value_heads (VALUE_HEADS, the delta rule's and the SSD layer's) is an
+    integer >= 1."""
+    heads = spec.value_heads
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise SpecError(f"value_heads must be an integer >= 1, got {heads!r}")
