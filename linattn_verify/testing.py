@@ -46,6 +46,7 @@ def assert_linear_attention(
     layout: str = "bhnd",
     cost: str | None = None,
     state: str | None = None,
+    step: str | None = None,
     varlen: bool = False,
     triton: str | None = None,
     tf32: bool = False,

@@ -270,6 +270,7 @@ APPLIES_COLUMNS = (
     f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --scale d^-0.5 "
     "--delta-rule --decay gates --value-heads 2 --varlen",
     f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --family iplr --state S",
+    f"{APPLIES_TARGET} --feature-map identity --causal --no-normalize --decay gates --step S",
     f"{APPLIES_TARGET} --feature-map relu --causal --triton interpret --smallest",
 )
 

@@ -40,6 +40,7 @@ def implementation(entry: Entry) -> Implementation:
         cost=entry.cost,
         stream=stream,
         state=entry.state,
+        step=entry.step,
         varlen=entry.varlen,
         decay=entry.decay,
         normalize=entry.normalize,

@@ -17,6 +17,7 @@ from .invariance import batch_head, layout, permutation, v_affine
 from .positivity import convex_hull, positivity
 from .state import final_state, initial_state, state_split
 from .state_gradient import state_gradient
+from .step import NO_BACKWARD, step_cache, step_decode
 from .value_heads import value_heads
 from .varlen import varlen
 
@@ -37,12 +38,15 @@ CHECKS = {
         state_split,
         initial_state,
         final_state,
+        step_decode,
+        step_cache,
         varlen,
         decay,
         value_heads,
     )
 }
 STATE_CHECKS = ("state-split", "initial-state", "final-state")  # with --state
+STEP_CHECKS = ("step-decode", "step-cache")  # with --step
 
 
 # The backward pass (vet --grad, properties/test_gradients.py): opt-in, each case costs an
@@ -67,6 +71,8 @@ NORMALISED = ("positivity", "convex-hull", "v-affine")
 def not_applicable(name: str, impl: Implementation) -> str | None:
     """Why check `name` does not apply to impl's spec (None when it does)."""
     spec, family = impl.spec, family_of(impl.spec)
+    if impl.step is not None and name in GRAD_CHECKS:
+        return NO_BACKWARD
     if lacking := family.lacks.get(name):
         return lacking
     if name == "split-resume" and family.forgets(spec):
@@ -87,6 +93,8 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
         return "no state API" if spec.causal else "non-causal spec"
     if name in (*STATE_CHECKS, "state-gradient"):
         return _state_not_applicable(name, impl)
+    if name in STEP_CHECKS:
+        return _state_not_applicable(name, impl)
     if name == "varlen" and not impl.varlen:
         return "no --varlen declared"
     if name == "value-heads" and spec.value_heads == 1:
@@ -96,9 +104,9 @@ def not_applicable(name: str, impl: Implementation) -> str | None:
 
 def _state_not_applicable(name: str, impl: Implementation) -> str | None:
     """Why a check of the carried state does not apply."""
-    spec = impl.spec
-    if impl.state is None:
-        return "no --state declared"
+    spec, step = impl.spec, name in STEP_CHECKS
+    if (impl.step if step else impl.state) is None:
+        return f"no --{'step' if step else 'state'} declared"
     if spec.no_state:
         return spec.no_state
     if name != "state-split" and spec.feature_map == "taylor":
@@ -111,6 +119,7 @@ __all__ = [
     "CHECKS",
     "GRAD_CHECKS",
     "STATE_CHECKS",
+    "STEP_CHECKS",
     "associativity",
     "batch_head",
     "causality",
@@ -131,6 +140,8 @@ __all__ = [
     "split_resume",
     "state_gradient",
     "state_split",
+    "step_cache",
+    "step_decode",
     "v_affine",
     "value_heads",
     "varlen",

@@ -41,6 +41,7 @@ from ..under_test import Implementation, ImplementationFailure
 from .core import as_array
 from .gradients import autograd_gradients, golden_samples
 from .long_context import DIMS, MEMORIES, Draw
+from .step import NO_BACKWARD
 
 NAME = "gradient-length"
 SHORTEST = 256
@@ -71,6 +72,8 @@ def not_applicable(impl: Implementation, dtypes: tuple[str, ...]) -> str | None:
     """Why the check does not apply to `impl` in `dtypes`, or None."""
     if lacking := family_of(impl.spec).lacks.get(NAME):
         return lacking
+    if impl.step is not None:
+        return NO_BACKWARD
     if all(t == "float64" for t in dtypes):
         return "float64 only: its backward is judged at N <= 65 by the gradient check"
     return None

@@ -55,7 +55,7 @@ def state_parts(state, spec) -> tuple:
     return tuple(state) if spec.normalize else (state,)
 
 
-def _exact(x, spec) -> tuple[np.ndarray, ...]:
+def exact_parts(x, spec) -> tuple[np.ndarray, ...]:
     """The exact state as state_parts has it."""
     return exact_state(x, spec)[: 1 + spec.normalize]
 
@@ -73,7 +73,7 @@ def _cuts(case: Case) -> list[tuple[str, list[int]]]:
     return splits
 
 
-def _state_mismatch(got, want, allowed: tuple[np.ndarray, ...]) -> str | None:
+def state_mismatch(got, want, allowed: tuple[np.ndarray, ...]) -> str | None:
     """Where the state's parts `got` differ from `want` by more than `allowed`, or None."""
     for name, g, w, a in zip(("S", "z")[: len(got)], got, want, allowed, strict=True):
         g64, w64 = _array(g), _array(w)
@@ -93,7 +93,7 @@ def _state_mismatch(got, want, allowed: tuple[np.ndarray, ...]) -> str | None:
 POSITIVE_FEATURES = ("elu", "performer-positive", "performer-hyperbolic")
 
 
-def _unrepresentable(exact, dtype: torch.dtype, feature_map: str) -> str | None:
+def unrepresentable(exact, dtype: torch.dtype, feature_map: str) -> str | None:
     """Why the exact state cannot be held in true units in `dtype` (the contract's state:
     a kernel that keeps its sums shifted inside cannot return them): an element past its
     largest value, or a key sum z below its smallest normal (nonzero, or zero for a map of
@@ -110,16 +110,16 @@ def _unrepresentable(exact, dtype: torch.dtype, feature_map: str) -> str | None:
     return None
 
 
-def _by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> str | None:
-    """_unrepresentable for the state after any of `cuts` tokens, as a by-nature reason."""
+def by_nature(impl: Implementation, x, cuts: list[int], dtype: torch.dtype) -> str | None:
+    """unrepresentable for the state after any of `cuts` tokens, as a by-nature reason."""
     spec = impl.spec
     for c in cuts:
-        if why := _unrepresentable(_exact(x.first(c), spec), dtype, spec.feature_map):
+        if why := unrepresentable(exact_parts(x.first(c), spec), dtype, spec.feature_map):
             return f"{why} after {c} tokens: a state in true units cannot carry it"
     return None
 
 
-def _bounds(impl: Implementation, x, times: float) -> tuple[np.ndarray, np.ndarray]:
+def state_allowance(impl: Implementation, x, times: float) -> tuple[np.ndarray, np.ndarray]:
     """times x the state bound in the inputs' precision. taylor's bound is the largest over
     its features: the spec fixes their number, not their order."""
     u = unit_roundoff(x.dtype, impl.spec)  # TF32's for float32 under declared TF32 products
@@ -137,7 +137,7 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
     tol = Tolerance.of(x, spec)
     whole, final = _call(impl, q, k, v, w, decay, None)
     whole = as_array(whole)
-    allowed, dtype, natural = _bounds(impl, x, 2.0), state_parts(final, spec)[0].dtype, None
+    allowed, dtype, natural = state_allowance(impl, x, 2.0), state_parts(final, spec)[0].dtype, None
     for name, cuts in _cuts(case):
         state, outs = None, []
         for a, b in itertools.pairwise([0, *cuts, case.n]):
@@ -146,12 +146,12 @@ def state_split(impl: Implementation, case: Case) -> Outcome:
             outs.append(out)
         found = mismatch(as_array(torch.cat(outs, dim=-2)), whole, tol, tol.allowance())
         if found is not None:
-            if nature := _by_nature(impl, x, cuts, dtype):  # the states handed over
+            if nature := by_nature(impl, x, cuts, dtype):  # the states handed over
                 natural = natural or f"{name} {cuts}: {nature}"
                 continue
             return agreement(f"{name} {cuts} against one pass", found)
-        if problem := _state_mismatch(state_parts(state, spec), state_parts(final, spec), allowed):
-            if nature := _by_nature(impl, x, [*cuts, case.n], dtype):
+        if problem := state_mismatch(state_parts(state, spec), state_parts(final, spec), allowed):
+            if nature := by_nature(impl, x, [*cuts, case.n], dtype):
                 natural = natural or f"{name} {cuts}: {nature}"
                 continue
             return Outcome(
@@ -167,7 +167,7 @@ def _call(impl: Implementation, q, k, v, w, decay, state):
     return impl.call_state(q, k, v, w, state, decay=decay)
 
 
-def _prefix(case: Case) -> int:
+def prefix_length(case: Case) -> int:
     """Where initial-state cuts: one past the first chunk of CHUNKS[0] when there is one (a
     prefix not aligned to a chunk), else drawn."""
     if case.n > CHUNKS[0] + 1:
@@ -206,9 +206,9 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
         return Outcome(True, "N = 1: no prefix to fold")
     spec = impl.spec
     (q, k, v, w, decay), x = inputs_of(case, spec)
-    p = _prefix(case)
+    p = prefix_length(case)
     *head, head_decay = _pieces(q, k, v, decay, 0, p)
-    exact = _exact(validate(*head, spec, w, head_decay), spec)
+    exact = exact_parts(validate(*head, spec, w, head_decay), spec)
     _, own = _call(impl, *head, w, head_decay, None)
     given = _as_given(exact, own, spec)
     *rest, rest_decay = _pieces(q, k, v, decay, p, case.n)
@@ -226,7 +226,7 @@ def initial_state(impl: Implementation, case: Case) -> Outcome:
     what = f"rows {p}.. from the exact state of tokens 0..{p - 1} against one pass"
     if found is None:
         return agreement(what, None)
-    if nature := _by_nature(impl, x, [p], state_parts(own, spec)[0].dtype):
+    if nature := by_nature(impl, x, [p], state_parts(own, spec)[0].dtype):
         return Outcome(False, f"{what}: {nature}", by_nature=nature)
     reasons = {
         "the initial state is ignored (the output is that of no prefix)": as_array(
@@ -248,9 +248,9 @@ def final_state(impl: Implementation, case: Case) -> Outcome:
     spec = impl.spec
     (q, k, v, w, decay), x = inputs_of(case, spec)
     _, final = _call(impl, q, k, v, w, decay, None)
-    exact, parts = _exact(x, spec), state_parts(final, spec)
-    if problem := _state_mismatch(parts, exact, _bounds(impl, x, 1.0)):
-        if nature := _unrepresentable(exact, parts[0].dtype, spec.feature_map):
+    exact, parts = exact_parts(x, spec), state_parts(final, spec)
+    if problem := state_mismatch(parts, exact, state_allowance(impl, x, 1.0)):
+        if nature := unrepresentable(exact, parts[0].dtype, spec.feature_map):
             return Outcome(
                 False, f"{nature}: a state in true units cannot carry it", by_nature=nature
             )

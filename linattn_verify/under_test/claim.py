@@ -110,6 +110,14 @@ CLAIM = (
         "--state alone (docs/contract.md, 'Carried state')",
         choices=STATE_LAYOUTS, metavar="LAYOUT", const=DECLARED,
     ),
+    Option(
+        "step", "--step", str | None, None,
+        "fn is a serving step kernel: fn(q, k, v, cache=CACHE, slots=SLOTS) with one token "
+        "per request returns the outputs (B, H, 1, dv) and writes each request's state into "
+        "its slot of CACHE in place; LAYOUT as --state's, a slot each (docs/contract.md, "
+        "'Step kernels')",
+        choices=STATE_LAYOUTS, metavar="LAYOUT",
+    ),
     Option("varlen", "--varlen", bool, False,
            "fn also takes a packed batch, fn(q, k, v, cu_seqlens=OFFSETS) with B = 1 "
            "(docs/contract.md, 'Packed batches')"),

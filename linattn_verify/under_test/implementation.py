@@ -62,7 +62,10 @@ class Implementation:
     when fn takes one: fn(q, k, v[, projection], initial_state=...) returns (out, final
     state), initial_state None for a sequence from its start. varlen: fn also takes a packed
     batch, fn(q, k, v[, projection], cu_seqlens=offsets) with B = 1 (docs/contract.md,
-    "Packed batches"), cu_seqlens None for a plain one. triton: "interpret" when fn's Triton
+    "Packed batches"), cu_seqlens None for a plain one. step: the layout of each slot of the
+    state cache when fn is a step kernel (--step: fn(q, k, v[, projection], cache=...,
+    slots=...) applies one token per request, docs/contract.md, "Step kernels"); a whole
+    sequence is then decoded token by token (decode). triton: "interpret" when fn's Triton
     kernels run in Triton's interpreter (triton_interpret.py; tf32: TF32 products), fn then
     called on guarded inputs (guard_bands.py). dtypes: the dtypes its library claims (an
     adapter's; None: every one), and head_dims the head dimensions it takes (--max-head-dim,
@@ -79,6 +82,7 @@ class Implementation:
     stream: StreamFactory | None = field(default=None, compare=False, repr=False)
     state: str | None = None
     varlen: bool = False
+    step: str | None = None
     triton: str | None = None
     tf32: bool = False
     dtypes: tuple[str, ...] | None = None
@@ -134,6 +138,7 @@ class Implementation:
             "cost": self.cost if self.cost != default else None,
             "state": state,
             "varlen": self.varlen,
+            "step": self.step,
             **triton,
             "max_head_dim": self.head_dims.largest,
             "even_dims_backward": self.head_dims.even_backward,
@@ -216,7 +221,8 @@ class Implementation:
         name = rejected.group(1) if isinstance(err, TypeError) and rejected else None
         if name not in kwargs:
             return ""
-        claims = {"initial_state": "--state", "cu_seqlens": "--varlen",
+        claims = {"initial_state": "--state", "cu_seqlens": "--varlen", "cache": "--step",
+                  "slots": "--step",
                   "projection": f"--feature-map {self.spec.feature_map}"}  # fmt: skip
         claim = claims.get(name, f"the spec {self.spec}")
         return (
@@ -258,6 +264,8 @@ class Implementation:
 
     def call_raw(self, q, k, v, projection=None, decay=None) -> torch.Tensor:
         """fn's output tensor for tensors already in its layout (the decay in bhnd's)."""
+        if self.step is not None:
+            return self._decode(q, k, v, projection, decay)
         if self.state is not None:
             return self.call_state(q, k, v, projection, None, True, decay)[0]
         out = self._run(q, k, v, projection, decay)
@@ -288,6 +296,42 @@ class Implementation:
             raise ImplementationFailure(f"returned a final state {problem}")
         return self.to_layout(out) if layout_given else out, final
 
+    def call_step(
+        self, q, k, v, projection, cache: Cache, slots: torch.Tensor, decay=None, layout_given=False
+    ) -> torch.Tensor:
+        """fn's outputs (B, H, 1, dv) for one token per request, q, k, v (B, H, 1, d) unless
+        layout_given (already in fn's layout, and so is the output), request b's state in
+        slot slots[b] of `cache` (-1: none), which fn updates in place (docs/contract.md,
+        "Step kernels"); decay: this token's part."""
+        if self.step is None:
+            raise SpecError(f"{self.name} is no step kernel: declare its cache with --step")
+        if not layout_given:
+            q, k, v = (self.to_layout(t).contiguous() for t in (q, k, v))
+        out = self._run(q, k, v, projection, decay, cache=cache, slots=slots)
+        q_, v_ = self.to_layout(q), self.to_layout(v)
+        out = self._output(out, (*v_.shape[:2], q_.shape[2], v_.shape[-1]), " for a step")
+        return self.to_layout(out) if layout_given else out
+
+    def _decode(self, q, k, v, projection, decay) -> torch.Tensor:
+        """fn's output (in its layout) for whole sequences in its layout, decoded token by
+        token: request b in slot b of a cache of zero states."""
+        q_, v_ = self.to_layout(q), self.to_layout(v)
+        m = None if projection is None else projection.shape[0]
+        f = self.spec.info.feature_dim(q_.shape[-1], m)
+        cache = zero_cache(self.spec, (v_.shape[0], v_.shape[1], f, v_.shape[-1]), q.dtype,
+                           q.device)  # fmt: skip
+        slots = torch.arange(q_.shape[0], device=q.device)
+        per_token = decay is not None and family_of(self.spec).per_token(self.spec)
+        axis = 1 if self.layout == "bnhd" else 2  # the tokens' in fn's layout
+        outs = [
+            self.call_step(
+                *(t.narrow(axis, i, 1) for t in (q, k, v)), projection, cache, slots,
+                decay[:, :, i : i + 1] if per_token else decay, layout_given=True,
+            )
+            for i in range(q_.shape[2])
+        ]  # fmt: skip
+        return torch.cat(outs, dim=axis)
+
     def call_varlen(
         self, q, k, v, projection, cu_seqlens: torch.Tensor, decay=None
     ) -> torch.Tensor:
@@ -306,6 +350,22 @@ class Implementation:
         args = (self.to_layout(t).contiguous() for t in (q, k, v))
         out = self.call_raw(*args, projection, decay)
         return self._output(out, (*v.shape[:2], q.shape[2], v.shape[-1]))
+
+
+Cache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # S, or (S, z) (--step Sz)
+
+
+def cache_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a step kernel's state cache for inputs of `dtype`: float32, float64 for
+    float64 inputs (a serving engine keeps its states wider than 16-bit tokens)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def zero_cache(spec: Spec, shape: tuple[int, int, int, int], dtype, device) -> Cache:
+    """A cache of zero states, S of `shape` (slots, H, F, dv), with z (slots, H, F) for a
+    normalised spec, in cache_dtype(dtype)."""
+    s = torch.zeros(shape, dtype=cache_dtype(dtype), device=device)
+    return (s, s.new_zeros(shape[:3])) if spec.normalize else s
 
 
 def _state_problem(state: Any, want: tuple[int, int, int, int], layout: str) -> str | None:

@@ -66,6 +66,8 @@ def resolve(
         )
     if values["varlen"] and values["state"] is not None:
         raise SpecError("--varlen with --state (a state per packed sequence) is not supported")
+    if values["step"] is not None and (values["varlen"] or values["state"] is not None):
+        raise SpecError("--step is a step kernel's whole contract: drop --state and --varlen")
     if target is not None and (form is not None or chunk_size is not None):
         raise SpecError("--form and --chunk-size choose a built-in form, not a target")
     if stream is not None and not callable(target):
@@ -86,8 +88,9 @@ def resolve(
         if target is not None and state == DECLARED:
             layouts = " or ".join(STATE_LAYOUTS)
             raise SpecError(f"--state takes the layout of {label(target)}'s state: {layouts}")
-        if state is not None and spec.no_state:
-            raise SpecError(f"--state: {spec.no_state}")
+        for name in ("state", "step"):
+            if values[name] is not None and spec.no_state:
+                raise SpecError(f"{_CLAIM[name].flag}: {spec.no_state}")
         impl = (
             _form(spec, form, chunk_size, values)
             if target is None
@@ -117,6 +120,8 @@ def _adapter(name: str, values: Mapping[str, Any]) -> Implementation:
             f"{name} is an adapter: its spec, layout and head dimensions are its claim (drop "
             f"{flag})"
         )
+    if values["step"] is not None:
+        raise SpecError(f"{name} takes no --step: no adapter maps a step kernel yet")
     state = values["state"]
     if state is not None and adapter.state is None:
         raise SpecError(f"{name} takes no state (its library's function has none)")
@@ -160,6 +165,8 @@ def _form(spec: Spec, form, chunk_size, values: Mapping[str, Any]) -> Implementa
         raise SpecError("--layout describes a target; the built-in forms take (B, H, N, d)")
     if values["triton"] is not None:
         raise SpecError("--triton describes a target; the built-in forms are not Triton code")
+    if values["step"] is not None:
+        raise SpecError("--step describes a target; the built-in forms are no step kernels")
     form, chunk_size = form_of(spec, form, chunk_size)
     cost = values["cost"] or default_cost(spec, form)
     source = Source("form", form, chunk_size)
@@ -172,14 +179,18 @@ def _form(spec: Spec, form, chunk_size, values: Mapping[str, Any]) -> Implementa
 
 def _target(target, spec: Spec, values: Mapping[str, Any], stream) -> Implementation:
     """A callable in process, or one a module:fn or path.py:fn target names."""
-    state = values["state"]
-    if state not in (None, state_layout(spec)):
-        raise SpecError(f"--state {state}: the state of {spec} is {state_layout(spec)}")
+    for name in ("state", "step"):
+        if values[name] not in (None, state_layout(spec)):
+            given = f"{_CLAIM[name].flag} {values[name]}"
+            raise SpecError(f"{given}: the state of {spec} is {state_layout(spec)}")
+    if values["step"] is not None and not spec.sums_similarities:
+        raise SpecError("--step: the step checks serve the kernelised specs so far")
     contract = {
         "layout": values["layout"],
         "cost": values["cost"] or default_cost(spec),
-        "state": state,
+        "state": values["state"],
         "varlen": values["varlen"],
+        "step": values["step"],
         "triton": values["triton"],
         "tf32": values["tf32"],
         "head_dims": head_dims(values),

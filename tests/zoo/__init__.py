@@ -43,6 +43,8 @@ class Entry:
     tf32: its Triton kernels run with TF32 products (--tf32), as on a GPU by default.
     family: the family it claims by name (--family NAME: families.registry.NAMED), or None;
     claim: its family's own options (Family.options) by name, as (name, value) pairs.
+    step: the layout of each slot of the state cache of a step kernel (--step: fn(q, k, v,
+    cache=..., slots=...)), or None.
     """
 
     name: str
@@ -70,6 +72,7 @@ class Entry:
     tf32: bool = False
     family: str | None = None
     claim: tuple[tuple[str, object], ...] = ()
+    step: str | None = None
 
 
 # The entry modules import Entry from here, so they come after its definition.
@@ -88,6 +91,7 @@ from . import (  # noqa: E402
     long_decay,
     ssd,
     state,
+    step,
     subtle,
     textbook,
     varlen,
@@ -111,6 +115,7 @@ ZOO: tuple[Entry, ...] = (
     + long_decay.ENTRIES
     + long_backward.ENTRIES
     + state.ENTRIES
+    + step.ENTRIES
     + varlen.ENTRIES
     + decay.ENTRIES
     + gla.ENTRIES
